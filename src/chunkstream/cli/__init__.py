@@ -1,0 +1,58 @@
+"""The ``chunkstream`` command line: one entry point, one module per subcommand.
+
+Each subcommand lives in ``chunkstream/cli/_<name>.py`` and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` to a callable
+``func(args) -> int``. Errors the user can fix (a bad path, an impossible
+setting) are ``ChunkstreamError``/``OSError``/``ValueError``; they print one
+line naming the problem and the fix and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Order is the order shown by --help.
+_COMMANDS = ("demo", "synth", "inspect", "convert", "plan", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chunkstream",
+        description="Stream windows of huge zarr time series to the GPU while the model trains.",
+    )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"chunkstream {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"{__name__}._{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}._{name}":
+                continue  # subcommand not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    from .._errors import ChunkstreamError
+
+    try:
+        return int(args.func(args) or 0)
+    except (ChunkstreamError, OSError, ValueError) as exc:
+        print(f"chunkstream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"chunkstream {args.command}: interrupted", file=sys.stderr)
+        return 130

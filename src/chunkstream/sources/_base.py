@@ -1,0 +1,101 @@
+"""The source protocol: where a window's bytes come from.
+
+A source is a set of named **fields** that share one time axis (axis 0 of every
+field). It is opened once, at construction, and validated then. The pipeline
+calls :meth:`Source.read_into` from several reader threads at once.
+
+Contract for implementations
+----------------------------
+* ``len(source)`` is the number of timesteps, the same for every field.
+* ``source.fields`` maps each name to a :class:`FieldSpec` (per-timestep shape
+  and numpy dtype); it never changes after construction.
+* ``read_into(start, stop, out)`` fills ``out[name][: stop - start]`` for every
+  field with timesteps ``[start, stop)``. ``out[name]`` is a C-contiguous,
+  writable numpy array of shape ``(>= stop - start, *spec.shape)`` and dtype
+  ``spec.dtype``; it may be pinned host memory and may be reused between calls,
+  so the source must write every element of the first ``stop - start`` rows and
+  must not keep a reference to it after returning. ``0 <= start < stop <= len``.
+* ``read_into`` is thread-safe for distinct ``out`` buffers: reader workers call
+  it concurrently for different windows.
+* Errors raise normally; the pipeline wraps them in ``ChunkLoadError`` with the
+  window. A source should raise a ``SourceError`` subclass naming the path or
+  chunk key where it can (see ``MissingChunkError``, ``CorruptChunkError``).
+* ``close()`` releases handles and is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .._errors import FieldDtypeError, FieldLengthError
+
+__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "window_nbytes"]
+
+# dtypes torch can hold without conversion.
+_TORCH_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+        "uint8", "bool", "complex64", "complex128",
+    )
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field: its per-timestep ``shape`` and numpy ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def step_nbytes(self) -> int:
+        """Bytes of one timestep of this field."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Named fields on one time axis, read a window at a time (see module docs)."""
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]: ...
+
+    def __len__(self) -> int: ...
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def window_nbytes(fields: Mapping[str, FieldSpec], timesteps: int) -> int:
+    """Bytes of ``timesteps`` rows of every field together."""
+    return sum(spec.step_nbytes for spec in fields.values()) * int(timesteps)
+
+
+def check_dtype(name: str, dtype: np.dtype, where: str) -> np.dtype:
+    """Return ``dtype`` if torch can hold it, else raise ``FieldDtypeError``."""
+    dtype = np.dtype(dtype)
+    if dtype not in _TORCH_DTYPES:
+        raise FieldDtypeError(
+            f"field {name!r} of {where} has dtype {dtype}, which cannot become a torch "
+            f"tensor: expected one of {sorted(str(d) for d in _TORCH_DTYPES)}. "
+            "Convert the array (e.g. `chunkstream convert --dtype float32`)."
+        )
+    return dtype
+
+
+def check_lengths(lengths: Mapping[str, int], where: str) -> int:
+    """Return the one time length shared by all fields, else raise ``FieldLengthError``."""
+    distinct = set(lengths.values())
+    if len(distinct) != 1:
+        detail = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        raise FieldLengthError(
+            f"fields of {where} have different time lengths ({detail}): every field "
+            "must share axis 0. Slice the longer arrays to the common length."
+        )
+    return distinct.pop()
