@@ -1,0 +1,151 @@
+"""Epoch arithmetic: how many chunks an epoch has and how many batches each chunk feeds.
+
+The rule is the original implementation's ``calculate_chunk_params`` (kept exact, so
+the compat layer and native code agree)::
+
+    batches_per_epoch = (T // batch_size) * passes
+    if T < chunk_size:       # the data is shorter than a chunk: each chunk is all of it
+        chunks_per_epoch  = passes
+        batches_per_chunk = T // batch_size
+    else:
+        batches_per_chunk = chunk_size // batch_size
+        chunks_per_epoch  = batches_per_epoch // batches_per_chunk
+
+With ``world_size = W`` ranks, :func:`plan_epoch` splits the epoch's chunks evenly:
+each rank gets ``chunks_per_epoch = total // W`` (floor, so every rank has the same
+count and none waits at the epoch's end), and one epoch across all ranks is one
+epoch's worth of data, less at most ``W - 1`` chunks. Fewer chunks than ranks is an
+error rather than a silent repeat.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+from .._errors import ConfigError
+
+__all__ = ["EpochPlan", "calculate_chunk_params", "plan_epoch"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochPlan:
+    """The result of :func:`plan_epoch`.
+
+    ``chunks_per_epoch`` is per rank (what ``loader.epoch(n)`` takes on every rank);
+    ``global_chunks_per_epoch = chunks_per_epoch * world_size`` is the epoch's length
+    in global window indices; ``batches_per_chunk`` is per chunk; ``batches_per_epoch``
+    is the formula's count for the whole data (all ranks together).
+    """
+
+    total_timesteps: int
+    chunk_size: int
+    batch_size: int
+    passes_per_epoch: int
+    world_size: int
+    chunks_per_epoch: int
+    batches_per_chunk: int
+    batches_per_epoch: int
+
+    @property
+    def global_chunks_per_epoch(self) -> int:
+        """Chunks per epoch over all ranks together."""
+        return self.chunks_per_epoch * self.world_size
+
+    def describe(self) -> str:
+        """A one-line summary for logs."""
+        per_rank = f" per rank (world_size={self.world_size})" if self.world_size > 1 else ""
+        passes = "pass" if self.passes_per_epoch == 1 else "passes"
+        return (
+            f"{self.chunks_per_epoch} chunks/epoch{per_rank} x {self.batches_per_chunk} "
+            f"batches/chunk, {self.batches_per_epoch} batches/epoch "
+            f"(T={self.total_timesteps}, chunk_size={self.chunk_size}, "
+            f"batch_size={self.batch_size}, {self.passes_per_epoch} {passes})"
+        )
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, bool):
+        try:
+            result = operator.index(value)
+        except TypeError:
+            result = 0
+        if result > 0:
+            return result
+    raise ConfigError.bad(name, value, "an int > 0", f"Pass a positive {name}.")
+
+
+def plan_epoch(
+    total_timesteps: int,
+    chunk_size: int,
+    batch_size: int,
+    passes_per_epoch: int = 1,
+    *,
+    world_size: int = 1,
+) -> EpochPlan:
+    """Chunks per epoch (per rank), batches per chunk and batches per epoch.
+
+    See the module docstring for the rule. Raises :class:`ConfigError` (a
+    ``ValueError``) naming the input to change when any count would be zero.
+    """
+    total = _positive("total_timesteps", total_timesteps)
+    chunk = _positive("chunk_size", chunk_size)
+    batch = _positive("batch_size", batch_size)
+    passes = _positive("passes_per_epoch", passes_per_epoch)
+    world = _positive("world_size", world_size)
+
+    batches_per_epoch = (total // batch) * passes
+    if batches_per_epoch == 0:
+        raise ConfigError.bad(
+            "batch_size",
+            batch,
+            f"at most total_timesteps={total}",
+            "Lower batch_size: not one batch fits in the data.",
+        )
+    if total < chunk:
+        chunks_total = passes
+        batches_per_chunk = total // batch
+    else:
+        batches_per_chunk = chunk // batch
+        if batches_per_chunk == 0:
+            raise ConfigError.bad(
+                "chunk_size",
+                chunk,
+                f"at least batch_size={batch}",
+                "Raise chunk_size or lower batch_size: not one batch fits in a chunk.",
+            )
+        chunks_total = batches_per_epoch // batches_per_chunk
+    if chunks_total == 0:  # unreachable for valid ints; kept so the rule is total
+        raise ConfigError.bad(
+            "passes_per_epoch", passes, "enough passes for one chunk", "Raise passes_per_epoch."
+        )
+    if chunks_total < world:
+        raise ConfigError.bad(
+            "world_size",
+            world,
+            f"at most the epoch's {chunks_total} chunks",
+            "Lower world_size, or lower chunk_size / raise passes_per_epoch so every "
+            "rank gets at least one chunk.",
+        )
+    return EpochPlan(
+        total_timesteps=total,
+        chunk_size=chunk,
+        batch_size=batch,
+        passes_per_epoch=passes,
+        world_size=world,
+        chunks_per_epoch=chunks_total // world,
+        batches_per_chunk=batches_per_chunk,
+        batches_per_epoch=batches_per_epoch,
+    )
+
+
+def calculate_chunk_params(
+    total_timesteps: int, chunk_size: int, batch_size: int, data_passes_per_epoch: int
+) -> tuple[int, int, int]:
+    """``(chunks_per_epoch, batches_per_chunk, batches_per_epoch)``, as the original."""
+    passes = _positive("data_passes_per_epoch", data_passes_per_epoch)
+    plan = plan_epoch(total_timesteps, chunk_size, batch_size, passes)
+    return plan.chunks_per_epoch, plan.batches_per_chunk, plan.batches_per_epoch
