@@ -1,0 +1,7 @@
+"""The streaming pipeline: ordered bounded stages, host buffers, and ``ChunkLoader``."""
+
+from ._chunk import Chunk
+from ._config import LoaderConfig
+from ._loader import ChunkLoader
+
+__all__ = ["Chunk", "ChunkLoader", "LoaderConfig"]

@@ -33,7 +33,7 @@ import numpy as np
 
 from .._errors import FieldDtypeError, FieldLengthError
 
-__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "window_nbytes"]
+__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "field_context", "window_nbytes"]
 
 # dtypes torch can hold without conversion.
 _TORCH_DTYPES = frozenset(
@@ -99,3 +99,27 @@ def check_lengths(lengths: Mapping[str, int], where: str) -> int:
             "must share axis 0. Slice the longer arrays to the common length."
         )
     return distinct.pop()
+
+
+class field_context:  # noqa: N801 - used like a function: `with field_context(name):`
+    """Tag an exception raised while reading one field with that field's name.
+
+    The pipeline reads ``exc.chunkstream_field`` to name the field in the
+    ``ChunkLoadError`` it raises; sources wrap each field's read in this.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and getattr(exc, "chunkstream_field", None) is None:
+            try:
+                exc.chunkstream_field = self.name
+            except AttributeError:  # exceptions with __slots__ cannot carry it
+                pass
+        return False

@@ -1,0 +1,126 @@
+"""Loader configuration: validated, frozen data, and the memory arithmetic behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._errors import ConfigError
+
+__all__ = ["LoaderConfig", "resolve_device"]
+
+
+def _positive_int(name: str, value: object, fix: str = "", minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError.bad(name, value, f"an integer >= {minimum}", fix)
+    return value
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` means CUDA when present, else CPU; asking for a missing CUDA is an error."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError.bad(
+            "device", device, "a torch device such as 'cuda', 'cuda:1' or 'cpu'"
+        ) from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError.bad(
+            "device",
+            device,
+            "a device this machine has (torch.cuda.is_available() is False)",
+            "Pass device='cpu' (or None to pick CUDA when present), or install a CUDA build of torch.",
+        )
+    return resolved
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
+
+    Memory bounds that follow from it (``chunk_bytes`` is one window of every field):
+
+    * CUDA: pinned host bytes = ``host_slots * chunk_bytes``, fixed at start;
+      loader device bytes = ``gpu_prefetch * chunk_bytes`` plus chunks the user holds.
+    * CPU: bytes held by the pipeline <= ``(prefetch + workers) * chunk_bytes``,
+      plus the chunks the user holds.
+    """
+
+    chunk_size: int
+    prefetch: int = 2
+    gpu_prefetch: int = 1
+    workers: int = 2
+    host_slots: int | None = None  # CUDA only; defaults to prefetch + workers
+    stall_timeout: float | None = 300.0
+    close_timeout: float = 5.0
+    check_finite: bool = False
+
+    def __post_init__(self) -> None:
+        _positive_int("chunk_size", self.chunk_size, "Pass the number of timesteps per chunk.")
+        _positive_int("prefetch", self.prefetch, "Use 1 or more chunks read ahead (2 is typical).")
+        _positive_int("gpu_prefetch", self.gpu_prefetch, "Use 1 or more chunks kept on the device.")
+        _positive_int("workers", self.workers, "Use 1 or more reader threads.")
+        if self.host_slots is not None:
+            _positive_int(
+                "host_slots",
+                self.host_slots,
+                "Use at least one pinned slot per reader worker (or leave it None).",
+            )
+        for name in ("stall_timeout",):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                raise ConfigError.bad(name, value, "a number of seconds > 0, or None to disable")
+        if not isinstance(self.close_timeout, int | float) or self.close_timeout <= 0:
+            raise ConfigError.bad("close_timeout", self.close_timeout, "a number of seconds > 0")
+
+    @property
+    def reader_capacity(self) -> int:
+        """Chunks the readers may hold at once (being read or waiting)."""
+        return self.prefetch + self.workers
+
+    @property
+    def slots(self) -> int:
+        return self.host_slots if self.host_slots is not None else self.reader_capacity
+
+    @classmethod
+    def from_budget(
+        cls,
+        *,
+        chunk_size: int,
+        chunk_bytes: int,
+        workers: int,
+        host_memory: int | None,
+        device_memory: int | None,
+        on_cuda: bool,
+        **rest: object,
+    ) -> dict[str, int]:
+        """Depths that fit byte budgets: returns ``prefetch``/``host_slots``/``gpu_prefetch``."""
+        derived: dict[str, int] = {}
+        if host_memory is not None:
+            fit = int(host_memory) // max(1, chunk_bytes)
+            if fit < workers + 1:
+                raise ConfigError.bad(
+                    "host_memory",
+                    host_memory,
+                    f"room for at least workers + 1 = {workers + 1} chunks of "
+                    f"{chunk_bytes / 1e6:.1f} MB",
+                    "Raise the budget, lower chunk_size, or use fewer workers.",
+                )
+            derived["prefetch"] = fit - workers
+            if on_cuda:
+                derived["host_slots"] = fit
+        if device_memory is not None:
+            fit = int(device_memory) // max(1, chunk_bytes)
+            if fit < 1:
+                raise ConfigError.bad(
+                    "device_memory",
+                    device_memory,
+                    f"room for at least one chunk of {chunk_bytes / 1e6:.1f} MB",
+                    "Raise the budget or lower chunk_size.",
+                )
+            derived["gpu_prefetch"] = fit
+        del chunk_size, rest
+        return derived

@@ -1,0 +1,622 @@
+"""``ChunkLoader``: windows of a source, read ahead in threads and handed out in plan order.
+
+The flow (see DESIGN.md)::
+
+    plan ──> reader stage ──> [CUDA: pinned slot ──> transfer stage] ──> Chunk
+
+* The reader stage is an :class:`~chunkstream.pipeline._stage.OrderedStage` of
+  ``workers`` threads with capacity ``prefetch + workers``; each job takes a
+  host buffer set, calls ``source.read_into`` on it and times the read.
+* On CUDA the transfer stage (one thread, capacity ``gpu_prefetch``) copies each
+  pinned slot into fresh device tensors on its own stream, records an event and
+  gives the slot back to the pool to be reused once that event completes. The
+  consumer's stream waits on the event (``wait_event``), so the host never
+  blocks on a copy, and ``record_stream`` tells the caching allocator the
+  tensors are used on the consumer's stream.
+* On CPU the readers' buffers become the user's tensors (zero copy); a buffer
+  is reused only after every tensor of the user's that refers to it is gone.
+
+Threads live as long as the loader; each :meth:`ChunkLoader.epoch` call starts a
+new generation of jobs, so breaking out of an epoch and starting the next costs
+no thread churn, and stale reads are discarded with their buffers returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import (
+    ChunkLoadError,
+    ConfigError,
+    LoaderClosedError,
+    LoaderStalledError,
+    NonFiniteError,
+)
+from ..plans import WindowPlan, make_plan
+from ..sources._base import Source, window_nbytes
+from ..stats._latency import ChunkRecord, LatencyStats
+from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
+from ._chunk import Chunk
+from ._config import LoaderConfig, resolve_device
+from ._stage import EndOfJobs, OrderedStage, StageClosed, Ticket
+
+__all__ = ["ChunkLoader"]
+
+_log = logging.getLogger("chunkstream.pipeline")
+_POLL_S = 0.1
+
+
+@dataclass
+class _Loaded:
+    """A window read into a host buffer set (owned by the pipeline until handed on)."""
+
+    job: int
+    start: int
+    stop: int
+    buffers: BufferSet
+    read_begin: float
+    read_end: float
+
+
+@dataclass
+class _OnDevice:
+    """A window copied to device tensors; ``done`` is the event recorded after the copy."""
+
+    loaded: _Loaded
+    tensors: dict[str, torch.Tensor]
+    begin: Any
+    done: Any
+    issued: float
+
+
+def _describe_source(source: Source) -> str:
+    path = getattr(source, "path", None)
+    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
+
+
+def _read_job(
+    job: int,
+    ticket: Ticket,
+    *,
+    windows: list[tuple[int, int]],
+    source: Source,
+    pool: HostBufferPool | PinnedSlotPool,
+    check_finite: bool,
+) -> _Loaded:
+    start, stop = windows[job]
+    buffers = pool.acquire(ticket.cancelled)
+    begin = time.perf_counter()
+    try:
+        source.read_into(start, stop, buffers.views(stop - start))
+        if check_finite:
+            _check_finite(buffers, start, stop)
+    except BaseException as exc:
+        pool.release(buffers)
+        if isinstance(exc, ChunkLoadError):
+            raise
+        field = getattr(exc, "chunkstream_field", None)
+        where = f" field {field!r}" if field else ""
+        raise ChunkLoadError(
+            f"reading window [{start}, {stop}){where} of {_describe_source(source)} failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(start, stop),
+            field=field,
+        ) from exc
+    return _Loaded(job, start, stop, buffers, begin, time.perf_counter())
+
+
+def _check_finite(buffers: BufferSet, start: int, stop: int) -> None:
+    for name, array in buffers.views(stop - start).items():
+        if array.dtype.kind not in "fc":
+            continue
+        finite = np.isfinite(array)
+        if not finite.all():
+            bad = np.argwhere(~finite)[0]
+            position = (start + int(bad[0]), *(int(i) for i in bad[1:]))
+            raise NonFiniteError(
+                f"field {name!r} holds {array[tuple(bad)]} at index {position} "
+                f"(timestep {position[0]}); {int((~finite).sum())} non-finite values in window "
+                f"[{start}, {stop}). Clean the data, or pass check_finite=False to train on it."
+            )
+
+
+def _transfer_job(
+    job: int,
+    ticket: Ticket,
+    *,
+    upstream: OrderedStage,
+    pool: PinnedSlotPool | HostBufferPool,
+    device: torch.device,
+    stream: Any,
+) -> _OnDevice:
+    del job
+    while True:
+        try:
+            loaded: _Loaded = upstream.get(timeout=_POLL_S, generation=ticket.generation)
+            break
+        except TimeoutError:
+            if ticket.cancelled():
+                raise StageClosed("transfer") from None
+    rows = loaded.stop - loaded.start
+    issued = time.perf_counter()
+    try:
+        if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
+            tensors = {
+                name: torch.from_numpy(array).to(device)
+                for name, array in loaded.buffers.views(rows).items()
+            }
+            pool.release(loaded.buffers)
+            return _OnDevice(loaded, tensors, None, None, issued)
+        host = loaded.buffers.tensors
+        assert host is not None  # CUDA always runs with pinned slots (internal invariant)
+        with torch.cuda.stream(stream):
+            begin = torch.cuda.Event(enable_timing=True)
+            done = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            # Allocated on the transfer stream; the consumer calls record_stream.
+            tensors = {
+                name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
+                    t[:rows], non_blocking=True
+                )
+                for name, t in host.items()
+            }
+            done.record(stream)
+    except BaseException as exc:
+        pool.release(loaded.buffers)
+        raise ChunkLoadError(
+            f"copying window [{loaded.start}, {loaded.stop}) to {device} failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(loaded.start, loaded.stop),
+        ) from exc
+    pool.release_after(loaded.buffers, done)
+    return _OnDevice(loaded, tensors, begin, done, issued)
+
+
+def _discard_loaded(value: _Loaded, pool: Any) -> None:
+    pool.release(value.buffers)
+
+
+class ChunkLoader:
+    """Stream windows of ``source`` as :class:`Chunk` objects, read ahead in background threads.
+
+    Parameters
+    ----------
+    source:
+        A :class:`~chunkstream.Source` (``ZarrSource``, ``NumpySource``, ...).
+    chunk_size:
+        Timesteps per window. A chunk_size larger than the data gives the whole data.
+    device:
+        ``"cuda"``, ``"cuda:k"``, ``"cpu"``, or ``None`` for CUDA when present.
+    prefetch, gpu_prefetch, workers, host_slots:
+        Read-ahead depth in host memory, chunks kept ready on the device, reader
+        threads, and pinned slots (CUDA; default ``prefetch + workers``).
+    host_memory, device_memory:
+        Byte budgets; when given they set ``prefetch``/``host_slots`` and
+        ``gpu_prefetch`` to the largest depths that fit.
+    sampling, align, seed:
+        The window plan: ``"random"``, ``"shuffled"``, ``"sequential"`` or a
+        :class:`~chunkstream.plans.WindowPlan`; starts are multiples of ``align``.
+    rank, world_size:
+        This process's share of every epoch (defaults from torch.distributed
+        when it is initialised, else 0 and 1).
+    stall_timeout:
+        Seconds without any progress before the consumer gets a
+        :class:`LoaderStalledError` holding the stuck workers' stacks (``None``: never).
+    check_finite:
+        Raise :class:`NonFiniteError` naming the position of any NaN/Inf read.
+
+    Every blocking wait polls at 0.1 s, so errors reach the consumer within a
+    second and ``close()`` is seen promptly. ``close()`` is idempotent; the
+    loader is a context manager.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        chunk_size: int,
+        *,
+        device: str | torch.device | None = None,
+        prefetch: int | None = None,
+        gpu_prefetch: int | None = None,
+        workers: int = 2,
+        host_slots: int | None = None,
+        host_memory: int | None = None,
+        device_memory: int | None = None,
+        sampling: str | WindowPlan = "shuffled",
+        align: int = 1,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        stall_timeout: float | None = 300.0,
+        check_finite: bool = False,
+        stats: LatencyStats | None = None,
+    ) -> None:
+        self._closed = True  # until fully built, so __del__ and close() are safe
+        self._stages: list[OrderedStage] = []
+        if not isinstance(source, Source):
+            raise ConfigError.bad(
+                "source",
+                type(source).__name__,
+                "a chunkstream Source (fields, __len__, read_into, close)",
+                "Wrap arrays in cs.NumpySource, zarr in cs.ZarrSource, a function in cs.CallableSource.",
+            )
+        self.source = source
+        self.device = resolve_device(device)
+        on_cuda = self.device.type == "cuda"
+        total = len(source)
+        if total < 1:
+            raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
+        rows_probe = chunk_size if isinstance(chunk_size, int) else 0
+        rows = min(rows_probe, total) if rows_probe > 0 else 1
+        self.chunk_bytes = window_nbytes(source.fields, rows)
+        budget = LoaderConfig.from_budget(
+            chunk_size=chunk_size,
+            chunk_bytes=self.chunk_bytes,
+            workers=workers,
+            host_memory=host_memory,
+            device_memory=device_memory,
+            on_cuda=on_cuda,
+        )
+        self.config = LoaderConfig(
+            chunk_size=chunk_size,
+            prefetch=prefetch if prefetch is not None else budget.get("prefetch", 2),
+            gpu_prefetch=gpu_prefetch
+            if gpu_prefetch is not None
+            else budget.get("gpu_prefetch", 1),
+            workers=workers,
+            host_slots=host_slots if host_slots is not None else budget.get("host_slots"),
+            stall_timeout=stall_timeout,
+            check_finite=check_finite,
+        )
+        if on_cuda and self.config.slots < self.config.workers:
+            raise ConfigError.bad(
+                "host_slots",
+                self.config.slots,
+                f"at least workers={workers} pinned slots",
+                "Raise host_slots (or host_memory), or use fewer workers.",
+            )
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.plan = make_plan(
+            sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
+        )
+        self.rows = rows
+        self.stats = stats if stats is not None else LatencyStats()
+
+        # Buffers and stages. Nothing below refers to ``self``, so a loader the
+        # user drops is collected, and its __del__ stops the threads.
+        self._windows: list[tuple[int, int]] = []
+        if on_cuda:
+            self._pool: HostBufferPool | PinnedSlotPool = PinnedSlotPool(
+                source.fields, rows, slots=self.config.slots
+            )
+        else:
+            self._pool = HostBufferPool(
+                source.fields, rows, max_free=self.config.reader_capacity + 1
+            )
+        windows, pool = self._windows, self._pool
+        self._reader = OrderedStage(
+            "read",
+            lambda job, ticket: _read_job(
+                job,
+                ticket,
+                windows=windows,
+                source=source,
+                pool=pool,
+                check_finite=check_finite,
+            ),
+            workers=self.config.workers,
+            capacity=self.config.reader_capacity
+            if not on_cuda
+            else min(self.config.reader_capacity, self.config.slots),
+            discard=lambda value: _discard_loaded(value, pool),
+        )
+        self._stages = [self._reader]
+        self._transfer: OrderedStage | None = None
+        self._stream = None
+        if self.device.type != "cpu":
+            reader = self._reader
+            self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
+            stream, device_ = self._stream, self.device
+            self._transfer = OrderedStage(
+                "transfer",
+                lambda job, ticket: _transfer_job(
+                    job, ticket, upstream=reader, pool=pool, device=device_, stream=stream
+                ),
+                workers=1,
+                capacity=self.config.gpu_prefetch,
+            )
+            self._stages.append(self._transfer)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._epoch = 0  # the epoch the next epoch() call runs
+        self._resume_step = 0  # chunks of that epoch already received before a resume
+        self._active: _EpochIterator | None = None
+
+    # -- epochs ------------------------------------------------------------------------
+
+    def epoch(self, num_chunks: int | None = None) -> Iterator[Chunk]:
+        """Start the next epoch and iterate over its ``num_chunks`` chunks (on this rank).
+
+        Reading starts at once. Breaking out early is fine: the next ``epoch()``
+        call abandons what is left. ``num_chunks=None`` means one pass of the
+        plan (``shuffled``/``sequential``); ``random`` needs a number.
+        """
+        self._check_open()
+        if num_chunks is None:
+            per_pass = self.plan.windows_per_pass
+            if per_pass is None:
+                raise ConfigError.bad(
+                    "num_chunks",
+                    None,
+                    "a number of chunks for sampling='random' (it has no natural pass)",
+                    "Use cs.plan_epoch(...).chunks_per_epoch.",
+                )
+            num_chunks = max(1, per_pass // self.world_size)
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
+            raise ConfigError.bad(
+                "num_chunks", num_chunks, "an integer >= 0", "Use cs.plan_epoch(...).chunks_per_epoch."
+            )
+        with self._lock:
+            if self._active is not None:
+                self._active.abandon()
+            epoch, first = self._epoch, self._resume_step
+            first = min(first, num_chunks)
+            self._resume_step = 0
+            self._epoch += 1
+            windows = [
+                self.plan.window(epoch, step * self.world_size + self.rank)
+                for step in range(first, num_chunks)
+            ]
+            self._windows[:] = windows
+            for stage in self._stages:
+                stage.reset(len(windows))
+            iterator = _EpochIterator(self, epoch, first, num_chunks)
+            self._active = iterator
+        self.stats.epoch_started()
+        return iterator
+
+    def _next_chunk(self, iterator: _EpochIterator) -> Chunk:
+        """The consumer side of one chunk; called by the epoch iterator."""
+        stage = self._transfer if self._transfer is not None else self._reader
+        depth = stage.ready()
+        asked = time.perf_counter()
+        while True:
+            try:
+                value = stage.get(timeout=_POLL_S)
+                break
+            except TimeoutError:
+                self._check_stalled(asked)
+            except StageClosed:
+                self._check_open()
+                raise
+            except ChunkLoadError:
+                self._after_failure()
+                raise
+        received = time.perf_counter()
+        if isinstance(value, _OnDevice):
+            loaded, tensors = value.loaded, value.tensors
+            if value.done is not None:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(value.done)  # the consumer's stream waits, not the host
+                for tensor in tensors.values():
+                    tensor.record_stream(consumer)
+        else:
+            loaded = value
+            rows = loaded.stop - loaded.start
+            tensors = {
+                name: torch.from_numpy(array) for name, array in loaded.buffers.views(rows).items()
+            }
+            self._pool.release(loaded.buffers)  # reuse now follows the user's references
+        index = iterator.first + loaded.job
+        record = ChunkRecord(
+            epoch=iterator.epoch,
+            index=index,
+            start=loaded.start,
+            stop=loaded.stop,
+            nbytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            wait_s=received - asked,
+            read_s=loaded.read_end - loaded.read_begin,
+            queue_depth=depth,
+            read_begin=loaded.read_begin,
+            read_end=loaded.read_end,
+            received=received,
+        )
+        if isinstance(value, _OnDevice):
+            record.transfer_begin = value.issued
+            if value.done is not None:
+                record._events = (value.begin, value.done)
+        self.stats.record_chunk(record)
+        return Chunk(tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index)
+
+    def _check_stalled(self, asked: float) -> None:
+        self._check_open()
+        timeout = self.config.stall_timeout
+        if timeout is None:
+            return
+        now = time.monotonic()
+        last = max(stage.last_progress for stage in self._stages)
+        if time.perf_counter() - asked >= timeout and now - last >= timeout:
+            stacks = [s for stage in self._stages for s in stage.busy_stacks()]
+            windows = self._windows
+            message = (
+                f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
+                f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)
+                if stacks
+                else f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker is busy"
+            )
+            self.close()
+            raise LoaderStalledError(message, window=windows[0] if windows else None)
+
+    def _after_failure(self) -> None:
+        # DESIGN: after a worker error the pipeline shuts down.
+        self.close()
+
+    # -- resume ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """A few integers: the epoch and how many of its chunks the consumer received."""
+        with self._lock:
+            active = self._active
+            if active is not None and not active.finished:
+                return {
+                    "epoch": active.epoch,
+                    "step": active.received,
+                    "num_chunks": active.num_chunks,
+                    "seed": int(getattr(self.plan, "seed", 0)),
+                    "world_size": self.world_size,
+                }
+            return {
+                "epoch": self._epoch,
+                "step": self._resume_step,
+                "num_chunks": 0,
+                "seed": int(getattr(self.plan, "seed", 0)),
+                "world_size": self.world_size,
+            }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows."""
+        try:
+            epoch, step = int(state["epoch"]), int(state["step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError.bad(
+                "state", state, "a dict from ChunkLoader.state_dict() with 'epoch' and 'step'"
+            ) from exc
+        if epoch < 0 or step < 0:
+            raise ConfigError.bad("state", state, "non-negative 'epoch' and 'step'")
+        seed = state.get("seed")
+        if seed is not None and seed != getattr(self.plan, "seed", seed):
+            warnings.warn(
+                f"resuming a state saved with seed={seed} on a loader with seed="
+                f"{self.plan.seed}: the remaining windows will differ from the interrupted run",
+                stacklevel=2,
+            )
+        with self._lock:
+            if self._active is not None:
+                self._active.abandon()
+                self._active = None
+            self._epoch, self._resume_step = epoch, step
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every thread (joined within a deadline); idempotent, safe from any state."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stats.epoch_ended()
+        alive: list[str] = []
+        # The transfer thread reads from the readers, so stop it first.
+        for stage in reversed(self._stages):
+            alive += stage.close(self.config.close_timeout)
+        self._pool.close()
+        if alive:
+            warnings.warn(
+                f"chunkstream: threads {alive} did not stop within "
+                f"{self.config.close_timeout} s (a read that ignores cancellation); "
+                "they are daemon threads and end with the process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoaderClosedError(
+                "the loader is closed; create a new ChunkLoader (or do not call close() "
+                "before the last epoch)"
+            )
+
+    def __enter__(self) -> ChunkLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(
+                "ChunkLoader was not closed; use `with ChunkLoader(...)` or call close()",
+                ResourceWarning,
+                stacklevel=2,
+            )
+            self.close()
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return tuple(t for stage in self._stages for t in stage.threads)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"ChunkLoader({_describe_source(self.source)}, chunk_size={c.chunk_size}, "
+            f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
+            f"workers={c.workers}, plan={type(self.plan).__name__})"
+        )
+
+
+class _EpochIterator:
+    """Iterates one epoch; abandoned when the next epoch starts or the loader closes."""
+
+    def __init__(self, loader: ChunkLoader, epoch: int, first: int, num_chunks: int) -> None:
+        self._loader = loader
+        self.epoch = epoch
+        self.first = first
+        self.num_chunks = num_chunks
+        self.received = first
+        self.finished = first >= num_chunks
+        self._abandoned = False
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._abandoned or self.finished:
+            raise StopIteration
+        try:
+            chunk = self._loader._next_chunk(self)
+        except (EndOfJobs, StageClosed):
+            self._end()
+            raise StopIteration from None
+        self.received += 1
+        if self.received >= self.num_chunks:
+            self._end()
+        return chunk
+
+    def _end(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._loader.stats.epoch_ended()
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        self._loader.stats.epoch_ended()
+
+    def __len__(self) -> int:
+        return self.num_chunks - self.first
+
+
+def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError.bad("world_size", world_size, "an integer >= 1")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError.bad("rank", rank, f"an integer in [0, world_size={world_size})")
+    return rank, world_size
