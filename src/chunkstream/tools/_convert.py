@@ -201,14 +201,16 @@ def convert_store(
     if not requests:
         raise ConfigError.bad("fields", fields, "at least one NAME=INDEX", "Pass --fields.")
     resolved = [resolve_field(req, arrays) for req in requests]
-    check_lengths({r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved)},
+    check_lengths({r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved, strict=True)},
                   str(source))  # fmt: skip
     out = Path(out).absolute()
     src_text = str(source) if is_remote(source) else str(Path(source).absolute())
     if not is_remote(source) and (out == Path(src_text) or Path(src_text) in out.parents):
-        raise ConfigError(f"out={str(out)!r} lies inside the input {src_text!r}: choose an OUT outside it.")
+        raise ConfigError(
+            f"out={str(out)!r} lies inside the input {src_text!r}: choose an OUT outside it."
+        )
     plan = []
-    for req, (name, array, index) in zip(requests, resolved):
+    for req, (name, array, index) in zip(requests, resolved, strict=True):
         step_shape = selected_shape(index, tuple(array.shape[1:]))
         step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * array.dtype.itemsize)
         total = int(array.shape[0])
@@ -310,7 +312,9 @@ def convert_store(
         group.attrs["chunkstream"] = meta
         (out / PROGRESS).unlink()
     stored = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    decoded = sum(int(np.prod(r.shape, dtype=np.int64)) * np.dtype(r.dtype).itemsize for r in results)
+    decoded = sum(
+        int(np.prod(r.shape, dtype=np.int64)) * np.dtype(r.dtype).itemsize for r in results
+    )
     return ConvertReport(
         source=src_text, out=str(out), codec=codec, fields=results, slabs_written=written,
         slabs_skipped=len(slabs) - len(pending), decoded_bytes=decoded, stored_bytes=stored,

@@ -124,7 +124,9 @@ def validate_index(name: str, index: Index, shape: tuple[int, ...], where: str) 
             f"{len(shape)} (shape after time {shape}): drop the extra index items."
         )
     full: list[int | slice] = []
-    for axis, (item, size) in enumerate(zip((*index, *[slice(None)] * len(shape)), shape)):
+    for axis, (item, size) in enumerate(
+        zip((*index, *[slice(None)] * len(shape)), shape, strict=False)
+    ):
         if isinstance(item, slice):
             if item.step is not None and item.step <= 0:
                 raise FieldSelectionError(
@@ -157,7 +159,7 @@ def selected_shape(index: Index, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Per-timestep shape of a validated, padded ``index`` on non-time ``shape``."""
     return tuple(
         len(range(*item.indices(size)))
-        for item, size in zip(index, shape)
+        for item, size in zip(index, shape, strict=True)
         if isinstance(item, slice)
     )
 

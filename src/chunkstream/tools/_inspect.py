@@ -105,7 +105,7 @@ def read_amplification(
     """
     factor = 1.0
     padded = (*index, *[slice(None)] * (len(shape) - 1 - len(index)))
-    for item, size, chunk in zip(padded, shape[1:], chunks[1:]):
+    for item, size, chunk in zip(padded, shape[1:], chunks[1:], strict=True):
         if isinstance(item, slice):
             picked = np.arange(*item.indices(size))
         else:
@@ -138,7 +138,7 @@ def _array_report(name: str, array: Any) -> ArrayReport:
     chunks = tuple(int(c) for c in array.chunks)
     shards = tuple(int(s) for s in array.shards) if array.shards else None
     file_shape = shards or chunks
-    grid = tuple(-(-s // c) if s else 0 for s, c in zip(shape, file_shape))
+    grid = tuple(-(-s // c) if s else 0 for s, c in zip(shape, file_shape, strict=True))
     itemsize = array.dtype.itemsize
     decoded = int(np.prod(shape, dtype=np.int64)) * itemsize
     chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * itemsize
@@ -200,11 +200,11 @@ def inspect_store(
     spec = " ".join(
         f"{req.name}={format_index(index)}" if req.array is None
         else f"{req.name}={name}[{format_index(index)}]"
-        for req, (name, _, index) in zip(requests, resolved)
+        for req, (name, _, index) in zip(requests, resolved, strict=True)
     )  # fmt: skip
     fix = f"run `chunkstream convert {path} OUT --fields {spec}`"
     field_reports: list[FieldReport] = []
-    for req, (name, array, index), amp in zip(requests, resolved, amps):
+    for req, (name, array, index), amp in zip(requests, resolved, amps, strict=True):
         wamp = None
         if window is not None:
             wamp = read_amplification(shape_of[name], tuple(array.chunks), index, window)
@@ -222,9 +222,15 @@ def inspect_store(
         verdicts.append(verdict)
         field_reports.append(
             FieldReport(
-                name=req.name, array=name, index=format_index(index), shape=step_shape,
-                used_bytes_per_step=used, amplification=amp, window=window,
-                window_amplification=wamp, verdict=verdict,
-            )  # fmt: skip
+                name=req.name,
+                array=name,
+                index=format_index(index),
+                shape=step_shape,
+                used_bytes_per_step=used,
+                amplification=amp,
+                window=window,
+                window_amplification=wamp,
+                verdict=verdict,
+            )
         )
     return StoreReport(path=str(path), arrays=reports, fields=field_reports, verdicts=verdicts)

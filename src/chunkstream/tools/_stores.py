@@ -86,9 +86,7 @@ def local_root(array: Any) -> Path | None:
     return Path(root) / array.path if array.path else Path(root)
 
 
-def resolve_field(
-    request: FieldRequest, arrays: dict[str, Any]
-) -> tuple[str, Any, Index]:
+def resolve_field(request: FieldRequest, arrays: dict[str, Any]) -> tuple[str, Any, Index]:
     """Pick the array a field reads and validate its index: ``(name, array, index)``.
 
     An unnamed array means the only array, else the one named ``timeseries``

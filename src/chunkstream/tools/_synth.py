@@ -129,9 +129,7 @@ class _Network:
             pick = rng.choice(neurons - 1, size=k, replace=False) if k else []
             idx[i] = np.sort(np.where(np.asarray(pick) >= i, np.asarray(pick) + 1, pick))
         self.idx = idx
-        self.w = (rng.standard_normal((neurons, k)) * (0.9 / np.sqrt(max(k, 1)))).astype(
-            np.float32
-        )
+        self.w = (rng.standard_normal((neurons, k)) * (0.9 / np.sqrt(max(k, 1)))).astype(np.float32)
         self.leak = rng.uniform(0.05, 0.3, neurons).astype(np.float32)
         self.bias = rng.normal(0.0, 0.1, neurons).astype(np.float32)
         self.gain = rng.uniform(0.5, 1.5, stim_dims).astype(np.float32)
@@ -240,7 +238,7 @@ def write_synthetic(
         path = out / f"{name}.zarr"
         if path.exists():
             shutil.rmtree(path)
-        chunk = tuple(min(c, s) for c, s in zip(chunk, shape)) if all(shape) else chunk
+        chunk = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True)) if all(shape) else chunk
         return zarr.create_array(
             str(path), shape=shape, chunks=chunk, dtype=dt, compressors=compressors,
             zarr_format=zarr_format, fill_value=0.0, config={"write_empty_chunks": True},
@@ -262,7 +260,9 @@ def write_synthetic(
     slab = t_chunk * max(1, _SLAB_BYTES // max(1, step_bytes * t_chunk))
     net = _Network(neurons, stim_dims, seed)
     np.savez(out / "connectivity.npz", **net.csr())
-    with tqdm(total=timesteps, unit="step", desc="synth", disable=None if progress else True) as bar:
+    with tqdm(
+        total=timesteps, unit="step", desc="synth", disable=None if progress else True
+    ) as bar:
         for t0 in range(0, timesteps, slab):
             t1 = min(timesteps, t0 + slab)
             volt, stim, calc, fluo = net.run(t0, t1)
@@ -324,4 +324,3 @@ def ensure_synthetic(out: str | os.PathLike, **kwargs: Any) -> SynthInfo:
     tmp.write_text(json.dumps({"args": args, "info": info.to_dict()}, indent=1))
     os.replace(tmp, stamp)
     return info
-
