@@ -70,25 +70,24 @@ class HostBufferPool:
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
         del cancelled  # never waits: a new set is allocated when none is free
         with self._lock:
-            for index, buffers in enumerate(self._sets):
-                if not buffers.busy and self._is_free(buffers):
-                    # Move it to the end so the next scan starts with older sets.
-                    self._sets.append(self._sets.pop(index))
-                    buffers.busy = True
-                    return buffers
-            buffers = BufferSet(
-                {
-                    name: np.empty((self._rows, *spec.shape), dtype=spec.dtype)
-                    for name, spec in self._fields.items()
-                },
-                None,
-            )
+            free = [b for b in self._sets if not b.busy and self._is_free(b)]
+            # Keep at most max_free idle sets; sets still in use stay tracked so they
+            # can be reused once the user lets go.
+            for extra in free[self._max_free :]:
+                self._sets.remove(extra)
+            if free:
+                buffers = free[0]
+            else:
+                buffers = BufferSet(
+                    {
+                        name: np.empty((self._rows, *spec.shape), dtype=spec.dtype)
+                        for name, spec in self._fields.items()
+                    },
+                    None,
+                )
+                self.allocated += 1
+                self._sets.append(buffers)
             buffers.busy = True
-            self.allocated += 1
-            self._sets.append(buffers)
-            # Forget sets beyond the bound; those still held by the user die with them.
-            while len(self._sets) > self._max_free:
-                self._sets.pop(0)
             return buffers
 
     def release(self, buffers: BufferSet) -> None:

@@ -363,7 +363,10 @@ class ChunkLoader:
             num_chunks = max(1, per_pass // self.world_size)
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
             raise ConfigError.bad(
-                "num_chunks", num_chunks, "an integer >= 0", "Use cs.plan_epoch(...).chunks_per_epoch."
+                "num_chunks",
+                num_chunks,
+                "an integer >= 0",
+                "Use cs.plan_epoch(...).chunks_per_epoch.",
             )
         with self._lock:
             if self._active is not None:
@@ -435,7 +438,9 @@ class ChunkLoader:
             if value.done is not None:
                 record._events = (value.begin, value.done)
         self.stats.record_chunk(record)
-        return Chunk(tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index)
+        return Chunk(
+            tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index
+        )
 
     def _check_stalled(self, asked: float) -> None:
         self._check_open()
@@ -453,7 +458,8 @@ class ChunkLoader:
                 if stacks
                 else f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker is busy"
             )
-            self.close()
+            # The stuck thread cannot be joined; its stack is in the error instead.
+            self._shutdown(deadline_s=0.2, warn=False)
             raise LoaderStalledError(message, window=windows[0] if windows else None)
 
     def _after_failure(self) -> None:
@@ -509,6 +515,9 @@ class ChunkLoader:
 
     def close(self) -> None:
         """Stop every thread (joined within a deadline); idempotent, safe from any state."""
+        self._shutdown(deadline_s=self.config.close_timeout if self._stages else 0.0, warn=True)
+
+    def _shutdown(self, *, deadline_s: float, warn: bool) -> None:
         if self._closed:
             return
         self._closed = True
@@ -516,9 +525,9 @@ class ChunkLoader:
         alive: list[str] = []
         # The transfer thread reads from the readers, so stop it first.
         for stage in reversed(self._stages):
-            alive += stage.close(self.config.close_timeout)
+            alive += stage.close(deadline_s)
         self._pool.close()
-        if alive:
+        if alive and warn:
             warnings.warn(
                 f"chunkstream: threads {alive} did not stop within "
                 f"{self.config.close_timeout} s (a read that ignores cancellation); "

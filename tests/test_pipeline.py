@@ -1,0 +1,305 @@
+"""ChunkLoader behaviour: order, data, overlap, errors, shutdown, resume, memory."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from chunkstream.pipeline import ChunkLoader
+from tests.faults import ArraySource, make_arrays
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("chunkstream-")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_behind():
+    yield
+    deadline = time.monotonic() + 5
+    while loader_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader_threads() == [], "a test left loader threads running"
+
+
+def test_delivers_stored_bytes_in_plan_order_whatever_the_worker_count():
+    arrays = make_arrays(3000)
+    seen = {}
+    for workers in (1, 2, 4):
+        source = ArraySource(arrays, delay=0.001)
+        with ChunkLoader(
+            source, 250, device="cpu", workers=workers, sampling="random", seed=7
+        ) as loader:
+            windows = []
+            for epoch in range(2):
+                for chunk in loader.epoch(6):
+                    assert chunk.epoch == epoch
+                    for name, array in arrays.items():
+                        np.testing.assert_array_equal(
+                            chunk[name].numpy(), array[chunk.start : chunk.stop]
+                        )
+                    windows.append((chunk.start, chunk.stop))
+        seen[workers] = windows
+    assert seen[1] == seen[2] == seen[4]
+    plan = cs.plans.RandomPlan(total_timesteps=3000, chunk_size=250, seed=7)
+    assert seen[1][:6] == [plan.window(0, i) for i in range(6)]
+
+
+def test_held_chunks_are_never_overwritten():
+    arrays = make_arrays(2000)
+    with ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=3, prefetch=2) as loader:
+        held = list(loader.epoch(20))  # keep every chunk: buffers cannot be reused
+        for chunk in held:
+            np.testing.assert_array_equal(
+                chunk["voltage"].numpy(), arrays["voltage"][chunk.start : chunk.stop]
+            )
+        assert len({(c.start, c.stop) for c in held}) == 20  # shuffled: one pass, no repeat
+
+
+def test_buffers_are_reused_once_the_user_lets_go():
+    arrays = make_arrays(2000)
+    with ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, prefetch=2) as loader:
+        for _ in range(10):
+            for chunk in loader.epoch(20):
+                _ = chunk["voltage"].sum()
+        # Bound: the pipeline's prefetch + workers sets, plus the one the user holds.
+        assert loader._pool.allocated <= loader.config.reader_capacity + 2
+
+
+def test_loading_overlaps_a_sleeping_consumer():
+    read_s, n = 0.05, 12
+    source = ArraySource(make_arrays(2000), delay=read_s)
+    with ChunkLoader(source, 100, device="cpu", workers=1, prefetch=2) as loader:
+        begin = time.perf_counter()
+        for _chunk in loader.epoch(n):
+            time.sleep(read_s)  # "training" as slow as reading
+        elapsed = time.perf_counter() - begin
+    serial = 2 * n * read_s
+    # The ideal pipeline takes (n + 1) * read_s; serial takes 2 n read_s. Generous ratio.
+    assert elapsed < 0.75 * serial, (elapsed, serial)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_reader_failure_raises_chunkloaderror_without_hanging(where, workers):
+    arrays = make_arrays(2000)
+    plan = cs.plans.SequentialPlan(total_timesteps=2000, chunk_size=100)
+    n = 10
+    bad = {"first": 0, "middle": 5, "last": n - 1}[where]
+    bad_start = plan.window(0, bad)[0]
+    source = ArraySource(arrays, fail_windows={bad_start})
+    loader = ChunkLoader(source, 100, device="cpu", workers=workers, sampling="sequential")
+    received = []
+    begin = time.perf_counter()
+    with pytest.raises(cs.ChunkLoadError) as info:
+        for chunk in loader.epoch(n):
+            received.append(chunk.start)
+    assert time.perf_counter() - begin < 5
+    error = info.value
+    assert isinstance(error.__cause__, OSError)
+    assert error.window == (bad_start, bad_start + 100)
+    assert error.field == "voltage"
+    assert f"[{bad_start}, {bad_start + 100})" in str(error) and "'voltage'" in str(error)
+    assert all(start < bad_start for start in received)
+    assert loader.closed  # the pipeline shut down
+    loader.close()  # idempotent
+
+
+def test_error_reaches_a_waiting_consumer_within_a_second():
+    # Chunk 0 is slow, chunk 1 fails: the consumer, waiting on chunk 0, hears at once.
+    source = ArraySource(make_arrays(2000), fail_at={1}, hang_at={0})
+    # The hung read ends after 0.5 s, so the shutdown after the error can join it.
+    threading.Timer(0.5, source.release.set).start()
+    with ChunkLoader(source, 100, device="cpu", workers=2, sampling="sequential") as loader:
+        begin = time.perf_counter()
+        with pytest.raises(cs.ChunkLoadError) as info:
+            next(iter(loader.epoch(5)))
+        assert info.value.window == (100, 200)
+        assert time.perf_counter() - begin < 1.5
+
+
+def test_stalled_reader_raises_with_the_workers_stack():
+    source = ArraySource(make_arrays(2000), hang_at={0})
+    loader = ChunkLoader(source, 100, device="cpu", workers=1, stall_timeout=0.5)
+    try:
+        with pytest.raises(cs.LoaderStalledError) as info:
+            next(iter(loader.epoch(3)))
+        message = str(info.value)
+        assert "chunkstream-read-0" in message and "read_into" in message
+        assert isinstance(info.value, TimeoutError)
+    finally:
+        source.release.set()
+        loader.close()
+
+
+def test_abandoned_epochs_leave_no_thread_and_no_memory_growth():
+    psutil = pytest.importorskip("psutil")
+    arrays = make_arrays(4000, neurons=64)
+    process = psutil.Process()
+    with ChunkLoader(ArraySource(arrays), 500, device="cpu", workers=2, prefetch=2) as loader:
+        threads = len(loader_threads())
+        rss = []
+        for epoch in range(200):
+            for k, chunk in enumerate(loader.epoch(8)):
+                if k == epoch % 3:
+                    break
+                del chunk
+            if epoch == 20:
+                gc.collect()
+                rss.append(process.memory_info().rss)
+        gc.collect()
+        rss.append(process.memory_info().rss)
+        assert len(loader_threads()) == threads
+        assert rss[-1] <= rss[0] * 1.05 + 8 * 2**20
+        assert loader._pool.allocated <= 3 * loader.config.reader_capacity
+
+
+def test_abandoning_does_not_deliver_stale_chunks():
+    arrays = make_arrays(2000)
+    with ChunkLoader(
+        ArraySource(arrays, delay=0.002), 100, device="cpu", workers=3, sampling="random", seed=3
+    ) as loader:
+        for _ in range(5):
+            next(iter(loader.epoch(10)))
+        epoch = loader._epoch
+        chunks = list(loader.epoch(10))
+        plan = loader.plan
+        assert [(c.start, c.stop) for c in chunks] == [plan.window(epoch, i) for i in range(10)]
+
+
+def test_close_from_every_state():
+    arrays = make_arrays(2000)
+    # never started
+    ChunkLoader(ArraySource(arrays), 100, device="cpu").close()
+    # mid-epoch, with readers blocked by back-pressure (nothing consumed)
+    loader = ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, prefetch=1)
+    iterator = iter(loader.epoch(10))
+    next(iterator)
+    time.sleep(0.05)
+    begin = time.perf_counter()
+    loader.close()
+    assert time.perf_counter() - begin < 1
+    with pytest.raises(cs.LoaderClosedError):  # using a closed loader is a bug: say so
+        next(iterator)
+    with pytest.raises(cs.LoaderClosedError):
+        loader.epoch(1)
+    loader.close()
+    # after an epoch ran to its end
+    with ChunkLoader(ArraySource(arrays), 100, device="cpu") as loader:
+        assert len(list(loader.epoch(3))) == 3
+    # after an error
+    loader = ChunkLoader(ArraySource(arrays, fail_at={0}), 100, device="cpu")
+    with pytest.raises(cs.ChunkLoadError):
+        list(loader.epoch(3))
+    loader.close()
+
+
+def test_consumer_exception_inside_with_shuts_down():
+    with (
+        pytest.raises(KeyboardInterrupt),
+        ChunkLoader(ArraySource(make_arrays()), 100, device="cpu") as loader,
+    ):
+        for _chunk in loader.epoch(10):
+            raise KeyboardInterrupt
+    assert loader.closed
+
+
+def test_dropped_loader_warns_and_stops_its_threads():
+    loader = ChunkLoader(ArraySource(make_arrays()), 100, device="cpu", workers=2)
+    next(iter(loader.epoch(5)))
+    with pytest.warns(ResourceWarning, match="not closed"):
+        del loader
+        gc.collect()
+
+
+def test_state_counts_received_chunks_and_resumes_the_remaining_windows():
+    arrays = make_arrays(3000)
+    with ChunkLoader(ArraySource(arrays), 200, device="cpu", workers=2, seed=11) as loader:
+        list(loader.epoch(10))
+        iterator = loader.epoch(10)
+        first = [next(iterator) for _ in range(4)]
+        time.sleep(0.05)  # let readers run ahead: the state must not count prefetched chunks
+        state = loader.state_dict()
+        assert state["epoch"] == 1 and state["step"] == 4
+        rest = [(c.start, c.stop) for c in iterator]
+        following = [(c.start, c.stop) for c in loader.epoch(10)]
+    assert all(isinstance(v, int) for v in state.values())
+    del first
+    with ChunkLoader(ArraySource(arrays), 200, device="cpu", workers=3, seed=11) as resumed:
+        resumed.load_state_dict(state)
+        chunks = list(resumed.epoch(10))
+        assert [(c.start, c.stop) for c in chunks] == rest
+        assert [c.index for c in chunks] == list(range(4, 10))
+        assert [(c.start, c.stop) for c in resumed.epoch(10)] == following
+
+
+def test_memory_budget_sets_the_depths():
+    arrays = make_arrays(2000)
+    chunk_bytes = sum(a[:100].nbytes for a in arrays.values())
+    with ChunkLoader(
+        ArraySource(arrays), 100, device="cpu", workers=2, host_memory=5 * chunk_bytes
+    ) as loader:
+        assert loader.config.prefetch == 3
+        assert loader.config.reader_capacity * loader.chunk_bytes <= 5 * chunk_bytes
+    with pytest.raises(cs.ConfigError, match="host_memory"):
+        ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, host_memory=chunk_bytes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"chunk_size": -5}, "chunk_size"),
+        ({"prefetch": 0}, "prefetch"),
+        ({"workers": 0}, "workers"),
+        ({"gpu_prefetch": 0}, "gpu_prefetch"),
+        ({"sampling": "sorted"}, "sampling"),
+        ({"stall_timeout": -1}, "stall_timeout"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+    ],
+)
+def test_bad_arguments_are_refused_clearly(kwargs, name):
+    args = {"chunk_size": 100, "device": "cpu", **kwargs}
+    chunk_size = args.pop("chunk_size")
+    before = len(loader_threads())
+    with pytest.raises(cs.ConfigError, match=name) as info:
+        ChunkLoader(ArraySource(make_arrays()), chunk_size, **args)
+    assert isinstance(info.value, ValueError)
+    assert len(loader_threads()) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on CPU-only machines")
+def test_missing_cuda_is_a_clear_error():
+    with pytest.raises(cs.ConfigError, match="device='cpu'"):
+        ChunkLoader(ArraySource(make_arrays()), 100, device="cuda")
+
+
+def test_non_finite_check_names_the_position():
+    arrays = make_arrays(1000)
+    arrays["voltage"][437, 5] = np.nan
+    loader = ChunkLoader(
+        ArraySource(arrays), 100, device="cpu", sampling="sequential", check_finite=True
+    )
+    with pytest.raises(cs.ChunkLoadError) as info:
+        list(loader.epoch(10))
+    assert isinstance(info.value.__cause__, cs.NonFiniteError)
+    assert "(437, 5)" in str(info.value)
+    loader.close()
+
+
+def test_stats_are_filled_by_the_loader():
+    source = ArraySource(make_arrays(2000), delay=0.005)
+    with ChunkLoader(source, 100, device="cpu") as loader:
+        for _ in loader.epoch(5):
+            time.sleep(0.01)
+        summary = loader.stats.summary()
+    assert summary["num_chunks"] == 5
+    assert summary["read_mean_ms"] >= 5
+    assert 0 <= summary["stall_fraction"] < 1
+    assert summary["bytes"] == 5 * loader.chunk_bytes
