@@ -50,11 +50,11 @@ _POLL_S = 0.1
 _log = logging.getLogger("chunkstream.pipeline")
 
 
-class EndOfJobs(Exception):  # noqa: N818 - a control signal, like StopIteration
+class EndOfJobs(Exception):
     """Raised by :meth:`OrderedStage.get` once every job of the generation was handed out."""
 
 
-class StageClosed(Exception):  # noqa: N818 - a control signal
+class StageClosed(Exception):
     """Raised by :meth:`OrderedStage.get` when the stage was closed or reset meanwhile."""
 
 
@@ -155,7 +155,7 @@ class OrderedStage(Generic[T]):
         if self._discard is not None and value is not None:
             try:
                 self._discard(value)
-            except Exception:  # noqa: BLE001 - never let cleanup kill a worker
+            except Exception:
                 _log.exception("chunkstream: discarding a stale %s result failed", self.name)
 
     # -- consumer side -----------------------------------------------------------------

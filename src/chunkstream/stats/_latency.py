@@ -126,7 +126,10 @@ class LatencyStats:
         with self._lock:
             chunks = list(self.chunks)
             batches = list(self.batches)
-        out: dict[str, float] = {"num_chunks": float(len(chunks)), "num_batches": float(len(batches))}
+        out: dict[str, float] = {
+            "num_chunks": float(len(chunks)),
+            "num_batches": float(len(batches)),
+        }
         for name, values in (
             ("wait", [c.wait_s for c in chunks]),
             ("wait_after_first", [c.wait_s for c in chunks if c.index > 0]),
