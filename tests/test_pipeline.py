@@ -113,7 +113,7 @@ def test_reader_failure_raises_chunkloaderror_without_hanging(where, workers):
 
 def test_error_reaches_a_waiting_consumer_within_a_second():
     # Chunk 0 is slow, chunk 1 fails: the consumer, waiting on chunk 0, hears at once.
-    source = ArraySource(make_arrays(2000), fail_at={1}, hang_at={0})
+    source = ArraySource(make_arrays(2000), fail_windows={100}, hang_at={0})
     # The hung read ends after 0.5 s, so the shutdown after the error can join it.
     threading.Timer(0.5, source.release.set).start()
     with ChunkLoader(source, 100, device="cpu", workers=2, sampling="sequential") as loader:
@@ -194,7 +194,7 @@ def test_close_from_every_state():
     with ChunkLoader(ArraySource(arrays), 100, device="cpu") as loader:
         assert len(list(loader.epoch(3))) == 3
     # after an error
-    loader = ChunkLoader(ArraySource(arrays, fail_at={0}), 100, device="cpu")
+    loader = ChunkLoader(ArraySource(arrays, fail_at={0}), 100, device="cpu", read_retries=0)
     with pytest.raises(cs.ChunkLoadError):
         list(loader.epoch(3))
     loader.close()
@@ -303,3 +303,20 @@ def test_stats_are_filled_by_the_loader():
     assert summary["read_mean_ms"] >= 5
     assert 0 <= summary["stall_fraction"] < 1
     assert summary["bytes"] == 5 * loader.chunk_bytes
+
+
+def test_transient_errors_are_retried_with_identical_data():
+    arrays = make_arrays(2000)
+    source = ArraySource(arrays, transient=2)  # every window fails twice, then reads
+    with ChunkLoader(source, 100, device="cpu", workers=2, read_retries=2) as loader:
+        for chunk in loader.epoch(5):
+            np.testing.assert_array_equal(
+                chunk["voltage"].numpy(), arrays["voltage"][chunk.start : chunk.stop]
+            )
+    source = ArraySource(arrays, transient=3)
+    with (
+        ChunkLoader(source, 100, device="cpu", read_retries=2) as loader,
+        pytest.raises(cs.ChunkLoadError) as info,
+    ):
+        list(loader.epoch(5))
+    assert isinstance(info.value.__cause__, ConnectionError)

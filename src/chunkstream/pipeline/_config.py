@@ -57,6 +57,7 @@ class LoaderConfig:
     stall_timeout: float | None = 300.0
     close_timeout: float = 5.0
     check_finite: bool = False
+    read_retries: int = 2
 
     def __post_init__(self) -> None:
         _positive_int("chunk_size", self.chunk_size, "Pass the number of timesteps per chunk.")
@@ -69,6 +70,7 @@ class LoaderConfig:
                 self.host_slots,
                 "Use at least one pinned slot per reader worker (or leave it None).",
             )
+        _positive_int("read_retries", self.read_retries, "Use 0 to fail on the first error.", 0)
         for name in ("stall_timeout",):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or value <= 0):

@@ -36,6 +36,7 @@ import torch
 
 from .._errors import (
     ChunkLoadError,
+    ChunkstreamError,
     ConfigError,
     LoaderClosedError,
     LoaderStalledError,
@@ -53,6 +54,7 @@ __all__ = ["ChunkLoader"]
 
 _log = logging.getLogger("chunkstream.pipeline")
 _POLL_S = 0.1
+_RETRY_BACKOFF_S = 0.05
 
 
 @dataclass
@@ -91,12 +93,25 @@ def _read_job(
     source: Source,
     pool: HostBufferPool | PinnedSlotPool,
     check_finite: bool,
+    retries: int,
 ) -> _Loaded:
     start, stop = windows[job]
     buffers = pool.acquire(ticket.cancelled)
     begin = time.perf_counter()
     try:
-        source.read_into(start, stop, buffers.views(stop - start))
+        for attempt in range(retries + 1):
+            try:
+                source.read_into(start, stop, buffers.views(stop - start))
+                break
+            except Exception as exc:
+                if attempt == retries or not _transient(exc) or ticket.cancelled():
+                    raise
+                delay = _RETRY_BACKOFF_S * 2**attempt
+                _log.warning(
+                    "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
+                    start, stop, type(exc).__name__, exc, attempt + 1, retries, delay,
+                )  # fmt: skip
+                time.sleep(delay)
         if check_finite:
             _check_finite(buffers, start, stop)
     except BaseException as exc:
@@ -112,6 +127,15 @@ def _read_job(
             field=field,
         ) from exc
     return _Loaded(job, start, stop, buffers, begin, time.perf_counter())
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors worth retrying: I/O and network hiccups, not bad data or a missing path."""
+    if isinstance(exc, ChunkstreamError):
+        return False
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, (OSError, ConnectionError, TimeoutError))
 
 
 def _check_finite(buffers: BufferSet, start: int, stop: int) -> None:
@@ -213,6 +237,9 @@ class ChunkLoader:
         :class:`LoaderStalledError` holding the stuck workers' stacks (``None``: never).
     check_finite:
         Raise :class:`NonFiniteError` naming the position of any NaN/Inf read.
+    read_retries:
+        Retries (with exponential backoff from 50 ms) of a read that failed with a
+        transient I/O or network error; bad data and missing paths fail at once.
 
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second and ``close()`` is seen promptly. ``close()`` is idempotent; the
@@ -238,6 +265,7 @@ class ChunkLoader:
         world_size: int | None = None,
         stall_timeout: float | None = 300.0,
         check_finite: bool = False,
+        read_retries: int = 2,
         stats: LatencyStats | None = None,
     ) -> None:
         self._closed = True  # until fully built, so __del__ and close() are safe
@@ -276,6 +304,7 @@ class ChunkLoader:
             host_slots=host_slots if host_slots is not None else budget.get("host_slots"),
             stall_timeout=stall_timeout,
             check_finite=check_finite,
+            read_retries=read_retries,
         )
         if on_cuda and self.config.slots < self.config.workers:
             raise ConfigError.bad(
@@ -312,6 +341,7 @@ class ChunkLoader:
                 source=source,
                 pool=pool,
                 check_finite=check_finite,
+                retries=read_retries,
             ),
             workers=self.config.workers,
             capacity=self.config.reader_capacity
