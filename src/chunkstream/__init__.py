@@ -1,5 +1,13 @@
-"""chunkstream: stream random windows of huge zarr time series to the GPU while the model trains."""
+"""chunkstream: stream random windows of huge zarr time series to the GPU while the model trains.
 
+The flow mirrors the package layout: ``sources`` (where bytes come from) ->
+``plans`` (which windows an epoch visits) -> ``pipeline`` (reader threads,
+pinned slots, the transfer stream, :class:`ChunkLoader`) -> ``consumer``
+(batches sampled inside a chunk on the device) and ``stats``; ``cli`` and
+``tools`` hold the command line.
+"""
+
+from . import flyvis, plans
 from ._errors import (
     ChunkLoadError,
     ChunkstreamError,
@@ -16,25 +24,61 @@ from ._errors import (
     SourceError,
     SourceNotFoundError,
 )
-from .sources._base import FieldSpec, Source
+from .pipeline import Chunk, ChunkLoader, LoaderConfig
+from .plans import (
+    EpochPlan,
+    RandomPlan,
+    SequentialPlan,
+    ShuffledPlan,
+    WindowPlan,
+    make_plan,
+    plan_epoch,
+)
+from .sources import (
+    CallableSource,
+    FieldSpec,
+    NumpySource,
+    Source,
+    TensorStoreSource,
+    ZarrSource,
+)
+from .stats._latency import LatencyStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CallableSource",
+    "Chunk",
     "ChunkLoadError",
+    "ChunkLoader",
     "ChunkstreamError",
     "ConfigError",
     "CorruptChunkError",
+    "EpochPlan",
     "FieldDtypeError",
     "FieldLengthError",
     "FieldSelectionError",
     "FieldSpec",
+    "LatencyStats",
     "LoaderClosedError",
+    "LoaderConfig",
     "LoaderStalledError",
     "MissingChunkError",
     "NonFiniteError",
     "NotZarrError",
+    "NumpySource",
+    "RandomPlan",
+    "SequentialPlan",
+    "ShuffledPlan",
     "Source",
     "SourceError",
     "SourceNotFoundError",
+    "TensorStoreSource",
+    "WindowPlan",
+    "ZarrSource",
+    "__version__",
+    "flyvis",
+    "make_plan",
+    "plan_epoch",
+    "plans",
 ]
