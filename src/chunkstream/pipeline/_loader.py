@@ -182,7 +182,8 @@ def _transfer_job(
             return _OnDevice(loaded, tensors, None, None, issued)
         host = loaded.buffers.tensors
         assert host is not None  # CUDA always runs with pinned slots (internal invariant)
-        with torch.cuda.stream(stream):
+        # This thread's current device is not the consumer's: name it explicitly.
+        with torch.cuda.device(device), torch.cuda.stream(stream):
             begin = torch.cuda.Event(enable_timing=True)
             done = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
