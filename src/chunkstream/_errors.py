@@ -19,6 +19,9 @@ each subclass also inherits the built-in a caller would naturally catch::
     ├── NonFiniteError(ValueError)       NaN or Inf found by the optional check
     └── LoaderClosedError(RuntimeError)  the loader was used after ``close()``
 
+Warnings: ``ReadAmplificationWarning(UserWarning)``, a field decodes much more than it
+uses because of the zarr chunk layout.
+
 Messages say what was received, what was expected and what to do.
 """
 
@@ -37,6 +40,7 @@ __all__ = [
     "MissingChunkError",
     "NonFiniteError",
     "NotZarrError",
+    "ReadAmplificationWarning",
     "SourceError",
     "SourceNotFoundError",
 ]
@@ -119,3 +123,7 @@ class NonFiniteError(ChunkstreamError, ValueError):
 
 class LoaderClosedError(ChunkstreamError, RuntimeError):
     """The loader was used after ``close()``."""
+
+
+class ReadAmplificationWarning(UserWarning):
+    """A field decodes many more bytes than it uses, given the zarr chunk grid."""

@@ -1,0 +1,16 @@
+"""Sources: where a window's bytes come from (see :mod:`._base` for the protocol)."""
+
+from ._base import FieldSpec, Source
+from ._callable import CallableSource
+from ._numpy import NumpySource
+from ._tensorstore import TensorStoreSource
+from ._zarr import ZarrSource
+
+__all__ = [
+    "CallableSource",
+    "FieldSpec",
+    "NumpySource",
+    "Source",
+    "TensorStoreSource",
+    "ZarrSource",
+]

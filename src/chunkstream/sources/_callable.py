@@ -1,0 +1,94 @@
+"""``CallableSource``: a user's ``load_fn(start, stop) -> tuple[np.ndarray, ...]``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .._errors import ConfigError
+from ._base import FieldSpec, check_dtype, field_context
+
+__all__ = ["CallableSource"]
+
+
+class CallableSource:
+    """Fields produced by ``load_fn(start, stop)``, one array per name in ``names``.
+
+    ``load_fn`` must be thread-safe when the loader has several reader workers.
+    The field specs come from ``specs`` or, if ``None``, from one call
+    ``load_fn(0, min(2, total_timesteps))`` at construction. Every later result
+    is checked against them: a wrong count, shape or dtype raises ``ValueError``
+    naming the field, what came back and what was expected.
+    """
+
+    def __init__(
+        self,
+        load_fn: Callable[[int, int], Sequence[np.ndarray]],
+        total_timesteps: int,
+        names: Sequence[str] = ("data", "stim"),
+        *,
+        specs: Mapping[str, FieldSpec] | None = None,
+    ) -> None:
+        if not callable(load_fn):
+            raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, stop)")
+        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, (int, np.integer)):
+            raise ConfigError.bad("total_timesteps", total_timesteps, "a positive int")
+        if total_timesteps <= 0:
+            raise ConfigError.bad("total_timesteps", total_timesteps, "a positive int")
+        names = tuple(names)
+        if not names or len(set(names)) != len(names):
+            raise ConfigError.bad("names", names, "a non-empty sequence of distinct names")
+        self._load_fn = load_fn
+        self._len = int(total_timesteps)
+        self._names = names
+        if specs is None:
+            probe = self._call(0, min(2, self._len))
+            specs = {
+                n: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
+                for n, a in zip(names, probe, strict=True)
+            }
+        elif set(specs) != set(names):
+            raise ConfigError.bad("specs", sorted(specs), f"one spec per name in {list(names)}")
+        self._fields = {
+            n: FieldSpec(tuple(specs[n].shape), check_dtype(n, specs[n].dtype, "load_fn"))
+            for n in names
+        }
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Field name -> per-timestep shape and dtype."""
+        return self._fields
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _call(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        result = self._load_fn(start, stop)
+        if isinstance(result, np.ndarray) and len(self._names) == 1:
+            result = (result,)
+        if not isinstance(result, (tuple, list)) or len(result) != len(self._names):
+            got = len(result) if isinstance(result, (tuple, list)) else type(result).__name__
+            raise ValueError(
+                f"load_fn({start}, {stop}) returned {got!r} values, expected a tuple of "
+                f"{len(self._names)} arrays, one per name in {list(self._names)}."
+            )
+        return tuple(result)
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
+        """Call ``load_fn(start, stop)`` and copy each array into ``out[name][: stop - start]``."""
+        for name, value in zip(self._names, self._call(start, stop), strict=True):
+            with field_context(name):
+                spec = self._fields[name]
+                arr = np.asarray(value)
+                expected = (stop - start, *spec.shape)
+                if arr.shape != expected or arr.dtype != spec.dtype:
+                    raise ValueError(
+                        f"load_fn({start}, {stop}) returned field {name!r} with shape "
+                        f"{arr.shape} and dtype {arr.dtype}; expected shape {expected} and "
+                        f"dtype {spec.dtype}. Return exactly stop - start rows of a fixed dtype."
+                    )
+                np.copyto(out[name][: stop - start], arr)
+
+    def close(self) -> None:
+        """Nothing to release; idempotent."""

@@ -1,0 +1,304 @@
+"""``ZarrSource``: named fields of one zarr array (format 2 or 3), local or remote.
+
+The array is opened once, at construction, and validated then: the path exists,
+holds zarr, every field's selection is in range, every dtype can become a
+tensor. Reads take one of two paths:
+
+* the **fast path** (:mod:`._fastzarr`) for local stores with a plain codec
+  chain: chunk files decoded on a thread pool straight into ``out``;
+* the **general path** for everything else (remote, sharded, other codecs):
+  ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
+  caller's buffer without an extra copy.
+
+Missing chunks: zarr reads an absent chunk as the fill value, which would train
+a model on zeros. ``check_missing="auto"`` lists a local store's chunk files
+once at open (``"open"``) and the fast path raises for any file that has
+vanished since; remote stores are not checked unless asked (``True``: each
+window's chunk keys are checked at read time; ``False``: never).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from .._errors import (
+    ConfigError,
+    CorruptChunkError,
+    MissingChunkError,
+    NotZarrError,
+    ReadAmplificationWarning,
+    SourceNotFoundError,
+)
+from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
+from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
+from ._select import (
+    Selection,
+    chunk_ranges,
+    iter_chunk_coords,
+    normalize_selection,
+    read_amplification,
+)
+
+__all__ = ["ZarrSource", "open_zarr_array"]
+
+_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+_AMPLIFICATION_LIMIT = 1.5
+
+
+def is_url(path: str) -> bool:
+    """True for ``scheme://...`` paths other than ``file://``."""
+    return "://" in path and not path.startswith("file://")
+
+
+def open_zarr_array(
+    path: str | Path, array: str | None = None, storage_options: Mapping[str, Any] | None = None
+) -> zarr.Array:
+    """Open the zarr array at ``path`` (or member ``array`` of the group there), read-only.
+
+    Local paths are checked first so that the errors say what is wrong; URLs go
+    through zarr's fsspec store. This is the one place a store is opened, so
+    retries and timeouts for remote stores belong here.
+    """
+    text = str(path)
+    if is_url(text):
+        try:
+            node = zarr.open(text, mode="r", storage_options=dict(storage_options or {}))
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"no zarr array or group at {text!r}. Check the URL and credentials "
+                "(storage_options)."
+            ) from exc
+    else:
+        local = Path(text.removeprefix("file://")).expanduser()
+        if not local.exists():
+            raise SourceNotFoundError(f"path {str(local)!r} does not exist. Check the path.")
+        if not any((local / name).exists() for name in ("zarr.json", ".zarray", ".zgroup")):
+            raise NotZarrError(
+                f"path {str(local)!r} is not a zarr store: it has no zarr.json, .zarray or "
+                ".zgroup. Point at the .zarr folder itself, or convert the data to zarr."
+            )
+        node = zarr.open(local, mode="r")
+    if array is not None:
+        if not isinstance(node, zarr.Group):
+            raise ConfigError.bad("array", array, f"None, since {text!r} is an array, not a group")
+        if array not in node or not isinstance(node[array], zarr.Array):
+            members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
+            raise ConfigError.bad("array", array, f"one of the arrays in {text!r}: {members}")
+        return node[array]
+    if isinstance(node, zarr.Group):
+        members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
+        raise ConfigError.bad(
+            "array", None, f"the name of an array, since {text!r} is a zarr group",
+            f"Pass array= one of {members}.",
+        )  # fmt: skip
+    return node
+
+
+class ZarrSource:
+    """Named fields of one zarr array; see the module docs.
+
+    ``fields`` maps a name to an index tuple on the non-time axes (ints and
+    step-1 slices), e.g. ``{"voltage": (slice(None), 0)}``; ``None`` is one
+    field ``"data"``, the whole array. ``read_threads`` sizes the fast path's
+    decode pool (default ``os.cpu_count()``). Thread-safe for distinct ``out``.
+    """
+
+    def __init__(
+        self,
+        path_or_array: str | Path | zarr.Array,
+        fields: Mapping[str, tuple[int | slice, ...] | int | slice] | None = None,
+        *,
+        array: str | None = None,
+        check_missing: bool | Literal["auto", "open"] = "auto",
+        storage_options: Mapping[str, Any] | None = None,
+        read_threads: int | None = None,
+        _fast: bool | None = None,
+    ) -> None:
+        if check_missing not in (True, False, "auto", "open"):
+            raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
+        if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
+            raise ConfigError.bad("read_threads", read_threads, "a positive int or None")
+        if isinstance(path_or_array, zarr.Array):
+            self.array = path_or_array
+            self.path = str(path_or_array.store_path)
+        else:
+            self.array = open_zarr_array(path_or_array, array, storage_options)
+            self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
+        arr = self.array
+        if arr.ndim < 1:
+            raise NotZarrError(f"zarr array {self.path!r} is 0-d: it has no time axis.")
+        self.chunks: tuple[int, ...] = tuple(arr.chunks)
+        # store keys follow the shard grid when sharded (absent inner chunks go unseen)
+        self._key_grid = tuple(getattr(arr, "shards", None) or arr.chunks)
+        where = f"zarr array {self.path!r} (shape {arr.shape})"
+        raw_fields = {"data": ()} if fields is None else dict(fields)
+        if not raw_fields:
+            raise ConfigError.bad("fields", fields, "at least one field, or None")
+        dtype = check_dtype(next(iter(raw_fields)), arr.dtype, where)
+        self._selections: dict[str, Selection] = {
+            name: normalize_selection(name, index, arr.shape, where)
+            for name, index in raw_fields.items()
+        }
+        self._fields = {n: FieldSpec(s.shape, dtype) for n, s in self._selections.items()}
+        self._len = check_lengths({n: arr.shape[0] for n in self._fields}, where)
+        self.nbytes_per_step = window_nbytes(self._fields, 1)
+        self.read_amplification = {
+            n: read_amplification(s, arr.shape, self.chunks) for n, s in self._selections.items()
+        }
+        self._warn_amplification()
+        local = self._local_root()
+        mode = check_missing
+        if mode == "auto":
+            mode = "open" if local is not None else False
+        if mode == "open":
+            self._check_all_chunks(local)
+        self._check_each_read = mode is True
+        self._pool: ThreadPoolExecutor | None = None
+        self._fast: FastChunkReader | None = None
+        decoder = fast_decoder(arr) if _fast is not False else None
+        if _fast and decoder is None:
+            raise ConfigError.bad("_fast", True, "False: this array does not suit the fast path")
+        if decoder is not None:
+            self._pool = decode_pool(read_threads)
+            self._fast = FastChunkReader(
+                arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool
+            )
+        self._closed = False
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Field name -> per-timestep shape and dtype."""
+        return self._fields
+
+    @property
+    def uses_fast_path(self) -> bool:
+        """Whether reads go through the thread-pool chunk decoder."""
+        return self._fast is not None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())
+        return f"ZarrSource({self.path!r}, T={self._len}, fields=[{names}])"
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out[name][: stop - start]`` with timesteps ``[start, stop)`` of every field."""
+        if self._fast is not None:
+            self._fast.read_into(start, stop, out)
+            return
+        from zarr.core.buffer import default_buffer_prototype
+
+        nd_buffer = default_buffer_prototype().nd_buffer
+        for name, sel in self._selections.items():
+            with field_context(name):
+                if self._check_each_read:
+                    self._check_chunks(sel, start, stop)
+                view = out[name][: stop - start]
+                try:
+                    # zarr writes into the wrapped array in place: no intermediate copy
+                    self.array.get_basic_selection(
+                        sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
+                    )
+                except (ValueError, RuntimeError, EOFError) as exc:  # what codecs raise
+                    raise CorruptChunkError(
+                        f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
+                        f"[{start}, {stop}) does not decode ({type(exc).__name__}: {exc}): "
+                        "a chunk file is truncated or corrupt. Rewrite the array and retry."
+                    ) from exc
+
+    def close(self) -> None:
+        """Stop the decode pool; idempotent. The zarr array needs no closing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> ZarrSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- validation -------------------------------------------------------
+
+    def _warn_amplification(self) -> None:
+        for name, factor in self.read_amplification.items():
+            if factor > _AMPLIFICATION_LIMIT:
+                warnings.warn(
+                    f"field {name!r} of {self.path!r} decodes {factor:.1f}x the bytes it uses: "
+                    f"the zarr chunks {self.chunks} span more of the non-time axes than the "
+                    f"field's selection. Rechunk so each field has its own chunks (e.g. "
+                    f"`chunkstream convert`, chunks of 1 along the column axis).",
+                    ReadAmplificationWarning,
+                    stacklevel=3,
+                )
+
+    def _local_root(self) -> Path | None:
+        from zarr.storage import LocalStore
+
+        store = self.array.store
+        if isinstance(store, LocalStore):
+            return Path(store.root) / self.array.store_path.path
+        return None
+
+    def _needed_keys(self, sel: Selection, start: int, stop: int) -> list[str]:
+        ranges = chunk_ranges(sel, self._key_grid, start, stop)
+        return [self.array.metadata.encode_chunk_key(c) for c in iter_chunk_coords(ranges)]
+
+    def _missing_error(self, name: str, key: str, where: str) -> MissingChunkError:
+        return MissingChunkError(
+            f"zarr chunk {key!r} of field {name!r} is missing from {where}. zarr would read "
+            "it as the fill value and train on it silently. Rewrite the array (or that "
+            "chunk); pass check_missing=False only if absent chunks are meant to be fill values."
+        )
+
+    def _check_all_chunks(self, local: Path | None) -> None:
+        """List the store once and raise ``MissingChunkError`` for the first absent chunk."""
+        present = _list_local(local) if local is not None else self._list_remote()
+        for name, sel in self._selections.items():
+            for key in self._needed_keys(sel, 0, self._len):
+                if key not in present:
+                    raise self._missing_error(name, key, f"{self.path!r}")
+
+    def _list_remote(self) -> set[str]:
+        from zarr.core.sync import collect_aiterator, sync
+
+        prefix = self.array.store_path.path
+        keys = sync(collect_aiterator(self.array.store.list_prefix(prefix)))
+        cut = len(prefix) + 1 if prefix else 0
+        return {k[cut:] for k in keys}
+
+    def _check_chunks(self, sel: Selection, start: int, stop: int) -> None:
+        from zarr.core.sync import sync
+
+        store, prefix = self.array.store, self.array.store_path.path
+        for key in self._needed_keys(sel, start, stop):
+            full = f"{prefix}/{key}" if prefix else key
+            if not sync(store.exists(full)):
+                name = next(n for n, s in self._selections.items() if s is sel)
+                raise self._missing_error(name, key, f"{self.path!r}")
+
+
+def _list_local(root: Path) -> set[str]:
+    """Every file under ``root`` as a ``/``-separated key, metadata files excluded."""
+    keys: set[str] = set()
+    stack = [(str(root), "")]
+    while stack:
+        folder, prefix = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=True):
+                    stack.append((entry.path, f"{prefix}{entry.name}/"))
+                elif entry.name not in _METADATA_FILES:
+                    keys.add(prefix + entry.name)
+    return keys
