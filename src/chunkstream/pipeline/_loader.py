@@ -242,6 +242,8 @@ class ChunkLoader:
         Retries (with exponential backoff from 50 ms) of a read that failed with a
         transient I/O or network error; bad data and missing paths fail at once.
 
+    Notes
+    -----
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second and ``close()`` is seen promptly. ``close()`` is idempotent; the
     loader is a context manager.
