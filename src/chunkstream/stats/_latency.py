@@ -4,7 +4,15 @@ The loader fills the per-chunk part itself (:meth:`LatencyStats.record_chunk`):
 the consumer's wait, the read time measured in the reader thread, the transfer
 time (CUDA events, resolved lazily once the copy is known to be done, so
 recording never blocks), the queue depth when the consumer asked, and bytes.
-Batches are timed by the training loop (:meth:`LatencyStats.batch_timer`).
+Batches are timed by the training loop (:meth:`LatencyStats.batch_timer`): on
+CUDA with events recorded on the current stream and read back only once they
+have completed, on CPU with ``perf_counter`` (there the work is synchronous).
+
+Summaries: mean/p50/p95/max/min/total in ms per quantity, the stall fraction
+(consumer wait over the time spent inside epochs) and throughput (chunks/s and
+GB/s of delivered windows over the same time). :meth:`LatencyStats.print_summary`
+prints them as a table, :meth:`LatencyStats.log_to` writes TensorBoard scalars,
+and :func:`chunkstream.stats.plot_timeline` draws the per-chunk lanes.
 
 Thread-safety: records are appended under a lock; summaries copy them first.
 """
@@ -17,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+
+from ._timer import BatchTimer
 
 __all__ = ["BatchRecord", "ChunkRecord", "LatencyStats"]
 
@@ -39,11 +50,14 @@ class ChunkRecord:
     transfer_s: float | None = None  # None until resolved (or on CPU)
     transfer_begin: float | None = None  # host-clock estimate of the copy's span (timeline)
     transfer_end: float | None = None
+    compute_end: float | None = None  # when the consumer asked for the next chunk (timeline)
     _events: Any = field(default=None, repr=False)  # (start, end) CUDA events, unresolved
 
 
 @dataclass
 class BatchRecord:
+    """One timed batch: seconds in forward, backward and optimizer step."""
+
     forward_s: float
     backward_s: float
     step_s: float
@@ -73,16 +87,47 @@ class LatencyStats:
         self.batches: list[BatchRecord] = []
         self._epoch_begin: float | None = None
         self._elapsed = 0.0  # seconds inside epochs, closed spans only
+        self._pending_batches: list[tuple[float, tuple]] = []  # CUDA events not yet read
 
     # -- recording -----------------------------------------------------------------
 
     def record_chunk(self, record: ChunkRecord) -> None:
+        """Append ``record``; it closes the previous chunk's compute span in the same epoch."""
         with self._lock:
+            if self.chunks:
+                previous = self.chunks[-1]
+                if previous.compute_end is None and previous.epoch == record.epoch:
+                    previous.compute_end = record.received - record.wait_s
             self.chunks.append(record)
 
-    def record_batch(self, forward_s: float, backward_s: float, step_s: float, begin: float = 0.0):
+    def record_batch(
+        self, forward_s: float, backward_s: float, step_s: float, begin: float = 0.0
+    ) -> None:
+        """Append one batch's phase times (seconds)."""
         with self._lock:
             self.batches.append(BatchRecord(forward_s, backward_s, step_s, begin))
+
+    def batch_timer(
+        self, device: str | torch.device | None = "cpu", *, every: int = 1
+    ) -> BatchTimer:
+        """A timer for every ``every``-th batch of a training loop on ``device``::
+
+            timer = stats.batch_timer(device, every=10)
+            for ...:
+                with timer.batch() as b:
+                    loss = model(x); b.mark("forward")
+                    loss.backward(); b.mark("backward")
+                    opt.step()                        # leaving the block marks "step"
+
+        On CUDA the marks are events on the current stream, resolved lazily (by
+        :meth:`summary` or :meth:`resolve_pending`) once they have completed, so
+        timing never blocks the host. Elsewhere marks read ``perf_counter``.
+        """
+        return BatchTimer(self, device, every=every)
+
+    def _add_pending_batch(self, begin: float, events: tuple) -> None:
+        with self._lock:
+            self._pending_batches.append((begin, events))
 
     def epoch_started(self) -> None:
         with self._lock:
@@ -90,14 +135,18 @@ class LatencyStats:
 
     def epoch_ended(self) -> None:
         with self._lock:
+            now = time.perf_counter()
             if self._epoch_begin is not None:
-                self._elapsed += time.perf_counter() - self._epoch_begin
+                self._elapsed += now - self._epoch_begin
                 self._epoch_begin = None
+            if self.chunks and self.chunks[-1].compute_end is None:
+                self.chunks[-1].compute_end = now
 
     def reset(self) -> None:
         with self._lock:
             self.chunks.clear()
             self.batches.clear()
+            self._pending_batches.clear()
             self._elapsed = 0.0
             self._epoch_begin = None
 
@@ -109,7 +158,31 @@ class LatencyStats:
             begin, end = record._events
             if end.query():
                 record.transfer_s = begin.elapsed_time(end) / 1e3
+                if record.transfer_begin is not None:
+                    record.transfer_end = record.transfer_begin + record.transfer_s
                 record._events = None
+
+    def resolve_pending(self) -> None:
+        """Read every CUDA event that has completed (transfers and batches); never waits."""
+        self.resolve_transfers()
+        with self._lock:
+            pending, self._pending_batches = self._pending_batches, []
+        keep = []
+        for begin, events in pending:
+            if events[-1].query():
+                start, fwd, bwd, step = events
+                times = (start.elapsed_time(fwd), fwd.elapsed_time(bwd), bwd.elapsed_time(step))
+                self.record_batch(*(t / 1e3 for t in times), begin=begin)
+            else:
+                keep.append((begin, events))
+        with self._lock:
+            self._pending_batches[:0] = keep
+
+    @property
+    def pending_batches(self) -> int:
+        """Timed batches whose CUDA events have not completed yet."""
+        with self._lock:
+            return len(self._pending_batches)
 
     # -- summaries -----------------------------------------------------------------
 
@@ -121,8 +194,16 @@ class LatencyStats:
             return self._elapsed + running
 
     def summary(self) -> dict[str, float]:
-        """Flat dict of figures: waits, reads, transfers, batches, stall fraction, throughput."""
-        self.resolve_transfers()
+        """Flat dict of figures: waits, reads, transfers, batches, stall fraction, throughput.
+
+        Keys are ``<quantity>_<mean|p50|p95|max|min|total>_ms`` for ``wait``,
+        ``wait_after_first``, ``read``, ``transfer``, ``forward``, ``backward``
+        and ``step`` (``queue_depth_*`` without unit), plus ``num_chunks``,
+        ``num_batches``, ``elapsed_s``, ``stall_fraction``,
+        ``stall_fraction_after_first``, ``chunks_per_s``, ``gb_per_s``, ``bytes``
+        and ``queue_empty_count``. Empty quantities are 0.0.
+        """
+        self.resolve_pending()
         with self._lock:
             chunks = list(self.chunks)
             batches = list(self.batches)
@@ -151,8 +232,65 @@ class LatencyStats:
         total_bytes = sum(c.nbytes for c in chunks)
         out["elapsed_s"] = elapsed
         out["stall_fraction"] = total_wait / elapsed if elapsed > 0 else 0.0
+        later_wait = sum(c.wait_s for c in chunks if c.index > 0)
+        out["stall_fraction_after_first"] = later_wait / elapsed if elapsed > 0 else 0.0
         out["chunks_per_s"] = len(chunks) / elapsed if elapsed > 0 else 0.0
         out["gb_per_s"] = total_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
         out["bytes"] = float(total_bytes)
         out["queue_empty_count"] = float(sum(1 for c in chunks if c.queue_depth == 0))
         return out
+
+    # -- reporting -----------------------------------------------------------------
+
+    def format_summary(self) -> str:
+        """The summary as a readable table (what :meth:`print_summary` prints)."""
+        s = self.summary()
+        rows = [f"{'':<18}{'mean':>10}{'p50':>10}{'p95':>10}{'max':>10}   (ms)"]
+        for name, label in _TABLE_ROWS:
+            if name in ("transfer",) and not any(c.transfer_s is not None for c in self.chunks):
+                continue
+            values = [s[f"{name}_{k}_ms"] for k in ("mean", "p50", "p95", "max")]
+            rows.append(f"{label:<18}" + "".join(f"{v:>10.2f}" for v in values))
+        rows.append(
+            f"chunks {int(s['num_chunks'])}, batches timed {int(s['num_batches'])}, "
+            f"{s['elapsed_s']:.2f} s in epochs; stall {100 * s['stall_fraction']:.1f}% "
+            f"({100 * s['stall_fraction_after_first']:.1f}% after each epoch's first chunk); "
+            f"{s['chunks_per_s']:.2f} chunks/s, {s['gb_per_s']:.3f} GB/s; "
+            f"queue empty {int(s['queue_empty_count'])}x"
+        )
+        return "\n".join(rows)
+
+    def print_summary(self, file: Any = None) -> None:
+        """Print :meth:`format_summary` (an explicit user call, so it prints)."""
+        print(self.format_summary(), file=file)
+
+    def log_to(self, writer: Any, step: int, prefix: str = "latency/") -> None:
+        """Write the summary's main figures as scalars to a TensorBoard ``SummaryWriter``."""
+        s = self.summary()
+        for key in _LOGGED:
+            writer.add_scalar(f"{prefix}{key}", s[key], step)
+
+
+_TABLE_ROWS = (
+    ("wait", "consumer wait"),
+    ("wait_after_first", "  after first"),
+    ("read", "read"),
+    ("transfer", "transfer"),
+    ("forward", "forward"),
+    ("backward", "backward"),
+    ("step", "step"),
+)
+_LOGGED = (
+    "wait_mean_ms",
+    "wait_p95_ms",
+    "wait_max_ms",
+    "read_mean_ms",
+    "transfer_mean_ms",
+    "forward_mean_ms",
+    "backward_mean_ms",
+    "step_mean_ms",
+    "queue_depth_mean",
+    "stall_fraction",
+    "chunks_per_s",
+    "gb_per_s",
+)

@@ -1,0 +1,187 @@
+"""Batches of short windows drawn inside a chunk, on the chunk's device.
+
+A chunk of ``L`` timesteps holds ``L - window + 1`` windows of length ``window``;
+their starts are ``0 .. L - window``. Two ways to draw them:
+
+* :func:`sample_windows`: one batch of starts, uniform, with replacement by
+  default (the original behaviour) or distinct within the batch;
+* :class:`WindowSampler`: an iterable over one pass of the chunk; without
+  replacement it yields every start exactly once per pass (the last batch may be
+  short unless ``drop_last``), with replacement ``len(sampler)`` uniform batches.
+
+:func:`gather_windows` turns starts into a ``(B, window, *rest)`` batch with one
+``index_select`` over an ``unfold`` view of the chunk: no host round trip, no
+index tensor, nothing allocated but the batch (or nothing at all with ``out=``).
+
+Random numbers come from ``generator`` (which must live on the chunk's device, so
+that drawing never copies between host and device) or torch's default generator
+for that device. A trainer that wants resumable batches seeds a generator per
+chunk from ``(seed, epoch, chunk index)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .._errors import ConfigError
+
+__all__ = ["WindowSampler", "gather_windows", "sample_windows"]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError.bad(name, value, "an int > 0", f"Pass a positive {name}.")
+    return value
+
+
+def _num_starts(length: int, window: int) -> int:
+    window = _positive_int("window", window)
+    if window > length:
+        raise ConfigError.bad(
+            "window",
+            window,
+            f"at most the chunk length {length}",
+            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
+        )
+    return length - window + 1
+
+
+def _length_and_device(chunk_or_length, device) -> tuple[int, torch.device]:
+    if isinstance(chunk_or_length, torch.Tensor):
+        return int(chunk_or_length.shape[0]), chunk_or_length.device
+    length = getattr(chunk_or_length, "length", None)
+    if length is not None:  # a Chunk
+        return int(length), chunk_or_length.device
+    if isinstance(chunk_or_length, bool) or not isinstance(chunk_or_length, int):
+        raise ConfigError.bad(
+            "chunk_or_length", type(chunk_or_length).__name__, "a Chunk, a tensor or an int length"
+        )
+    return _positive_int("chunk_or_length", chunk_or_length), torch.device(device or "cpu")
+
+
+def _check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    if generator is not None and generator.device.type != device.type:
+        raise ConfigError.bad(
+            "generator",
+            f"a generator on {generator.device}",
+            f"a generator on the chunk's device ({device})",
+            f"Create it with torch.Generator(device={str(device)!r}): drawing on another "
+            "device would copy every batch between host and device.",
+        )
+
+
+def sample_windows(
+    chunk_or_length,
+    batch_size: int,
+    window: int,
+    generator: torch.Generator | None = None,
+    *,
+    replacement: bool = True,
+    device: str | torch.device | None = None,
+) -> torch.Tensor:
+    """``batch_size`` window starts in ``[0, L - window]`` as a long tensor on the chunk's device.
+
+    ``chunk_or_length`` is a :class:`~chunkstream.Chunk`, a tensor (its axis 0 is
+    time) or an int length (then ``device``, default CPU). With
+    ``replacement=False`` the starts in one batch are distinct, which needs
+    ``batch_size <= L - window + 1``.
+    """
+    length, dev = _length_and_device(chunk_or_length, device)
+    batch_size = _positive_int("batch_size", batch_size)
+    n = _num_starts(length, window)
+    _check_generator(generator, dev)
+    if replacement:
+        return torch.randint(0, n, (batch_size,), generator=generator, device=dev)
+    if batch_size > n:
+        raise ConfigError.bad(
+            "batch_size",
+            batch_size,
+            f"at most {n} (the windows in a chunk of {length}) when replacement=False",
+            "Use replacement=True, a smaller batch_size or a larger chunk.",
+        )
+    return torch.randperm(n, generator=generator, device=dev)[:batch_size]
+
+
+class WindowSampler:
+    """Batches of window starts over one pass of a chunk of ``chunk_len`` timesteps.
+
+    Without replacement (the default) one pass is one random permutation of all
+    ``chunk_len - window + 1`` starts, cut into batches of ``batch_size``
+    (views of the permutation: no allocation per batch): every start appears
+    exactly once per pass. With replacement a pass is ``len(self)`` independent
+    uniform batches of ``batch_size``, the same count as without. Iterating again starts a new pass with fresh randomness.
+    """
+
+    def __init__(
+        self,
+        chunk_len: int,
+        window: int,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        replacement: bool = False,
+        *,
+        drop_last: bool = False,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.chunk_len = _positive_int("chunk_len", chunk_len)
+        self.window = window
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.num_starts = _num_starts(self.chunk_len, window)
+        self.device = torch.device(device) if device is not None else (
+            generator.device if generator is not None else torch.device("cpu")
+        )  # fmt: skip
+        _check_generator(generator, self.device)
+        self.generator = generator
+        self.replacement = bool(replacement)
+        self.drop_last = bool(drop_last)
+
+    def __len__(self) -> int:
+        """Batches per pass."""
+        full, rest = divmod(self.num_starts, self.batch_size)
+        return full if (self.drop_last or rest == 0) else full + 1
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        n, b, gen, dev = self.num_starts, self.batch_size, self.generator, self.device
+        if self.replacement:
+            for _ in range(len(self)):
+                yield torch.randint(0, n, (b,), generator=gen, device=dev)
+            return
+        perm = torch.randperm(n, generator=gen, device=dev)
+        for i in range(len(self)):
+            yield perm[i * b : (i + 1) * b]
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowSampler(chunk_len={self.chunk_len}, window={self.window}, "
+            f"batch_size={self.batch_size}, replacement={self.replacement}, device={self.device})"
+        )
+
+
+def gather_windows(
+    tensor: torch.Tensor, starts: torch.Tensor, window: int, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out[b] = tensor[starts[b] : starts[b] + window]``: shape ``(B, window, *rest)``.
+
+    Runs on ``tensor``'s device: ``starts`` must be a long tensor there, with
+    values in ``[0, len(tensor) - window]`` (checked by the kernel, not here, so
+    no value is read back to the host). ``out``, when given, is filled and
+    returned (shape ``(B, window, *rest)``, ``tensor``'s dtype and device), so a
+    loop can reuse one batch buffer.
+    """
+    if tensor.dim() < 1:
+        raise ConfigError.bad("tensor", "a 0-d tensor", "a tensor with a time axis 0")
+    _num_starts(int(tensor.shape[0]), window)
+    if starts.device != tensor.device or starts.dtype != torch.long or starts.dim() != 1:
+        raise ConfigError.bad(
+            "starts",
+            f"{starts.dtype} {tuple(starts.shape)} on {starts.device}",
+            f"a 1-d torch.long tensor on {tensor.device}",
+            "Draw it with cs.sample_windows(chunk, ...) or a WindowSampler on the chunk's device.",
+        )
+    # unfold gives every window as a view (n, *rest, window); movedim puts time second.
+    windows = tensor.unfold(0, window, 1).movedim(-1, 1)
+    if out is None:
+        return torch.index_select(windows, 0, starts)
+    return torch.index_select(windows, 0, starts, out=out)

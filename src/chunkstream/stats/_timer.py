@@ -1,0 +1,110 @@
+"""Timing forward, backward and step of sampled batches, correctly on a GPU.
+
+CUDA kernels run asynchronously: a host clock read around ``model(x)`` measures
+the launch, not the work. So on CUDA every mark is a ``torch.cuda.Event``
+recorded on the current stream, and the stats read ``elapsed_time`` only after
+the last event has completed (``LatencyStats.resolve_pending``, which polls
+with ``query()`` and never blocks). On CPU (and other synchronous devices) the
+marks read ``time.perf_counter``.
+
+Only every ``every``-th batch is timed, so the events cost nothing measurable.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._latency import LatencyStats
+
+__all__ = ["BatchTimer"]
+
+_PHASES = ("forward", "backward")
+
+
+class _NullBatch:
+    """The batch is not sampled: marks do nothing."""
+
+    __slots__ = ()
+
+    def mark(self, phase: str) -> None:
+        del phase
+
+    def __enter__(self) -> _NullBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL = _NullBatch()
+
+
+class _TimedBatch:
+    """One sampled batch: ``mark("forward")``, ``mark("backward")``; leaving the block is "step"."""
+
+    __slots__ = ("_begin", "_cuda", "_marks", "_stats")
+
+    def __init__(self, stats: LatencyStats, cuda: bool) -> None:
+        self._stats = stats
+        self._cuda = cuda
+        self._marks: dict[str, Any] = {}
+        self._begin = 0.0
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """The phase ``"forward"`` or ``"backward"`` ends here."""
+        if phase not in _PHASES:
+            raise ConfigError.bad("phase", phase, f"one of {_PHASES} (leaving the block is 'step')")
+        self._marks[phase] = self._now()
+
+    def __enter__(self) -> _TimedBatch:
+        self._begin = time.perf_counter()
+        self._marks = {"start": self._now()}
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            return  # a failed batch is not a measurement
+        end = self._now()
+        marks = self._marks
+        start = marks["start"]
+        # A phase never marked has length 0: it ends where the previous one did.
+        fwd = marks.get("forward", start)
+        bwd = marks.get("backward", fwd)
+        if self._cuda:
+            self._stats._add_pending_batch(self._begin, (start, fwd, bwd, end))
+        else:
+            self._stats.record_batch(fwd - start, bwd - fwd, end - bwd, begin=self._begin)
+
+
+class BatchTimer:
+    """Times every ``every``-th batch into a :class:`~chunkstream.LatencyStats` (see module docs)."""
+
+    def __init__(
+        self, stats: LatencyStats, device: str | torch.device | None = "cpu", *, every: int = 1
+    ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError.bad("every", every, "an int >= 1", "Pass every=1 to time each batch.")
+        device = torch.device(device if device is not None else "cpu")
+        self.cuda = device.type == "cuda"
+        self.every = every
+        self.count = 0
+        self._stats = stats
+
+    def batch(self) -> _TimedBatch | _NullBatch:
+        """A context manager for one batch; timed when this is a sampled batch."""
+        sampled = self.count % self.every == 0
+        self.count += 1
+        return _TimedBatch(self._stats, self.cuda) if sampled else _NULL

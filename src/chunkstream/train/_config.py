@@ -1,0 +1,112 @@
+"""The trainer's configuration and results (frozen, keyword-only)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["EpochRecord", "TrainConfig", "TrainResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """What :class:`~chunkstream.train.Trainer` trains, and how it streams.
+
+    A rollout covers ``time_units * evolve_multiple_steps`` timesteps (a window
+    of one more, the start frame). The last ``val_fraction`` of the timesteps
+    (at least one window) is held out for validation and kept on the device;
+    the rest is streamed in chunks of ``chunk_size``. The first
+    ``warmup_epochs`` train the reconstruction loss only. ``checkpoint_every``
+    also checkpoints every that many chunks (0: at each epoch's end only).
+    ``tensorboard=None`` logs when tensorboard is installed. ``time_every``
+    times every that many batches (forward, backward, step).
+    """
+
+    data_field: str = "voltage"
+    stim_field: str | None = "stimulus"
+    chunk_size: int = 2048
+    batch_size: int = 64
+    passes_per_epoch: int = 1
+    time_units: int = 1
+    evolve_multiple_steps: int = 4
+    latent_dim: int = 32
+    hidden_dim: int = 128
+    epochs: int = 4
+    warmup_epochs: int = 1
+    recon_weight: float = 0.1
+    lr: float = 2e-3
+    val_fraction: float = 0.1
+    val_windows: int = 512
+    sampling: str = "shuffled"
+    replacement: bool = True
+    prefetch: int = 2
+    workers: int = 2
+    seed: int = 0
+    device: str | None = None
+    checkpoint_every: int = 0
+    time_every: int = 4
+    tensorboard: bool | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
+                     "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
+                     "prefetch", "workers", "time_every"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError.bad(name, value, "an int >= 1")
+        for name in ("epochs", "warmup_epochs", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError.bad(name, value, "an int >= 0")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError.bad("val_fraction", self.val_fraction, "a fraction in (0, 1)")
+        if self.lr <= 0 or self.recon_weight < 0:
+            raise ConfigError.bad("lr/recon_weight", (self.lr, self.recon_weight), "lr > 0, >= 0")
+
+    @property
+    def window(self) -> int:
+        """Timesteps per training window: ``time_units * evolve_multiple_steps + 1``."""
+        return self.time_units * self.evolve_multiple_steps + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochRecord:
+    """One epoch: mean train loss components, validation and baseline losses, timing."""
+
+    epoch: int
+    losses: dict[str, float]
+    val_loss: float
+    baseline_val: float
+    baseline_train: float
+    chunks: int
+    batches: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    """What :meth:`Trainer.fit` returns.
+
+    ``memory`` holds bytes: ``device_peak`` (CUDA allocator peak, else ``None``),
+    ``loader_device`` (chunks on the device at once), ``loader_host`` (pinned
+    slots on CUDA, the in-flight bound on CPU), ``validation`` (the held-out
+    range on the device), ``train_split`` (holding the whole training split),
+    and ``host_peak_rss`` (the process's peak resident set).
+    """
+
+    history: list[EpochRecord]
+    val_loss: float
+    baseline_val: float
+    baseline_train: float
+    latency: dict[str, float]
+    memory: dict[str, int | None]
+    device: str
+    seconds: float
+    checkpoint: str | None
+    windows: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, start, stop)

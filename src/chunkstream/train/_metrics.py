@@ -1,0 +1,85 @@
+"""Streaming statistics for the trainer: per-neuron moments and loss accumulators.
+
+:class:`RunningMoments` merges each chunk's count, mean and sum of squared
+deviations into the running ones (Chan et al.'s parallel form of Welford's
+update, in float64), so the per-neuron mean and variance of the training split
+come from the streamed chunks alone. The constant model that predicts that mean
+everywhere has a training loss equal to the mean variance: the baseline the
+original implementation could not compute without holding all the data.
+
+:class:`LossMeter` sums loss components on the device (no host sync per batch)
+and reports means; a component with nothing accumulated has mean 0.0 and is
+left out of :meth:`LossMeter.means`, never a division by zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["LossMeter", "RunningMoments"]
+
+
+class RunningMoments:
+    """Per-feature count, mean and M2 over rows streamed in with :meth:`update`."""
+
+    def __init__(self, features: int, device: str | torch.device = "cpu") -> None:
+        self.count = 0
+        self.mean = torch.zeros(features, dtype=torch.float64, device=device)
+        self.m2 = torch.zeros(features, dtype=torch.float64, device=device)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Merge rows ``x`` of shape ``(T, features)``."""
+        n = int(x.shape[0])
+        if n == 0:
+            return
+        x = x.to(self.mean.device, torch.float64)
+        mean = x.mean(dim=0)
+        m2 = ((x - mean) ** 2).sum(dim=0)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * (n / total)
+        self.m2 += m2 + delta**2 * (self.count * n / total)
+        self.count = total
+
+    @property
+    def var(self) -> torch.Tensor:
+        """Population variance per feature (zeros before any update)."""
+        return self.m2 / self.count if self.count else torch.zeros_like(self.m2)
+
+    def constant_loss(self) -> float:
+        """MSE of predicting the mean for every row seen: the mean variance."""
+        return float(self.var.mean())
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean.cpu(), "m2": self.m2.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state["count"])
+        self.mean = state["mean"].to(self.mean.device, torch.float64)
+        self.m2 = state["m2"].to(self.m2.device, torch.float64)
+
+
+class LossMeter:
+    """Sums of named loss components kept on the device; means are safe when empty."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        """Accumulate one batch's value of ``name`` (detached; stays on its device)."""
+        value = value.detach()
+        self._sums[name] = self._sums[name] + value if name in self._sums else value.clone()
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    def mean(self, name: str) -> float:
+        """The mean of ``name`` over its batches; 0.0 when nothing was accumulated."""
+        count = self._counts.get(name, 0)
+        return float(self._sums[name]) / count if count else 0.0
+
+    def means(self) -> dict[str, float]:
+        """Means of every component that was accumulated at least once."""
+        return {name: self.mean(name) for name in self._sums}
+
+    def count(self, name: str) -> int:
+        return self._counts.get(name, 0)

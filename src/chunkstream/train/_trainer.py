@@ -1,0 +1,325 @@
+"""A reference trainer: a latent-dynamics model trained by streaming chunks of a source.
+
+Usable on any source with a ``(T, N)`` data field and, optionally, a
+``(T, S)`` stimulus field (``cs.flyvis.open(path)`` gives both)::
+
+    trainer = Trainer(source, TrainConfig(epochs=10, device="cuda"), out_dir="runs/a")
+    result = trainer.fit()            # fit(resume=True) continues a killed run
+
+Per chunk it draws ``batches_per_chunk`` batches of windows on the device
+(seeded by ``(seed, epoch, chunk index)``, so a resumed run draws the same
+batches), trains on each, and merges the chunk into the per-neuron running
+moments during the first epoch (the constant baseline). Per epoch it evaluates
+on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
+model, optimizer, loader state, moments and history.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._errors import ConfigError
+from ..consumer import WindowSampler, gather_windows
+from ..pipeline import Chunk, ChunkLoader
+from ..pipeline._config import resolve_device
+from ..plans import plan_epoch
+from ._config import EpochRecord, TrainConfig, TrainResult
+from ._data import TimeSlice, load_range
+from ._metrics import LossMeter, RunningMoments
+from ._model import LatentDynamics
+
+__all__ = ["Trainer"]
+
+_log = logging.getLogger("chunkstream.train")
+CHECKPOINT = "checkpoint.pt"
+
+
+def _batch_seed(seed: int, epoch: int, index: int) -> int:
+    # A pure function of (seed, epoch, chunk index): resumed runs draw the same batches.
+    return (seed * 1_000_003 + epoch * 65_537 + index) % (2**63 - 1)
+
+
+class Trainer:
+    """Train :class:`LatentDynamics` on ``source`` by streaming (module docs).
+
+    ``on_chunk(trainer, chunk)`` runs after each chunk's batches (and its
+    checkpoint); ``on_epoch(trainer, record)`` after each epoch. ``out_dir``
+    receives checkpoints and TensorBoard logs (``None``: neither).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        config: TrainConfig | None = None,
+        out_dir: str | os.PathLike | None = None,
+        *,
+        on_chunk: Callable[[Trainer, Chunk], None] | None = None,
+        on_epoch: Callable[[Trainer, EpochRecord], None] | None = None,
+    ) -> None:
+        self.config = c = config or TrainConfig()
+        self.source = source
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.on_chunk, self.on_epoch = on_chunk, on_epoch
+        fields = source.fields
+        for name in (c.data_field, c.stim_field):
+            if name is not None and name not in fields:
+                raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
+        data_spec = fields[c.data_field]
+        self.stim_dims = 0 if c.stim_field is None else int(fields[c.stim_field].shape[0])
+        if len(data_spec.shape) != 1 or (c.stim_field and len(fields[c.stim_field].shape) != 1):
+            raise ConfigError.bad(
+                "fields", {n: s.shape for n, s in fields.items()}, "(T, N) data and (T, S) stimulus"
+            )
+        self.neurons = int(data_spec.shape[0])
+        self.device = resolve_device(c.device)
+        total = len(source)
+        val_len = max(c.window, int(total * c.val_fraction))
+        self.train_len = total - val_len
+        if self.train_len < c.window:
+            raise ConfigError.bad(
+                "val_fraction", c.val_fraction, f"a split leaving >= {c.window} training timesteps"
+            )
+        self.chunk_size = min(c.chunk_size, self.train_len)
+        if c.window > self.chunk_size:
+            raise ConfigError.bad(
+                "chunk_size", c.chunk_size, f">= the window {c.window}",
+                "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
+            )  # fmt: skip
+        self.plan = plan_epoch(
+            total_timesteps=self.train_len, chunk_size=self.chunk_size,
+            batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
+        )  # fmt: skip
+        self.val = load_range(source, self.train_len, total, self.device)
+        n_val = val_len - c.window + 1
+        stride = max(1, -(-n_val // c.val_windows))
+        self.val_starts = torch.arange(0, n_val, stride, device=self.device)
+        torch.manual_seed(c.seed)
+        self.model = LatentDynamics(
+            self.neurons, self.stim_dims, latent_dim=c.latent_dim, hidden_dim=c.hidden_dim
+        ).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
+        self.moments = RunningMoments(self.neurons, self.device)
+        self.history: list[EpochRecord] = []
+        self.windows: list[tuple[int, int, int]] = []
+        self.loader: ChunkLoader | None = None
+
+    # -- losses ---------------------------------------------------------------------
+
+    def _losses(self, x: torch.Tensor, s: torch.Tensor | None, warm: bool) -> dict:
+        c = self.config
+        recon = nn.functional.mse_loss(self.model.reconstruct(x), x)
+        if warm:
+            return {"loss": recon, "recon": recon}
+        pred = self.model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
+        rollout = nn.functional.mse_loss(pred, x[:, c.time_units :: c.time_units])
+        return {"loss": rollout + c.recon_weight * recon, "recon": recon, "rollout": rollout}
+
+    @torch.no_grad()
+    def validate(self) -> tuple[float, float]:
+        """``(model rollout MSE, constant-baseline MSE)`` on the held-out windows.
+
+        The baseline predicts the streamed per-neuron training mean at every target frame.
+        """
+        c, model = self.config, self.model
+        model.eval()
+        x_all, s_all = self.val[c.data_field], self.val.get(c.stim_field) if c.stim_field else None
+        mean = self.moments.mean.to(x_all.dtype)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        base = torch.zeros_like(total)
+        for starts in self.val_starts.split(c.batch_size * 4):
+            x = gather_windows(x_all, starts, c.window)
+            s = gather_windows(s_all, starts, c.window) if s_all is not None else None
+            target = x[:, c.time_units :: c.time_units]
+            pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
+            total += ((pred - target) ** 2).sum(dtype=torch.float64)
+            base += ((target - mean) ** 2).sum(dtype=torch.float64)
+        model.train()
+        count = self.val_starts.numel() * c.evolve_multiple_steps * self.neurons
+        return float(total) / count, float(base) / count
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return self.out_dir / CHECKPOINT if self.out_dir is not None else None
+
+    def save_checkpoint(self) -> None:
+        """Write model, optimizer, loader state, moments and history (atomically)."""
+        path = self.checkpoint_path
+        if path is None or self.loader is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "loader": self.loader.state_dict(),
+            "moments": self.moments.state_dict(),
+            "history": [vars(r) for r in self.history],
+            "config": self.config.to_dict(),
+        }
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def _load_checkpoint(self, path: Path, loader: ChunkLoader) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.moments.load_state_dict(state["moments"])
+        self.history = [EpochRecord(**r) for r in state["history"]]
+        loader.load_state_dict(state["loader"])
+        _log.info("resumed from %s at %s", path, state["loader"])
+
+    # -- the loop -------------------------------------------------------------------
+
+    def fit(self, resume: bool | str | os.PathLike = False) -> TrainResult:
+        """Train ``config.epochs`` epochs (in total, counting resumed ones); see module docs.
+
+        ``resume=True`` continues from ``out_dir/checkpoint.pt`` when it exists;
+        a path resumes from that file.
+        """
+        c, began = self.config, time.perf_counter()
+        writer = self._writer()
+        source = TimeSlice(self.source, 0, self.train_len)
+        loader = ChunkLoader(
+            source, self.chunk_size, device=self.device, prefetch=c.prefetch, workers=c.workers,
+            sampling=c.sampling, seed=c.seed,
+        )  # fmt: skip
+        self.loader = loader
+        try:
+            path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
+            if resume and path is not None and path.is_file():
+                self._load_checkpoint(path, loader)
+            timer = loader.stats.batch_timer(self.device, every=c.time_every)
+            while (epoch := loader.state_dict()["epoch"]) < c.epochs:
+                record = self._epoch(loader, epoch, timer)
+                self.history.append(record)
+                self.save_checkpoint()
+                if writer is not None:
+                    self._log_epoch(writer, record, loader)
+                if self.on_epoch is not None:
+                    self.on_epoch(self, record)
+        finally:
+            loader.close()
+            if writer is not None:
+                writer.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the last timed batches' events complete
+        val_loss, baseline_val = self.validate()
+        return TrainResult(
+            history=list(self.history), val_loss=val_loss, baseline_val=baseline_val,
+            baseline_train=self.moments.constant_loss(), latency=loader.stats.summary(),
+            memory=self._memory(loader), device=str(self.device),
+            seconds=time.perf_counter() - began,
+            checkpoint=str(self.checkpoint_path) if self.checkpoint_path else None,
+            windows=list(self.windows),
+        )  # fmt: skip
+
+    def _epoch(self, loader: ChunkLoader, epoch: int, timer: Any) -> EpochRecord:
+        c, began, meter = self.config, time.perf_counter(), LossMeter()
+        warm = epoch < c.warmup_epochs
+        chunks = batches = 0
+        iterator = loader.epoch(self.plan.chunks_per_epoch)
+        bar = _progress(len(iterator), f"epoch {epoch}", c.progress)
+        for chunk in iterator:
+            x_chunk = chunk[c.data_field]
+            s_chunk = chunk[c.stim_field] if c.stim_field else None
+            if epoch == 0:
+                self.moments.update(x_chunk)
+            self.windows.append((epoch, chunk.start, chunk.stop))
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index))
+            sampler = WindowSampler(
+                chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
+                device=self.device,
+            )  # fmt: skip
+            for starts in itertools.islice(sampler, self.plan.batches_per_chunk):
+                x = gather_windows(x_chunk, starts, c.window)
+                s = gather_windows(s_chunk, starts, c.window) if s_chunk is not None else None
+                with timer.batch() as timed:
+                    losses = self._losses(x, s, warm)
+                    timed.mark("forward")
+                    self.optimizer.zero_grad(set_to_none=True)
+                    losses["loss"].backward()
+                    timed.mark("backward")
+                    self.optimizer.step()
+                for name, value in losses.items():
+                    meter.add(name, value)
+                batches += 1
+            chunks += 1
+            del x_chunk, s_chunk  # drop references, so the loader can reuse the buffer
+            if c.checkpoint_every and chunks % c.checkpoint_every == 0:
+                self.save_checkpoint()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{meter.mean('loss'):.4f}")
+            if self.on_chunk is not None:
+                self.on_chunk(self, chunk)
+        if bar is not None:
+            bar.close()
+        val_loss, baseline_val = self.validate()
+        return EpochRecord(
+            epoch=epoch, losses=meter.means(), val_loss=val_loss, baseline_val=baseline_val,
+            baseline_train=self.moments.constant_loss(), chunks=chunks, batches=batches,
+            seconds=time.perf_counter() - began,
+        )  # fmt: skip
+
+    # -- reporting ------------------------------------------------------------------
+
+    def _writer(self) -> Any:
+        c = self.config
+        if self.out_dir is None or c.tensorboard is False:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            if c.tensorboard:
+                raise ImportError(
+                    "TensorBoard logging needs tensorboard: pip install chunkstream[tensorboard]"
+                ) from exc
+            _log.info(
+                "tensorboard is not installed; not logging (pip install chunkstream[tensorboard])"
+            )
+            return None
+        return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+
+    def _log_epoch(self, writer: Any, record: EpochRecord, loader: ChunkLoader) -> None:
+        for name, value in record.losses.items():
+            writer.add_scalar(f"train/{name}", value, record.epoch)
+        writer.add_scalar("val/loss", record.val_loss, record.epoch)
+        writer.add_scalar("val/constant_baseline", record.baseline_val, record.epoch)
+        writer.add_scalar("train/constant_baseline", record.baseline_train, record.epoch)
+        writer.add_scalar("time/epoch_s", record.seconds, record.epoch)
+        loader.stats.log_to(writer, record.epoch)
+        writer.flush()
+
+    def _memory(self, loader: ChunkLoader) -> dict[str, int | None]:
+        cfg, chunk_bytes = loader.config, loader.chunk_bytes
+        cuda = self.device.type == "cuda"
+        step_bytes = chunk_bytes // max(1, loader.rows)
+        return {
+            "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
+            "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
+            "loader_host": (cfg.slots if cuda else cfg.reader_capacity + 1) * chunk_bytes,
+            "validation": sum(t.numel() * t.element_size() for t in self.val.values()),
+            "train_split": self.train_len * step_bytes,
+            "host_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="chunk", leave=False)
