@@ -1,0 +1,50 @@
+"""``chunkstream demo`` end to end at a small size: it learns, and its outputs exist and parse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chunkstream.cli import main
+
+SMALL = ["--timesteps", "4096", "--neurons", "32", "--stim-dims", "8", "--chunk-size", "512",
+         "--epochs", "3", "--no-progress", "--json"]  # fmt: skip
+
+
+def test_demo_trains_and_writes_its_outputs(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("matplotlib")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *SMALL]) == 0
+    text = capsys.readouterr().out
+    for line in ("epoch 1/3", "epoch 3/3", "validation loss, model", "stall fraction",
+                 "chunks/s", "GB/s delivered", "whole training split"):  # fmt: skip
+        assert line in text
+    result = json.loads((out / "result.json").read_text())
+    assert result["val_loss"] < 0.7 * result["baseline_val"]
+    assert result["memory"]["loader_host"] < result["memory"]["train_split"]
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "checkpoint.pt").is_file()
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert {"val/loss", "val/constant_baseline", "train/recon", "latency/stall_fraction"} <= set(
+        scalars
+    )
+    assert [e.step for e in acc.Scalars("val/loss")] == [0, 1, 2]
+    val = acc.Scalars("val/loss")[-1].value
+    assert val < acc.Scalars("val/constant_baseline")[-1].value
+
+    # A second run reuses the cached dataset and, resumed, has nothing left to train.
+    stamp = (out / "data" / ".chunkstream-synth.json").stat().st_mtime_ns
+    assert main(["demo", "--out", str(out), "--resume", *SMALL]) == 0
+    assert (out / "data" / ".chunkstream-synth.json").stat().st_mtime_ns == stamp
+    assert "epoch 1/3" not in capsys.readouterr().out
+
+
+def test_demo_rejects_a_missing_data_dir(tmp_path, capsys):
+    assert main(["demo", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert "timeseries.zarr" in capsys.readouterr().err

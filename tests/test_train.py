@@ -1,0 +1,130 @@
+"""The reference trainer: streaming moments, loss meters, the model, training and resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chunkstream import ConfigError
+from chunkstream.sources import ZarrSource
+from chunkstream.tools import write_synthetic
+from chunkstream.train import (
+    LatentDynamics,
+    LossMeter,
+    RunningMoments,
+    TimeSlice,
+    TrainConfig,
+    Trainer,
+)
+
+
+@pytest.fixture(scope="module")
+def flyvis_source(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flyvis")
+    write_synthetic(
+        out, timesteps=3000, neurons=24, stim_dims=6, chunks=(256, 6, 1), progress=False
+    )
+    source = ZarrSource(
+        str(out / "timeseries.zarr"),
+        fields={"voltage": (slice(None), 0), "stimulus": (slice(0, 6), 1)},
+    )
+    yield source
+    source.close()
+
+
+def _config(**kwargs) -> TrainConfig:
+    base = dict(chunk_size=512, batch_size=16, epochs=3, hidden_dim=64, latent_dim=16,
+                device="cpu", progress=False, tensorboard=False, workers=1, seed=5)  # fmt: skip
+    return TrainConfig(**{**base, **kwargs})
+
+
+def test_running_moments_match_the_whole_data():
+    x = torch.randn(1000, 7, dtype=torch.float64) * torch.arange(1, 8) + 3
+    moments = RunningMoments(7)
+    for part in x.split([1, 300, 0, 99, 600]):
+        moments.update(part)
+    assert moments.count == 1000
+    torch.testing.assert_close(moments.mean, x.mean(0))
+    torch.testing.assert_close(moments.var, x.var(0, unbiased=False))
+    assert moments.constant_loss() == pytest.approx(float(((x - x.mean(0)) ** 2).mean()))
+    restored = RunningMoments(7)
+    restored.load_state_dict(moments.state_dict())
+    torch.testing.assert_close(restored.mean, moments.mean)
+    assert RunningMoments(3).constant_loss() == 0.0  # empty: no division by zero
+
+
+def test_loss_meter_means_are_safe_when_empty():
+    meter = LossMeter()
+    assert meter.mean("rollout") == 0.0 and meter.means() == {}
+    meter.add("recon", torch.tensor(1.0))
+    meter.add("recon", torch.tensor(3.0))
+    assert meter.mean("recon") == 2.0 and meter.count("recon") == 2
+    assert meter.means() == {"recon": 2.0}
+
+
+def test_model_rollout_shapes():
+    model = LatentDynamics(10, 3, latent_dim=4, hidden_dim=8)
+    x0, stim = torch.randn(5, 10), torch.randn(5, 7, 3)
+    assert model.rollout(x0, stim, steps=3, time_units=2).shape == (5, 3, 10)
+    assert model.reconstruct(torch.randn(5, 7, 10)).shape == (5, 7, 10)
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="batch_size"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="val_fraction"):
+        TrainConfig(val_fraction=1.5)
+    assert TrainConfig(time_units=2, evolve_multiple_steps=3).window == 7
+    with pytest.raises(TypeError):
+        TrainConfig(64)  # keyword-only
+
+
+def test_time_slice_offsets_reads(flyvis_source):
+    import numpy as np
+
+    part = TimeSlice(flyvis_source, 100, 400)
+    assert len(part) == 300
+    out = {n: np.empty((10, *s.shape), s.dtype) for n, s in part.fields.items()}
+    part.read_into(5, 15, out)
+    full = {n: np.empty((10, *s.shape), s.dtype) for n, s in part.fields.items()}
+    flyvis_source.read_into(105, 115, full)
+    assert all(np.array_equal(out[n], full[n]) for n in out)
+
+
+def test_trainer_beats_the_constant_baseline(flyvis_source, tmp_path):
+    pytest.importorskip("tensorboard")
+    trainer = Trainer(flyvis_source, _config(tensorboard=True), out_dir=tmp_path)
+    result = trainer.fit()
+    assert len(result.history) == 3
+    assert "rollout" not in result.history[0].losses  # warm-up: reconstruction only
+    assert {"recon", "rollout", "loss"} <= set(result.history[-1].losses)
+    assert result.val_loss < 0.7 * result.baseline_val
+    assert result.baseline_train > 0
+    assert result.latency["num_chunks"] == sum(r.chunks for r in result.history)
+    assert result.memory["train_split"] == trainer.train_len * (24 + 6) * 4
+    assert (tmp_path / "checkpoint.pt").is_file()
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path):
+    full = Trainer(flyvis_source, _config(), out_dir=tmp_path / "full").fit()
+
+    class Killed(Exception):
+        pass
+
+    seen = []
+
+    def kill_after_some(trainer, chunk):
+        seen.append((chunk.epoch, chunk.start, chunk.stop))
+        if len(seen) == 6:  # in the middle of epoch 1 (5 chunks per epoch)
+            raise Killed
+
+    run = tmp_path / "killed"
+    with pytest.raises(Killed):
+        Trainer(flyvis_source, _config(checkpoint_every=1), out_dir=run,
+                on_chunk=kill_after_some).fit()  # fmt: skip
+    resumed = Trainer(flyvis_source, _config(checkpoint_every=1), out_dir=run).fit(resume=True)
+    assert seen + resumed.windows == full.windows
+    assert [r.epoch for r in resumed.history] == [0, 1, 2]
+    # the same windows and the same per-chunk batch seeds: the same model at the end
+    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
