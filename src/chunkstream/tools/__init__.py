@@ -1,37 +1,70 @@
-"""Data tools behind the CLI: ``synth``, ``inspect`` and ``convert``.
+"""Data tools behind the CLI: ``synth``, ``inspect``, ``convert``, ``plan`` and ``bench``.
 
 Each is an importable function returning a report dataclass; the CLI modules
 only parse arguments, call these and print. ``tools.synth``, ``tools.inspect``
 and ``tools.convert`` name the modules.
 """
 
+from . import _bench as bench
 from . import _convert as convert
 from . import _inspect as inspect
+from . import _plan as plan
 from . import _synth as synth
+from ._bench import BenchChunk, BenchReport, SettingResult, open_bench_source, plot_bench, run_bench
 from ._convert import ConvertReport, FieldResult, convert_store, flyvis_fields
 from ._fieldspec import FieldRequest, parse_field, parse_fields, parse_index
 from ._inspect import ArrayReport, FieldReport, StoreReport, inspect_store, read_amplification
+from ._plan import (
+    BudgetFit,
+    DataLayout,
+    MemoryRow,
+    PlanReport,
+    fit_budget,
+    format_bytes,
+    layout_from_shape,
+    layout_from_store,
+    parse_bytes,
+    plan_memory,
+)
 from ._synth import SynthInfo, default_chunks, ensure_synthetic, write_synthetic
 
 __all__ = [
     "ArrayReport",
+    "BenchChunk",
+    "BenchReport",
+    "BudgetFit",
     "ConvertReport",
+    "DataLayout",
     "FieldReport",
     "FieldRequest",
     "FieldResult",
+    "MemoryRow",
+    "PlanReport",
+    "SettingResult",
     "StoreReport",
     "SynthInfo",
+    "bench",
     "convert",
     "convert_store",
     "default_chunks",
     "ensure_synthetic",
+    "fit_budget",
     "flyvis_fields",
+    "format_bytes",
     "inspect",
     "inspect_store",
+    "layout_from_shape",
+    "layout_from_store",
+    "open_bench_source",
+    "parse_bytes",
     "parse_field",
     "parse_fields",
     "parse_index",
+    "plan",
+    "plan_memory",
+    "plot_bench",
     "read_amplification",
+    "run_bench",
     "synth",
     "write_synthetic",
 ]

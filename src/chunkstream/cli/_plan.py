@@ -1,0 +1,155 @@
+"""``chunkstream plan``: epoch arithmetic and the memory a configuration takes (``tools._plan``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .._errors import ConfigError
+
+__all__ = ["register"]
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shape {text!r}: expected comma-separated ints T,N[,...], e.g. 967680,13741"
+        ) from None
+
+
+def add_data_arguments(p: argparse.ArgumentParser, *, shape: bool) -> None:
+    """The options saying which data to use (shared with ``bench``)."""
+    p.add_argument(
+        "--fields", nargs="+", metavar="NAME=INDEX", default=None,
+        help="fields as NAME=INDEX on the non-time axes (e.g. 'voltage=:,0' "
+             "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays "
+             "(default: the store's only array, whole)",
+    )  # fmt: skip
+    p.add_argument("--flyvis", action="store_true",
+                   help="PATH is a FlyVis run directory: stream --column and the stimulus "
+                        "of PATH/timeseries.zarr")  # fmt: skip
+    p.add_argument("--column", default="voltage",
+                   help="FlyVis dynamic column: voltage, calcium, fluorescence or its id "
+                        "(default voltage)")  # fmt: skip
+    help_stim = "stimulus channels (FlyVis: the first N neurons of column 4"
+    help_stim += "; with --shape: adds a (T, N) stimulus field)" if shape else ")"
+    p.add_argument("--stim-dims", type=int, default=None, help=help_stim)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="epoch arithmetic and memory: full dataset on the device vs streaming",
+        description=(
+            "Size a run before starting it: the epoch arithmetic (chunks per epoch, batches "
+            "per chunk), and a memory table comparing the whole dataset on the device with "
+            "streaming (device bytes = (gpu_prefetch + 1 held) chunks + validation data; "
+            "pinned host bytes = host_slots chunks; other host bytes = decode scratch). With "
+            "--gpu-mem/--host-mem it finds the largest chunk_size (a power of two where "
+            "--align allows) and the deepest prefetch depths that fit. Give the data as a "
+            "store PATH or as --shape/--dtype. Sizes: 8GB, 512MiB, or bytes."
+        ),
+        epilog="example: chunkstream plan --shape 967680,13741 --stim-dims 1736 "
+               "--chunk-size 65536 --batch-size 256",
+    )  # fmt: skip
+    p.add_argument("path", metavar="PATH", nargs="?", default=None,
+                   help="zarr store, group or FlyVis run directory (or URL); or use --shape")  # fmt: skip
+    p.add_argument("--shape", type=_shape, default=None, metavar="T,N[,...]",
+                   help="plan for an array of this shape instead of a store")  # fmt: skip
+    p.add_argument("--dtype", default="float32", help="dtype with --shape (default float32)")
+    add_data_arguments(p, shape=True)
+    p.add_argument("--chunk-size", type=int, required=True, help="timesteps per chunk")
+    p.add_argument("--batch-size", type=int, required=True, help="batch size")
+    p.add_argument("--window", type=int, default=1,
+                   help="timesteps of one training window (default 1)")  # fmt: skip
+    p.add_argument("--prefetch", type=int, default=2, help="chunks read ahead (default 2)")
+    p.add_argument("--gpu-prefetch", type=int, default=1,
+                   help="chunks kept ready on the device (default 1)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=2, help="reader threads (default 2)")
+    p.add_argument("--host-slots", type=int, default=None,
+                   help="pinned host slots (default prefetch + workers)")  # fmt: skip
+    p.add_argument("--passes", type=int, default=1, help="data passes per epoch (default 1)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
+    p.add_argument("--align", type=int, default=1, help="window starts multiple of (default 1)")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="fraction of timesteps held out and kept on the device (default 0)")  # fmt: skip
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="where training runs (default cuda)")  # fmt: skip
+    p.add_argument("--gpu-mem", default=None, help="device memory budget, e.g. 8GB")
+    p.add_argument("--host-mem", default=None, help="host memory budget, e.g. 32GB")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=run)
+
+
+def layout_from_args(args: argparse.Namespace):
+    """The data layout the arguments describe (a store, or --shape)."""
+    from ..tools._plan import layout_from_shape, layout_from_store
+
+    if args.path is None and getattr(args, "shape", None) is None:
+        raise ConfigError("give a store PATH or --shape T,N[,...]: nothing to plan for.")
+    if args.path is not None and getattr(args, "shape", None) is not None:
+        raise ConfigError("give either a store PATH or --shape, not both.")
+    if args.path is None:
+        return layout_from_shape(args.shape, args.dtype, args.stim_dims)
+    if args.flyvis and args.fields:
+        raise ConfigError("--flyvis names the fields itself: drop --fields.")
+    return layout_from_store(
+        args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tools._plan import format_bytes, parse_bytes, plan_memory
+
+    layout = layout_from_args(args)
+    report = plan_memory(
+        layout, chunk_size=args.chunk_size, batch_size=args.batch_size, window=args.window,
+        prefetch=args.prefetch, gpu_prefetch=args.gpu_prefetch, workers=args.workers,
+        host_slots=args.host_slots, passes=args.passes, world_size=args.world_size,
+        val_fraction=args.val_fraction, device=args.device, align=args.align,
+        gpu_mem=None if args.gpu_mem is None else parse_bytes(args.gpu_mem, "--gpu-mem"),
+        host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    fields = ", ".join(f"{n} {tuple(s)} {d}" for n, (s, d) in report.fields.items())
+    print(f"{report.where}: T={report.total_timesteps} ({fields}), "
+          f"{format_bytes(report.step_bytes)} per timestep")  # fmt: skip
+    if report.val_timesteps:
+        print(f"  validation: {report.val_timesteps} timesteps held out, "
+              f"{report.train_timesteps} for training")  # fmt: skip
+    e = report.epoch
+    print(f"epoch: {e.describe()}")
+    print(f"chunk: {report.chunk_size} timesteps = {format_bytes(report.chunk_bytes)}; "
+          f"prefetch={report.prefetch}, gpu_prefetch={report.gpu_prefetch}, "
+          f"workers={report.workers}, host_slots={report.host_slots} ({report.device})")  # fmt: skip
+    rows = [("", "device", "pinned host", "other host", "")]
+    for row in (report.full, report.streaming):
+        rows.append((row.name, format_bytes(row.device_bytes), format_bytes(row.pinned_bytes),
+                     format_bytes(row.host_bytes), row.note))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        )
+    if report.device == "cuda":
+        print(f"  streaming uses {report.saving:.0%} less device memory")
+    for note in report.notes:
+        print(f"note: {note}")
+    b = report.budget
+    if b is not None:
+        budgets = ", ".join(f"{k} {format_bytes(v)}" for k, v in
+                            (("--gpu-mem", b.gpu_mem), ("--host-mem", b.host_mem)) if v)  # fmt: skip
+        verdict = "fits" if b.requested_fits else "does NOT fit"
+        print(f"budget ({budgets}): the requested configuration {verdict}")
+        print(
+            f"  largest chunk_size at the requested depths: {b.chunk_size} "
+            f"({format_bytes(b.chunk_bytes)}, bounded by {b.limited_by})"
+        )
+        print(f"  deepest depths at that size: prefetch={b.prefetch}, "
+              f"gpu_prefetch={b.gpu_prefetch}, host_slots={b.host_slots}: device "
+              f"{format_bytes(b.device_bytes)}, pinned {format_bytes(b.pinned_bytes)}")  # fmt: skip
+    return 0

@@ -1,0 +1,432 @@
+"""``bench``: does background loading keep up with training? The prefetch diagnosis.
+
+For every setting (prefetch depth x reader workers) a fresh
+:class:`~chunkstream.ChunkLoader` streams ``num_chunks`` random windows of the
+source while a simulated training step runs on each chunk: ``sleep`` for
+``train_ms`` (the GPU is busy, the host is idle), or ``matmul``, real matrix
+work on the chunk on the device (timed after ``torch.cuda.synchronize()`` on
+CUDA, so the span is the work's, not the launch's).
+
+Per chunk it keeps the loader's record (queue depth when the consumer asked,
+wait, read time, transfer time) and the training span. Per setting it reports
+mean/max wait, how often the queue was empty or full when asked, and the epoch
+time against the ideal pipeline bound (DESIGN.md)::
+
+    ideal = first_read + n * max(read / workers, transfer, train)
+
+``first_read`` is the first chunk's read (plus copy); ``read`` the mean read
+time, divided by the workers that read in parallel. A setting **keeps up**
+when, after the first chunk, the consumer waited at most 10% of the epoch.
+The verdict names the bottleneck and the fix: more workers or a rechunked
+store when reads are slower than training on average, deeper prefetch when
+they are only sometimes slower, a smaller chunk when the first read dominates.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+from .._errors import ConfigError
+from ..pipeline import ChunkLoader
+from ..pipeline._config import resolve_device
+from ..sources._base import Source, window_nbytes
+from ..stats._latency import LatencyStats
+
+__all__ = [
+    "BenchChunk",
+    "BenchReport",
+    "SettingResult",
+    "default_bench_chunk_size",
+    "open_bench_source",
+    "plot_bench",
+    "run_bench",
+]
+
+KEEP_UP_STALL = 0.10  # waiting at most this fraction of the epoch counts as keeping up
+_TARGET_CHUNK_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchChunk:
+    """One chunk of one setting; times in seconds, clocks relative to the epoch's start."""
+
+    index: int
+    start: int
+    queue_depth: int
+    wait_s: float
+    read_s: float
+    transfer_s: float | None
+    train_s: float
+    read_begin: float
+    read_end: float
+    transfer_begin: float | None
+    received: float
+    train_end: float
+
+
+@dataclass(kw_only=True)
+class SettingResult:
+    """The figures of one (prefetch, workers) setting."""
+
+    prefetch: int
+    workers: int
+    gpu_prefetch: int
+    capacity: int  # queue depth counted as full
+    epoch_s: float
+    ideal_s: float
+    overlap: float  # epoch_s / ideal_s (1.0 is perfect overlap)
+    first_read_s: float
+    wait_mean_s: float
+    wait_max_s: float
+    wait_after_first_mean_s: float
+    stall_fraction: float  # wait after the first chunk / epoch time after it
+    queue_empty: int  # chunks after the first where the consumer found no chunk ready
+    queue_full: int
+    read_mean_s: float
+    read_max_s: float
+    transfer_mean_s: float | None
+    train_mean_s: float
+    keeping_up: bool
+    bottleneck: str  # "none", "read", "transfer", "bursts", "startup"
+    verdict: str
+    chunks: list[BenchChunk] = field(default_factory=list)
+    stats: LatencyStats | None = field(default=None, repr=False)  # the loader's records
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
+        out["chunks"] = [asdict(c) for c in self.chunks]
+        return out
+
+    @property
+    def label(self) -> str:
+        return f"prefetch={self.prefetch} workers={self.workers}"
+
+
+@dataclass(kw_only=True)
+class BenchReport:
+    """All settings of one ``bench`` run; ``to_dict()`` is its JSON."""
+
+    path: str
+    device: str
+    chunk_size: int
+    chunk_bytes: int
+    num_chunks: int
+    train: str
+    settings: list[SettingResult]
+    recommendation: str
+
+    def worst(self) -> SettingResult:
+        return max(self.settings, key=lambda s: (s.stall_fraction, s.overlap))
+
+    def find(self, prefetch: int, workers: int) -> SettingResult:
+        for s in self.settings:
+            if (s.prefetch, s.workers) == (prefetch, workers):
+                return s
+        raise ConfigError.bad(
+            "--plot-setting", f"{prefetch},{workers}",
+            f"one of the settings run: {[(s.prefetch, s.workers) for s in self.settings]}",
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["settings"] = [s.to_dict() for s in self.settings]
+        return out
+
+
+def default_bench_chunk_size(total: int, step_bytes: int) -> int:
+    """The largest power of two of at most ~64 MiB of windows, capped at the data."""
+    rows = max(1, _TARGET_CHUNK_BYTES // max(1, step_bytes))
+    return min(total, 1 << (rows.bit_length() - 1))
+
+
+def open_bench_source(
+    path: str | os.PathLike,
+    fields: Sequence[str] | None = None,
+    *,
+    flyvis: bool = False,
+    column: str | int = "voltage",
+    stim_dims: int | None = None,
+) -> Source:
+    """A ZarrSource over ``path`` (a store or URL) with the fields as ``plan`` reads them.
+
+    All fields must lie in one array (a ZarrSource reads one array).
+    """
+    from ..sources import ZarrSource
+    from ._fieldspec import FieldRequest, parse_fields
+    from ._plan import flyvis_requests
+    from ._stores import open_arrays, resolve_field
+
+    if flyvis:
+        if fields:
+            raise ConfigError("--flyvis names the fields itself: drop --fields.")
+        requests = flyvis_requests(column, stim_dims)
+        arrays = open_arrays(f"{str(path).rstrip('/')}/timeseries.zarr")
+        requests = [FieldRequest(name=r.name, array=None, index=r.index) for r in requests]
+    else:
+        arrays = open_arrays(path)
+        requests = parse_fields(fields) if fields else None
+        if requests is None:
+            if len(arrays) != 1:
+                raise ConfigError(
+                    f"{str(path)!r} holds several arrays ({sorted(arrays)}): say what to "
+                    "stream with --fields NAME=ARRAY[INDEX] ... or --flyvis."
+                )
+            requests = [FieldRequest(name="data", array=None, index=())]
+    resolved = [resolve_field(r, arrays) for r in requests]
+    names = {name for name, _, _ in resolved}
+    if len(names) > 1:
+        raise ConfigError(
+            f"bench streams fields of one array, but these read {sorted(names)}: bench one "
+            "array at a time, or `chunkstream convert` them into one store."
+        )
+    array = resolved[0][1]
+    return ZarrSource(
+        array, {r.name: index for r, (_, _, index) in zip(requests, resolved, strict=True)}
+    )
+
+
+def _trainer(kind: str, train_ms: float, device: torch.device, steps: int) -> Callable[[Any], None]:
+    """The simulated training step on one chunk (see module docs)."""
+    if kind == "sleep":
+        seconds = train_ms / 1e3
+
+        def sleep(chunk: Any) -> None:
+            del chunk
+            time.sleep(seconds)
+
+        return sleep
+    if kind != "matmul":
+        raise ConfigError.bad("--train", kind, "'sleep' or 'matmul'")
+    weights: dict[int, torch.Tensor] = {}
+
+    def matmul(chunk: Any) -> None:
+        x = next(iter(chunk.values()))
+        x = x.reshape(x.shape[0], -1)
+        if not x.is_floating_point():
+            x = x.float()
+        w = weights.get(x.shape[1])
+        if w is None:
+            w = weights[x.shape[1]] = torch.randn(x.shape[1], 256, device=x.device, dtype=x.dtype)
+        for _ in range(steps):
+            (x @ w).relu_()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # time the work itself, not its launch
+
+    return matmul
+
+
+def _summarise(
+    prefetch: int, workers: int, gpu_prefetch: int, capacity: int, epoch_s: float,
+    chunks: list[BenchChunk], amplification: float, compressed: bool,
+) -> SettingResult:  # fmt: skip
+    n = len(chunks)
+    reads = [c.read_s for c in chunks]
+    transfers = [c.transfer_s for c in chunks if c.transfer_s is not None]
+    trains = [c.train_s for c in chunks]
+    waits = [c.wait_s for c in chunks]
+    read_mean = sum(reads) / n
+    transfer_mean = sum(transfers) / len(transfers) if transfers else None
+    train_mean = sum(trains) / n
+    first_read = chunks[0].read_s + (chunks[0].transfer_s or 0.0)
+    ideal = first_read + n * max(read_mean / workers, transfer_mean or 0.0, train_mean)
+    after = waits[1:]
+    busy_after = epoch_s - waits[0]
+    stall = sum(after) / busy_after if after and busy_after > 0 else 0.0
+    empty = sum(1 for c in chunks[1:] if c.queue_depth == 0)
+    full = sum(1 for c in chunks[1:] if c.queue_depth >= capacity)
+    keeping_up = stall <= KEEP_UP_STALL
+    ms = 1e3
+    if keeping_up:
+        bottleneck = "none"
+        verdict = (
+            f"keeping up: after the first chunk the consumer waited {stall:.0%} of the time "
+            f"(mean {sum(after) / max(1, len(after)) * ms:.1f} ms per chunk); epoch "
+            f"{epoch_s / ideal:.2f}x the ideal bound."
+        )
+        if waits[0] > 0.25 * epoch_s:
+            bottleneck = "startup"
+            verdict += (
+                f" The first read ({waits[0]:.2f} s) is {waits[0] / epoch_s:.0%} of the epoch: "
+                "use a smaller chunk_size (or more chunks per epoch) so the pipeline fills sooner."
+            )
+    else:
+        head = (
+            f"NOT keeping up: the consumer waited {stall:.0%} of the time after the first "
+            f"chunk (mean {sum(after) / max(1, len(after)) * ms:.1f} ms, max "
+            f"{max(after, default=0.0) * ms:.1f} ms; queue empty {empty}/{n - 1} times)."
+        )
+        per_chunk_read = read_mean / workers
+        if transfer_mean is not None and transfer_mean >= max(per_chunk_read, 0.9 * train_mean):
+            bottleneck = "transfer"
+            fix = (
+                f"The host-to-device copy ({transfer_mean * ms:.1f} ms per chunk) is slower "
+                f"than training ({train_mean * ms:.1f} ms): move fewer bytes (fewer fields, "
+                "float16) or train more per chunk; more workers or prefetch will not help."
+            )
+        elif per_chunk_read >= 0.9 * train_mean:
+            bottleneck = "read"
+            fixes = [f"more workers (--workers {workers * 2})"]
+            if amplification > 1.5:
+                fixes.append(
+                    f"rechunk with `chunkstream convert` (reads decode {amplification:.1f}x "
+                    "the bytes they use)"
+                )
+            if compressed:
+                fixes.append("a faster codec (lz4) or none")
+            fix = (
+                f"Reading a chunk takes {read_mean * ms:.1f} ms in each of {workers} "
+                f"worker(s) against {train_mean * ms:.1f} ms of training: the reader is "
+                f"slower on average, so deeper prefetch only delays the stall. Try "
+                + ", ".join(fixes)
+                + "."
+            )
+        else:
+            bottleneck = "bursts"
+            fix = (
+                f"Reads are fast enough on average ({read_mean * ms:.1f} ms) but some take "
+                f"{max(reads) * ms:.1f} ms against {train_mean * ms:.1f} ms of training: use a "
+                f"deeper prefetch (--prefetch {prefetch * 2}) to ride them out."
+            )
+        verdict = f"{head} {fix}"
+    return SettingResult(
+        prefetch=prefetch, workers=workers, gpu_prefetch=gpu_prefetch, capacity=capacity,
+        epoch_s=epoch_s, ideal_s=ideal, overlap=epoch_s / ideal if ideal > 0 else 0.0,
+        first_read_s=first_read, wait_mean_s=sum(waits) / n, wait_max_s=max(waits),
+        wait_after_first_mean_s=sum(after) / max(1, len(after)), stall_fraction=stall,
+        queue_empty=empty, queue_full=full, read_mean_s=read_mean, read_max_s=max(reads),
+        transfer_mean_s=transfer_mean, train_mean_s=train_mean, keeping_up=keeping_up,
+        bottleneck=bottleneck, verdict=verdict, chunks=chunks,
+    )  # fmt: skip
+
+
+def _run_setting(
+    source: Source, *, chunk_size: int, prefetch: int, workers: int, gpu_prefetch: int,
+    device: torch.device, num_chunks: int, train: Callable[[Any], None], seed: int,
+    amplification: float, compressed: bool,
+) -> SettingResult:  # fmt: skip
+    stats = LatencyStats()
+    spans: list[tuple[float, float]] = []
+    with ChunkLoader(
+        source, chunk_size, device=device, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
+        workers=workers, sampling="random", seed=seed, stats=stats,
+    ) as loader:  # fmt: skip
+        on_cuda = loader.device.type == "cuda"
+        capacity = gpu_prefetch if on_cuda else loader.config.reader_capacity
+        t0 = time.perf_counter()
+        for chunk in loader.epoch(num_chunks):
+            begin = time.perf_counter()
+            train(chunk)
+            spans.append((begin, time.perf_counter()))
+            del chunk  # the CPU pool reuses a buffer only once the user lets go of it
+        epoch_s = time.perf_counter() - t0
+        if on_cuda:
+            torch.cuda.synchronize(loader.device)  # so every copy's events can be read
+        stats.resolve_transfers()
+    chunks = []
+    for record, (begin, end) in zip(stats.chunks, spans, strict=True):
+        record.compute_end = end  # the training span, for the timeline
+        chunks.append(BenchChunk(
+            index=record.index, start=record.start, queue_depth=record.queue_depth,
+            wait_s=record.wait_s, read_s=record.read_s, transfer_s=record.transfer_s,
+            train_s=end - begin, read_begin=record.read_begin - t0,
+            read_end=record.read_end - t0,
+            transfer_begin=None if record.transfer_begin is None else record.transfer_begin - t0,
+            received=record.received - t0, train_end=end - t0,
+        ))  # fmt: skip
+    result = _summarise(
+        prefetch, workers, gpu_prefetch, capacity, epoch_s, chunks, amplification, compressed
+    )
+    result.stats = stats
+    return result
+
+
+def _recommend(settings: list[SettingResult]) -> str:
+    good = [s for s in settings if s.keeping_up]
+    if good:
+        best = min(good, key=lambda s: (s.prefetch + s.workers, s.epoch_s))
+        return (
+            f"use {best.label}: the smallest setting that keeps up "
+            f"({len(good)}/{len(settings)} settings keep up)."
+        )
+    best = min(settings, key=lambda s: s.stall_fraction)
+    return f"no setting keeps up; the best was {best.label}. {best.verdict}"
+
+
+def run_bench(
+    source: Source,
+    *,
+    chunk_size: int | None = None,
+    prefetch: Sequence[int] = (1, 2, 4, 6),
+    workers: Sequence[int] = (1, 2),
+    gpu_prefetch: int = 1,
+    num_chunks: int = 16,
+    train: str = "sleep",
+    train_ms: float = 50.0,
+    train_steps: int = 4,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    path: str | None = None,
+) -> BenchReport:
+    """Run every (prefetch, workers) setting on ``source`` and diagnose it (module docs)."""
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
+        raise ConfigError.bad(
+            "--chunks", num_chunks, "an integer >= 2 (the first one only fills the pipeline)"
+        )
+    if train_ms < 0:
+        raise ConfigError.bad("--train-ms", train_ms, "a time >= 0")
+    for name, values in (("--prefetch", prefetch), ("--workers", workers)):
+        if not values or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values
+        ):
+            raise ConfigError.bad(name, list(values), "a list of integers >= 1, e.g. 1,2,4,6")
+    resolved = resolve_device(device)
+    total = len(source)
+    step = window_nbytes(source.fields, 1)
+    chunk_size = default_bench_chunk_size(total, step) if chunk_size is None else chunk_size
+    trainer = _trainer(train, train_ms, resolved, train_steps)
+    amplification = max(getattr(source, "read_amplification", {}).values(), default=1.0)
+    array = getattr(source, "array", None)
+    compressed = bool(getattr(array, "compressors", None)) if array is not None else False
+    grid = [(p, w) for w in workers for p in prefetch]
+    from tqdm.auto import tqdm
+
+    results = []
+    with tqdm(grid, desc="bench", unit="setting", disable=not progress) as bar:
+        for p, w in bar:
+            bar.set_postfix_str(f"prefetch={p} workers={w}")
+            results.append(_run_setting(
+                source, chunk_size=chunk_size, prefetch=p, workers=w, gpu_prefetch=gpu_prefetch,
+                device=resolved, num_chunks=num_chunks, train=trainer, seed=seed,
+                amplification=amplification, compressed=compressed,
+            ))  # fmt: skip
+    what = f"sleep {train_ms:g} ms" if train == "sleep" else f"matmul x{train_steps} on {resolved}"
+    return BenchReport(
+        path=str(path if path is not None else getattr(source, "path", type(source).__name__)),
+        device=str(resolved), chunk_size=chunk_size,
+        chunk_bytes=window_nbytes(source.fields, min(chunk_size, total)), num_chunks=num_chunks,
+        train=what, settings=results, recommendation=_recommend(results),
+    )  # fmt: skip
+
+
+def plot_bench(
+    report: BenchReport, out: str | os.PathLike, setting: SettingResult | None = None
+) -> str:
+    """Draw the read / transfer / compute lanes per chunk of ``setting`` (default the
+    worst) over time into ``out`` (a PNG, via :func:`chunkstream.stats.plot_timeline`);
+    returns the path. Needs matplotlib."""
+    from ..stats import plot_timeline
+
+    s = setting if setting is not None else report.worst()
+    state = "keeping up" if s.keeping_up else "NOT keeping up"
+    title = (
+        f"{report.path}: {s.label}, train {report.train}: {state}, "
+        f"stall {s.stall_fraction:.0%}, epoch {s.overlap:.2f}x ideal"
+    )
+    return str(plot_timeline(s.stats, out, title=title))

@@ -1,0 +1,468 @@
+"""``plan``: the epoch arithmetic and the memory a streaming configuration takes.
+
+Memory model (the bounds the loader documents, see ``pipeline._config``), with
+``chunk_bytes`` one window of every field:
+
+* **full dataset on the device**: ``T * step_bytes`` on the device (and, while
+  loading, the same again staged on the host);
+* **streaming, CUDA**: device bytes ``(gpu_prefetch + 1) * chunk_bytes``, the
+  chunks kept ready plus the one the user trains on, plus validation data kept
+  on the device (``val_fraction * T`` timesteps); pinned host bytes
+  ``host_slots * chunk_bytes`` (default ``host_slots = prefetch + workers``);
+  other host bytes: the decode scratch of the fast zarr reader, about two zarr
+  chunks per decode thread (known only for a store);
+* **streaming, CPU**: no device; host bytes ``(prefetch + workers + 1) *
+  chunk_bytes`` plus the validation data.
+
+:func:`fit_budget` searches the largest chunk_size that fits ``gpu_mem`` /
+``host_mem`` at the requested depths: a multiple of ``align``, at least
+``window`` and ``batch_size``, a power of two where ``align`` allows, else a
+multiple of ``lcm(align, batch_size)``; then the deepest prefetch depths that
+fit at that chunk_size. Sizes are bytes; :func:`parse_bytes` reads ``"8GB"``
+(decimal) or ``"512MiB"`` (binary).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .._errors import ConfigError
+from ..plans import EpochPlan, plan_epoch
+from ..sources._base import FieldSpec, check_lengths, window_nbytes
+from ._fieldspec import FieldRequest, parse_fields, selected_shape
+from ._stores import open_arrays, resolve_field
+
+__all__ = [
+    "BudgetFit",
+    "DataLayout",
+    "MemoryRow",
+    "PlanReport",
+    "fit_budget",
+    "format_bytes",
+    "layout_from_shape",
+    "layout_from_store",
+    "parse_bytes",
+    "plan_memory",
+]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+    "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int, name: str = "size") -> int:
+    """``"8GB"`` -> 8e9, ``"512MiB"`` -> 512 * 2**20, ``"1000"`` -> 1000 bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = match[2].lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ConfigError.bad(
+                name, text, "a size such as 8GB, 512MiB or 1000000 (bytes)",
+                "Units: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).",
+            )  # fmt: skip
+        value = int(float(match[1]) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError.bad(name, text, "a positive size")
+    return value
+
+
+def format_bytes(n: float | None) -> str:
+    """Decimal units with three significant figures: ``59.9 GB``, ``512 kB``."""
+    if n is None:
+        return "-"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataLayout:
+    """What the plan needs to know of the data: its length and fields (and where from)."""
+
+    total_timesteps: int
+    fields: Mapping[str, FieldSpec]
+    where: str
+    zarr_chunk_bytes: int | None = None  # decoded bytes of the largest zarr chunk read, if known
+
+    @property
+    def step_nbytes(self) -> int:
+        return window_nbytes(self.fields, 1)
+
+
+def layout_from_shape(
+    shape: Sequence[int], dtype: str = "float32", stim_dims: int | None = None
+) -> DataLayout:
+    """A layout of one field ``data`` of ``shape = (T, ...)`` (plus ``stimulus`` of
+    ``(T, stim_dims)`` when given, the FlyVis stimulus)."""
+    shape = tuple(int(s) for s in shape)
+    if not shape or any(s < 1 for s in shape):
+        raise ConfigError.bad("--shape", shape, "positive sizes T,N[,...], e.g. 967680,13741")
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        raise ConfigError.bad("--dtype", dtype, "a numpy dtype such as float32") from None
+    fields = {"data": FieldSpec(shape[1:], np_dtype)}
+    if stim_dims is not None:
+        if stim_dims < 1:
+            raise ConfigError.bad("--stim-dims", stim_dims, "a positive number of channels")
+        fields["stimulus"] = FieldSpec((stim_dims,), np_dtype)
+    return DataLayout(total_timesteps=shape[0], fields=fields, where=f"shape {shape} {np_dtype}")
+
+
+def flyvis_requests(column: str | int, stim_dims: int | None) -> list[FieldRequest]:
+    """The two FlyVis fields as requests on ``timeseries`` (see ``chunkstream.flyvis``)."""
+    from .. import flyvis
+
+    by_name = {name: (cid, pos) for cid, (name, pos) in flyvis.DYNAMIC_COLUMNS.items()}
+    key = column.lower() if isinstance(column, str) and not column.isdigit() else int(column)
+    pos = next((p for cid, (n, p) in flyvis.DYNAMIC_COLUMNS.items() if key in (cid, n)), None)
+    if pos is None:
+        raise ConfigError.bad(
+            "--column", column, f"a dynamic column: one of {sorted(by_name)} or ids "
+            f"{sorted(flyvis.DYNAMIC_COLUMNS)}", "Static columns live in metadata.zarr.",
+        )  # fmt: skip
+    name = next(n for n, (_, p) in by_name.items() if p == pos)
+    stim = FieldRequest(name="stimulus", array="timeseries", index=(slice(0, stim_dims), 1))
+    if name == "stimulus":
+        return [stim]
+    return [FieldRequest(name=name, array="timeseries", index=(slice(None), pos)), stim]
+
+
+def layout_from_store(
+    path: str | os.PathLike,
+    fields: Sequence[str] | Mapping[str, object] | None = None,
+    *,
+    flyvis: bool = False,
+    column: str | int = "voltage",
+    stim_dims: int | None = None,
+) -> DataLayout:
+    """The layout of fields of a zarr store, from its metadata only (no chunk is read).
+
+    ``fields`` as in ``chunkstream inspect --fields``; ``flyvis=True`` takes the
+    FlyVis fields (``column`` and ``stimulus``) of ``PATH/timeseries.zarr``; neither
+    means the store's only array, whole, as field ``data``.
+    """
+    arrays = open_arrays(path)
+    if flyvis:
+        requests = flyvis_requests(column, stim_dims)
+    elif fields:
+        requests = parse_fields(fields)
+    elif len(arrays) == 1:
+        requests = [FieldRequest(name="data", array=None, index=())]
+    else:
+        raise ConfigError(
+            f"{str(path)!r} holds several arrays ({sorted(arrays)}): say what to stream "
+            "with --fields NAME=ARRAY[INDEX] ... or --flyvis."
+        )
+    specs: dict[str, FieldSpec] = {}
+    lengths: dict[str, int] = {}
+    chunk_bytes = 0
+    for request in requests:
+        _, array, index = resolve_field(request, arrays)
+        specs[request.name] = FieldSpec(selected_shape(index, tuple(array.shape[1:])), array.dtype)
+        lengths[request.name] = int(array.shape[0])
+        chunk_bytes = max(chunk_bytes, int(np.prod(array.chunks)) * array.dtype.itemsize)
+    total = check_lengths(lengths, f"store {str(path)!r}")
+    return DataLayout(
+        total_timesteps=total, fields=specs, where=str(path), zarr_chunk_bytes=chunk_bytes
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRow:
+    """Bytes one way of training takes: on the device, pinned on the host, other host."""
+
+    name: str
+    device_bytes: int | None
+    pinned_bytes: int
+    host_bytes: int | None
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetFit:
+    """The largest chunk_size and depths that fit the budgets (see module docs)."""
+
+    gpu_mem: int | None
+    host_mem: int | None
+    requested_fits: bool  # the requested chunk_size and depths fit
+    chunk_size: int
+    chunk_bytes: int
+    prefetch: int  # deepest host prefetch at chunk_size (the requested one if no host budget)
+    gpu_prefetch: int  # deepest device prefetch at chunk_size
+    host_slots: int
+    device_bytes: int | None
+    pinned_bytes: int
+    limited_by: str  # which budget bounds chunk_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport:
+    """Everything ``chunkstream plan`` prints; ``to_dict()`` is its JSON."""
+
+    where: str
+    total_timesteps: int
+    train_timesteps: int
+    val_timesteps: int
+    fields: dict[str, list]
+    step_bytes: int
+    device: str
+    chunk_size: int
+    chunk_bytes: int
+    window: int
+    prefetch: int
+    gpu_prefetch: int
+    workers: int
+    host_slots: int
+    epoch: EpochPlan
+    full: MemoryRow
+    streaming: MemoryRow
+    saving: float  # 1 - streaming device bytes / full device bytes (CUDA)
+    budget: BudgetFit | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["epoch"] = {**asdict(self.epoch), "global_chunks_per_epoch":
+                        self.epoch.global_chunks_per_epoch}  # fmt: skip
+        return out
+
+
+def _positive(name: str, value: int, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError.bad(name, value, f"an integer >= {minimum}")
+    return value
+
+
+def _streaming_bytes(
+    cb: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
+    host_slots: int, val_bytes: int,
+) -> tuple[int | None, int, int]:  # fmt: skip
+    """(device, pinned host, pipeline host) bytes of a streaming configuration."""
+    if on_cuda:
+        return (gpu_prefetch + 1) * cb + val_bytes, host_slots * cb, 0
+    return None, 0, (prefetch + workers + 1) * cb + val_bytes
+
+
+def _candidates_below(limit: int, *, align: int, batch: int) -> int | None:
+    """The preferred chunk_size <= limit: a power of two that is a multiple of
+    ``align``, else the largest multiple of ``lcm(align, batch)``, else of ``align``."""
+    if limit < 1:
+        return None
+    power = 1 << (limit.bit_length() - 1)
+    while power >= align and power % align:
+        power >>= 1
+    if power >= align and power % align == 0:
+        return power
+    for step in (math.lcm(align, batch), align):
+        if limit >= step:
+            return limit // step * step
+    return None
+
+
+def fit_budget(
+    layout: DataLayout,
+    *,
+    chunk_size: int,
+    batch_size: int,
+    window: int = 1,
+    prefetch: int = 2,
+    gpu_prefetch: int = 1,
+    workers: int = 2,
+    val_fraction: float = 0.0,
+    device: str = "cuda",
+    align: int = 1,
+    gpu_mem: int | None = None,
+    host_mem: int | None = None,
+) -> BudgetFit:
+    """Largest chunk_size (module docs) and deepest depths within ``gpu_mem``/``host_mem``.
+
+    Raises :class:`ConfigError` when not even a chunk of ``max(window, batch_size)``
+    timesteps fits at depth 1, naming the budget and the smallest that would do.
+    """
+    on_cuda = device == "cuda"
+    step = layout.step_nbytes
+    total = layout.total_timesteps
+    val_bytes = round(total * val_fraction) * step
+    smallest = max(window, min(batch_size, total), align)
+    limits: dict[str, int] = {}
+    if on_cuda and gpu_mem is not None:
+        limits["--gpu-mem"] = (gpu_mem - val_bytes) // ((gpu_prefetch + 1) * step)
+    if host_mem is not None:
+        per = (prefetch + workers) if on_cuda else (prefetch + workers + 1)
+        limits["--host-mem"] = (host_mem - (0 if on_cuda else val_bytes)) // (per * step)
+    if not limits:
+        raise ConfigError("fit_budget needs gpu_mem or host_mem (and gpu_mem only on cuda)")
+    limited_by, rows = min(limits.items(), key=lambda kv: kv[1])
+    if rows < smallest:
+        budget = gpu_mem if limited_by == "--gpu-mem" else host_mem
+        need = smallest * step
+        if limited_by == "--gpu-mem":
+            need = (gpu_prefetch + 1) * need + val_bytes
+            what = f"gpu_prefetch + 1 = {gpu_prefetch + 1} chunks"
+        else:
+            need *= (prefetch + workers) if on_cuda else (prefetch + workers + 1)
+            what = "prefetch + workers chunks"
+        raise ConfigError(
+            f"{limited_by}={format_bytes(budget)} is too small: it must hold {what} of at "
+            f"least max(window, batch_size)={smallest} timesteps ({format_bytes(need)} with "
+            f"{format_bytes(val_bytes)} of validation data). Raise the budget to at least "
+            f"{format_bytes(need)}, or lower the depths, the window or --val-fraction."
+        )
+    best = total if rows >= total else _candidates_below(rows, align=align, batch=batch_size)
+    if best is None or best < smallest:
+        raise ConfigError(
+            f"no chunk_size between {smallest} and {rows} timesteps is a multiple of "
+            f"--align={align}: lower --align or raise the budget."
+        )
+    cb = window_nbytes(layout.fields, min(best, total))
+    deepest_gpu = gpu_prefetch
+    if on_cuda and gpu_mem is not None:
+        deepest_gpu = max(gpu_prefetch, (gpu_mem - val_bytes) // cb - 1)
+    deepest_host = prefetch
+    if host_mem is not None:
+        held = (host_mem - (0 if on_cuda else val_bytes)) // cb
+        deepest_host = max(prefetch, held - workers - (0 if on_cuda else 1))
+    slots = deepest_host + workers
+    device_b, pinned_b, _ = _streaming_bytes(
+        cb, on_cuda=on_cuda, prefetch=deepest_host, gpu_prefetch=deepest_gpu, workers=workers,
+        host_slots=slots, val_bytes=val_bytes,
+    )  # fmt: skip
+    req_cb = window_nbytes(layout.fields, min(chunk_size, total))
+    req_dev, req_pin, req_host = _streaming_bytes(
+        req_cb, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
+        host_slots=prefetch + workers, val_bytes=val_bytes,
+    )  # fmt: skip
+    fits = (gpu_mem is None or req_dev is None or req_dev <= gpu_mem) and (
+        host_mem is None or req_pin + req_host <= host_mem
+    )
+    return BudgetFit(
+        gpu_mem=gpu_mem, host_mem=host_mem, requested_fits=fits, chunk_size=best,
+        chunk_bytes=cb, prefetch=deepest_host, gpu_prefetch=deepest_gpu, host_slots=slots,
+        device_bytes=device_b, pinned_bytes=pinned_b, limited_by=limited_by,
+    )  # fmt: skip
+
+
+def plan_memory(
+    layout: DataLayout,
+    *,
+    chunk_size: int,
+    batch_size: int,
+    window: int = 1,
+    prefetch: int = 2,
+    gpu_prefetch: int = 1,
+    workers: int = 2,
+    host_slots: int | None = None,
+    passes: int = 1,
+    world_size: int = 1,
+    val_fraction: float = 0.0,
+    device: str = "cuda",
+    align: int = 1,
+    gpu_mem: int | None = None,
+    host_mem: int | None = None,
+    decode_threads: int | None = None,
+) -> PlanReport:
+    """The epoch arithmetic and the memory table for one configuration (module docs).
+
+    Raises :class:`ConfigError` for settings that cannot run: a window longer
+    than the chunk or the data, a batch larger than the data, budgets too small
+    for one chunk, a validation fraction outside ``[0, 1)``.
+    """
+    for name, value in (("--chunk-size", chunk_size), ("--batch-size", batch_size),
+                        ("--window", window), ("--prefetch", prefetch),
+                        ("--gpu-prefetch", gpu_prefetch), ("--workers", workers),
+                        ("--passes", passes), ("--world-size", world_size), ("--align", align)):  # fmt: skip
+        _positive(name, value)
+    if device not in ("cuda", "cpu"):
+        raise ConfigError.bad("--device", device, "'cuda' or 'cpu'")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError.bad("--val-fraction", val_fraction, "a fraction in [0, 1)")
+    total = layout.total_timesteps
+    val_steps = round(total * val_fraction)
+    train = total - val_steps
+    if window > chunk_size:
+        raise ConfigError.bad(
+            "--window", window, f"at most --chunk-size={chunk_size}",
+            "Every training window must lie inside one chunk: raise --chunk-size or shorten "
+            "the window (time_units * evolve_multiple_steps).",
+        )  # fmt: skip
+    if window > train:
+        raise ConfigError.bad("--window", window, f"at most the {train} training timesteps")
+    if batch_size > train:
+        raise ConfigError.bad(
+            "--batch-size", batch_size, f"at most the {train} training timesteps",
+            "Lower --batch-size: not one batch fits in the data.",
+        )  # fmt: skip
+    if chunk_size % align:
+        raise ConfigError.bad("--chunk-size", chunk_size, f"a multiple of --align={align}")
+    epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
+    on_cuda = device == "cuda"
+    slots = host_slots if host_slots is not None else prefetch + workers
+    if on_cuda and slots < workers:
+        raise ConfigError.bad("--host-slots", slots, f"at least --workers={workers}")
+    step = layout.step_nbytes
+    rows = min(chunk_size, train)
+    cb = window_nbytes(layout.fields, rows)
+    val_bytes = val_steps * step
+    full_bytes = total * step
+    threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
+    scratch = None if layout.zarr_chunk_bytes is None else 2 * threads * layout.zarr_chunk_bytes
+    dev, pinned, host = _streaming_bytes(
+        cb, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
+        host_slots=slots, val_bytes=val_bytes,
+    )  # fmt: skip
+    if on_cuda:
+        full = MemoryRow(name="full dataset on the device", device_bytes=full_bytes,
+                         pinned_bytes=0, host_bytes=full_bytes,
+                         note="host: staged once while loading")  # fmt: skip
+        note = f"device: (gpu_prefetch {gpu_prefetch} + 1 held) chunks"
+        note += " + validation" if val_bytes else ""
+        note += f"; pinned: {slots} host slots"
+        streaming = MemoryRow(name="streaming", device_bytes=dev, pinned_bytes=pinned,
+                              host_bytes=scratch, note=note + "; other: decode scratch (known for a store)")  # fmt: skip
+        saving = 1.0 - dev / full_bytes if dev is not None else 0.0
+    else:
+        full = MemoryRow(name="full dataset in memory", device_bytes=None, pinned_bytes=0,
+                         host_bytes=full_bytes)  # fmt: skip
+        streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
+                              host_bytes=host + (scratch or 0),
+                              note=f"(prefetch + workers + 1 held) = {prefetch + workers + 1} "
+                                   "chunks + validation + decode scratch")  # fmt: skip
+        saving = 1.0 - (host or 0) / full_bytes
+    notes: list[str] = []
+    if chunk_size > train:
+        notes.append(
+            f"chunk_size {chunk_size} exceeds the {train} training timesteps: every chunk is "
+            "all of the data, so streaming saves nothing; keep the data on the device instead."
+        )
+    elif epoch.batches_per_chunk * batch_size < rows // 2:
+        notes.append("batch_size is large against chunk_size: few batches per chunk.")
+    budget = None
+    if (on_cuda and gpu_mem is not None) or host_mem is not None:
+        budget = fit_budget(
+            layout, chunk_size=chunk_size, batch_size=batch_size, window=window,
+            prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
+            val_fraction=val_fraction, device=device, align=align,
+            gpu_mem=gpu_mem if on_cuda else None, host_mem=host_mem,
+        )  # fmt: skip
+    return PlanReport(
+        where=layout.where, total_timesteps=total, train_timesteps=train,
+        val_timesteps=val_steps,
+        fields={n: [list(s.shape), str(s.dtype)] for n, s in layout.fields.items()},
+        step_bytes=step, device=device, chunk_size=chunk_size, chunk_bytes=cb, window=window,
+        prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers, host_slots=slots,
+        epoch=epoch, full=full, streaming=streaming, saving=saving, budget=budget, notes=notes,
+    )  # fmt: skip
