@@ -21,6 +21,7 @@ from ._errors import (
     MissingChunkError,
     NonFiniteError,
     NotZarrError,
+    ReadAmplificationWarning,
     SourceError,
     SourceNotFoundError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "NotZarrError",
     "NumpySource",
     "RandomPlan",
+    "ReadAmplificationWarning",
     "SequentialPlan",
     "ShuffledPlan",
     "Source",
