@@ -17,6 +17,8 @@ from ._latency import LatencyStats
 __all__ = ["plot_timeline"]
 
 _COLORS = {"read": "#4C72B0", "transfer": "#DD8452", "compute": "#55A868", "wait": "#C44E52"}
+# Back-to-back chunks would merge into one band: every other chunk gets the darker shade.
+_ALTERNATE = {"read": "#27466F", "transfer": "#9C5220", "compute": "#2F6B3D"}
 
 
 def plot_timeline(
@@ -57,7 +59,8 @@ def plot_timeline(
     least = max(end, 1e-9) * 0.002
     for row, lane in enumerate(lanes):
         spans = [(x, max(w, least)) for x, w in bars[lane]]
-        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=_COLORS[lane], alpha=0.6, linewidth=0)
+        colors = [(_COLORS, _ALTERNATE)[i % 2][lane] for i in range(len(spans))]
+        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=colors, alpha=0.75, linewidth=0)
     compute_row = lanes.index("compute")
     ax.broken_barh(
         bars["wait"],
