@@ -1,0 +1,229 @@
+"""chunkstream.compat: the original API, exactly, with its hangs and stalls fixed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from chunkstream.compat import (
+    ChunkLatencyStats,
+    PipelineChunkLoader,
+    RandomChunkLoader,
+    calculate_chunk_params,
+    create_zarr_loader,
+    sample_batch_within_chunk,
+)
+from tests.stores import make_flyvis
+
+T, N, STIM = 1200, 16, 16
+
+
+@pytest.fixture(scope="module")
+def flyvis_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("flyvis")
+    data = make_flyvis(path, T, N, chunks=(64, N, 1))
+    return path, data
+
+
+def recording(load_fn):
+    calls = []
+
+    def wrapped(start, end):
+        calls.append((start, end))
+        return load_fn(start, end)
+
+    return wrapped, calls
+
+
+def test_random_loader_streams_the_store(flyvis_store):
+    path, data = flyvis_store
+    load_fn = create_zarr_loader(str(path), 3, 4, STIM)
+    loader = RandomChunkLoader(load_fn, T, 200, device="cpu", prefetch=1, seed=5)
+    try:
+        loader.start_epoch(4)
+        chunks = []
+        while True:
+            chunk_data, chunk_stim = loader.get_next_chunk()
+            if chunk_data is None:
+                assert chunk_stim is None
+                break
+            chunks.append((chunk_data, chunk_stim))
+        assert len(chunks) == 4
+        for chunk_data, chunk_stim in chunks:
+            assert chunk_data.shape == (200, N) and chunk_stim.shape == (200, STIM)
+            # Find the window from the data itself: it must be a real window of the store.
+            start = int(np.flatnonzero((data[:, 0, 0] == chunk_data[0, 0].item()))[0])
+            np.testing.assert_array_equal(chunk_data.numpy(), data[start : start + 200, :, 0])
+            np.testing.assert_array_equal(chunk_stim.numpy(), data[start : start + 200, :STIM, 1])
+        assert loader.get_next_chunk() == (None, None)
+        stats = loader.get_stats()
+        assert set(stats) == {"chunks_loaded", "chunks_transferred"}
+        assert stats["chunks_transferred"] == 4 and stats["chunks_loaded"] >= 4
+    finally:
+        loader.cleanup()
+        loader.cleanup()
+        load_fn.source.close()
+
+
+def test_same_seed_same_calls_and_starts_in_range(flyvis_store):
+    path, _ = flyvis_store
+    base = create_zarr_loader(str(path), 3, 4, STIM)
+    sequences = []
+    for _ in range(2):
+        load_fn, calls = recording(base)
+        loader = RandomChunkLoader(load_fn, T, 100, device="cpu", prefetch=2, seed=42)
+        for _epoch in range(3):
+            loader.start_epoch(5)
+            while loader.get_next_chunk()[0] is not None:
+                pass
+        loader.cleanup()
+        sequences.append(calls)
+    assert sequences[0] == sequences[1]
+    windows = sequences[0][1:]  # the first call is the shape probe
+    assert all(0 <= s <= T - 100 and e == s + 100 for s, e in windows)
+    assert len({s for s, _ in windows}) > 5  # random, not a constant
+    base.source.close()
+
+
+def test_chunk_larger_than_data_gives_the_whole_data(flyvis_store):
+    path, data = flyvis_store
+    load_fn, calls = recording(create_zarr_loader(str(path), 3, 4, STIM))
+    loader = PipelineChunkLoader(load_fn, T, 5000, device="cpu", seed=0)
+    loader.start_epoch(2)
+    start, chunk_data, _ = loader.get_next_chunk()
+    assert start == 0 and chunk_data.shape[0] == T
+    np.testing.assert_array_equal(chunk_data.numpy(), data[:, :, 0])
+    assert calls[-1] == (0, T)
+    loader.cleanup()
+
+
+def test_pipeline_loader_aligns_starts_and_returns_them(flyvis_store):
+    path, data = flyvis_store
+    loader = PipelineChunkLoader(
+        create_zarr_loader(str(path), 3, 4, STIM), T, 128, device="cpu", seed=3, time_units=16
+    )
+    loader.start_epoch(6)
+    starts = []
+    while True:
+        start, chunk_data, chunk_stim = loader.get_next_chunk()
+        if start is None:
+            assert chunk_data is None and chunk_stim is None
+            break
+        assert start % 16 == 0 and 0 <= start <= T - 128
+        np.testing.assert_array_equal(chunk_data.numpy(), data[start : start + 128, :, 0])
+        starts.append(start)
+    assert len(starts) == 6
+    loader.cleanup()
+
+
+def test_restarting_mid_epoch_neither_stalls_nor_loses_chunks():
+    # prefetch=1 with a slow reader: the original waited 2 s per restart and then
+    # handed the new epoch a stale end marker (zero chunks).
+    def load_fn(start, end):
+        time.sleep(0.02)
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0)
+    try:
+        loader.start_epoch(10)
+        loader.get_next_chunk()
+        begin = time.perf_counter()
+        loader.start_epoch(3)
+        delivered = 0
+        while loader.get_next_chunk()[0] is not None:
+            delivered += 1
+        elapsed = time.perf_counter() - begin
+        assert delivered == 3
+        assert elapsed < 1.0  # three 20 ms reads; the original spent 2 s on the restart alone
+    finally:
+        loader.cleanup()
+
+
+def test_reader_exception_raises_instead_of_hanging():
+    def load_fn(start, end):
+        if start != 0 or end != 2:  # let the shape probe through
+            raise OSError("disk on fire")
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader.start_epoch(3)
+    outcome = {}
+
+    def consume():
+        try:
+            loader.get_next_chunk()
+        except cs.ChunkLoadError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "get_next_chunk hung"
+    assert "disk on fire" in str(outcome["error"].__cause__)
+    loader.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((967680, 65536, 256, 1), (14, 256, 3780)),
+        ((1000, 5000, 10, 3), (3, 100, 300)),
+        ((10000, 1000, 100, 2), (20, 10, 200)),
+    ],
+)
+def test_calculate_chunk_params(args, expected):
+    assert calculate_chunk_params(*args) == expected
+
+
+@pytest.mark.parametrize("args", [(100, 1000, 500, 1), (10000, 50, 100, 1), (10000, 1000, 100, 0)])
+def test_calculate_chunk_params_zero_results_raise(args):
+    with pytest.raises(ValueError):
+        calculate_chunk_params(*args)
+
+
+def test_sample_batch_within_chunk():
+    torch.manual_seed(0)
+    data = torch.randn(300, 10)
+    # CSR: neuron i connects to (i + 1) % 10 and (i + 2) % 10.
+    indptr = np.arange(0, 21, 2)
+    indices = np.array([(i + d) % 10 for i in range(10) for d in (1, 2)])
+    starts, selected, needed = sample_batch_within_chunk(
+        data, None, indices, indptr, 64, 50, 3, "cpu"
+    )
+    assert starts.shape == (64,) and starts.dtype == torch.long
+    assert int(starts.min()) >= 0 and int(starts.max()) < 300 - 50
+    assert selected.shape == (3,) and len(set(selected.tolist())) == 3
+    expected = sorted(
+        {int(i) for i in selected} | {(int(i) + d) % 10 for i in selected for d in (1, 2)}
+    )
+    assert needed.tolist() == expected
+    _, sel, need = sample_batch_within_chunk(data, None, indices, indptr, 8, 50, 0, "cpu")
+    assert sel.numel() == 0 and need.numel() == 0 and sel.dtype == torch.long
+    with pytest.raises(ValueError, match="total_steps"):
+        sample_batch_within_chunk(data, None, indices, indptr, 8, 300, 0, "cpu")
+
+
+def test_chunk_latency_stats(capsys):
+    stats = ChunkLatencyStats()
+    summary = stats.get_summary()
+    assert summary["chunk_get_mean_ms"] == 0.0 and summary["num_chunks"] == 0
+    for seconds in (0.001, 0.003):
+        stats.record_chunk_get(seconds)
+    stats.record_batch_times(0.01, 0.02, 0.005)
+    summary = stats.get_summary()
+    assert set(summary) == {
+        "chunk_get_mean_ms", "chunk_get_max_ms", "chunk_get_min_ms", "batch_forward_mean_ms",
+        "batch_backward_mean_ms", "batch_step_mean_ms", "num_chunks", "num_batches_sampled",
+    }  # fmt: skip
+    assert summary["chunk_get_mean_ms"] == pytest.approx(2.0)
+    assert summary["chunk_get_max_ms"] == pytest.approx(3.0)
+    assert summary["chunk_get_min_ms"] == pytest.approx(1.0)
+    assert summary["batch_backward_mean_ms"] == pytest.approx(20.0)
+    assert summary["num_chunks"] == 2 and summary["num_batches_sampled"] == 1
+    stats.print_summary()
+    assert "chunk_get_mean_ms" in capsys.readouterr().out
