@@ -57,7 +57,7 @@ def test_random_loader_streams_the_store(flyvis_store):
         for chunk_data, chunk_stim in chunks:
             assert chunk_data.shape == (200, N) and chunk_stim.shape == (200, STIM)
             # Find the window from the data itself: it must be a real window of the store.
-            start = int(np.flatnonzero((data[:, 0, 0] == chunk_data[0, 0].item()))[0])
+            start = int(np.flatnonzero(data[:, 0, 0] == chunk_data[0, 0].item())[0])
             np.testing.assert_array_equal(chunk_data.numpy(), data[start : start + 200, :, 0])
             np.testing.assert_array_equal(chunk_stim.numpy(), data[start : start + 200, :STIM, 1])
         assert loader.get_next_chunk() == (None, None)
