@@ -78,3 +78,77 @@ def make_arrays(timesteps: int = 2000, neurons: int = 8, seed: int = 0) -> dict[
         "voltage": rng.standard_normal((timesteps, neurons), dtype=np.float32),
         "stimulus": rng.standard_normal((timesteps, 3), dtype=np.float32),
     }
+
+
+# -- wrappers around real sources (additive: used by test_faults / test_integrity / test_soak) --
+
+
+def chunkstream_threads() -> list[threading.Thread]:
+    """Live threads the library started (loader stages and zarr decode pools)."""
+    return [t for t in threading.enumerate() if t.name.startswith("chunkstream-")]
+
+
+def wait_for_no_threads(timeout: float = 5.0) -> list[threading.Thread]:
+    """Wait up to ``timeout`` s for every ``chunkstream-*`` thread to end; return the survivors."""
+    deadline = time.monotonic() + timeout
+    while chunkstream_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return chunkstream_threads()
+
+
+class Wrapped:
+    """A real source whose ``read_into`` can be made to fail, fail transiently or hang.
+
+    ``fail_windows``: starts whose every read raises ``error`` (default ``OSError`` that is
+    not transient: ``PermissionError``). ``transient``: a callable ``(start, attempt) -> bool``
+    saying whether that attempt raises a transient ``ConnectionError`` *after* scribbling
+    garbage into ``out`` (so a retry must overwrite it). ``hang_windows``: starts whose read
+    blocks until ``release`` is set (ignoring cancellation, like a stuck network call).
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        fail_windows: set[int] | None = None,
+        error: BaseException | None = None,
+        transient=None,
+        hang_windows: set[int] | None = None,
+    ) -> None:
+        self.source = source
+        self.fields = source.fields
+        self.fail_windows = fail_windows or set()
+        self.error = error
+        self.transient = transient
+        self.hang_windows = hang_windows or set()
+        self.release = threading.Event()
+        self.attempts: dict[int, int] = {}
+        self.injected = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read_into(self, start: int, stop: int, out) -> None:
+        with self._lock:
+            attempt = self.attempts.get(start, 0)
+            self.attempts[start] = attempt + 1
+        if start in self.hang_windows:
+            while not self.release.wait(0.05):
+                pass
+        if start in self.fail_windows:
+            raise (
+                self.error
+                if self.error is not None
+                else PermissionError(f"injected failure reading [{start}, {stop})")
+            )
+        if self.transient is not None and self.transient(start, attempt):
+            for array in out.values():
+                array[: stop - start] = 0x5A if array.dtype.kind in "iub" else np.nan
+            with self._lock:
+                self.injected += 1
+            raise ConnectionError(f"injected transient failure at {start}, attempt {attempt}")
+        self.source.read_into(start, stop, out)
+
+    def close(self) -> None:
+        self.source.close()
