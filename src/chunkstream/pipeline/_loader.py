@@ -42,6 +42,8 @@ from .._errors import (
     LoaderStalledError,
     NonFiniteError,
 )
+from ..distributed import EpochShare, Uneven, epoch_share
+from ..distributed import resolve_rank as _resolve_rank
 from ..plans import WindowPlan, make_plan
 from ..sources._base import Source, window_nbytes
 from ..stats._latency import ChunkRecord, LatencyStats
@@ -372,6 +374,11 @@ class ChunkLoader:
         self._lock = threading.Lock()
         self._epoch = 0  # the epoch the next epoch() call runs
         self._resume_step = 0  # chunks of that epoch already received before a resume
+        # Global windows (across ranks) of that epoch delivered before a resume, and the
+        # epoch's global length; ``None``: no resume pending, or one saved by an old state.
+        self._resume_global: tuple[int, int] | None = None
+        self._uneven: Uneven = "exact"
+        self._share: EpochShare | None = None
         self._active: _EpochIterator | None = None
 
     # -- epochs ------------------------------------------------------------------------
@@ -382,6 +389,13 @@ class ChunkLoader:
         Reading starts at once. Breaking out early is fine: the next ``epoch()``
         call abandons what is left. ``num_chunks=None`` means one pass of the
         plan (``shuffled``/``sequential``); ``random`` needs a number.
+
+        After :meth:`load_state_dict` of a mid-epoch state the call yields what
+        is left of the interrupted epoch, whose length comes from the state
+        (``num_chunks`` is then only checked). If the state came from another
+        world size, the remaining global windows are re-split over this one
+        (:func:`chunkstream.distributed.epoch_share`): counts then differ by at
+        most one across ranks unless ``uneven`` asked for padding or dropping.
         """
         self._check_open()
         if num_chunks is None:
@@ -404,18 +418,29 @@ class ChunkLoader:
         with self._lock:
             if self._active is not None:
                 self._active.abandon()
-            epoch, first = self._epoch, self._resume_step
-            first = min(first, num_chunks)
-            self._resume_step = 0
+            epoch, world = self._epoch, self.world_size
+            if self._resume_global is not None and self._resume_global[0] > 0:
+                consumed, total = self._resume_global
+            else:  # a fresh epoch, or a state without global counts (same world size)
+                consumed = min(self._resume_step, num_chunks) * world
+                total = num_chunks * world
+            self._resume_step, self._resume_global = 0, None
             self._epoch += 1
-            windows = [
-                self.plan.window(epoch, step * self.world_size + self.rank)
-                for step in range(first, num_chunks)
-            ]
+            share = epoch_share(
+                epoch=epoch,
+                consumed=consumed,
+                total=total,
+                rank=self.rank,
+                world_size=world,
+                uneven=self._uneven,
+            )
+            windows = [self.plan.window(epoch, index) for index in share.indices]
             self._windows[:] = windows
             for stage in self._stages:
                 stage.reset(len(windows))
-            iterator = _EpochIterator(self, epoch, first, num_chunks)
+            first = share.first_step
+            iterator = _EpochIterator(self, epoch, first, first + len(windows))
+            self._share = share
             self._active = iterator
         self.stats.epoch_started()
         return iterator
@@ -502,35 +527,71 @@ class ChunkLoader:
     # -- resume ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, int]:
-        """A few integers: the epoch and how many of its chunks the consumer received."""
+        """A few integers: the epoch and how many of its chunks the consumer received.
+
+        ``step`` and ``num_chunks`` count this rank's chunks; ``consumed`` and
+        ``total`` count the epoch's global windows (across ranks) delivered and
+        in all, assuming every rank received as many as this one (save it from
+        any one rank of a DDP loop, which keeps ranks in lockstep). The global
+        counts are what lets a run resume with another world size.
+        """
+        seed = int(getattr(self.plan, "seed", 0))
         with self._lock:
-            active = self._active
-            if active is not None and not active.finished:
+            active, share = self._active, self._share
+            if active is not None and not active.finished and share is not None:
                 return {
                     "epoch": active.epoch,
                     "step": active.received,
                     "num_chunks": active.num_chunks,
-                    "seed": int(getattr(self.plan, "seed", 0)),
+                    "seed": seed,
                     "world_size": self.world_size,
+                    "consumed": share.consumed_after(active.received - active.first),
+                    "total": share.total,
                 }
+            consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
             return {
                 "epoch": self._epoch,
                 "step": self._resume_step,
                 "num_chunks": 0,
-                "seed": int(getattr(self.plan, "seed", 0)),
+                "seed": seed,
                 "world_size": self.world_size,
+                "consumed": consumed,
+                "total": total,
             }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows."""
+    def load_state_dict(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
+        """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows.
+
+        The state may come from another world size (elastic resume): the
+        remaining global windows are re-split over this loader's ranks with no
+        repeat and no omission. ``uneven`` says what to do when they do not
+        split evenly: ``"exact"`` (counts differ by at most one), ``"pad"`` or
+        ``"drop"``; see :mod:`chunkstream.distributed`.
+        """
         try:
             epoch, step = int(state["epoch"]), int(state["step"])
-        except (KeyError, TypeError, ValueError) as exc:
+            saved_world = int(state.get("world_size", self.world_size))
+            consumed = int(state.get("consumed", step * saved_world))
+            total = int(state.get("total", int(state.get("num_chunks", 0)) * saved_world))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError.bad(
                 "state", state, "a dict from ChunkLoader.state_dict() with 'epoch' and 'step'"
             ) from exc
-        if epoch < 0 or step < 0:
+        if epoch < 0 or step < 0 or saved_world < 1 or consumed < 0:
             raise ConfigError.bad("state", state, "non-negative 'epoch' and 'step'")
+        if consumed and consumed > total:
+            raise ConfigError.bad("state", state, f"'consumed'={consumed} at most 'total'={total}")
+        if saved_world != self.world_size and consumed and not total:
+            raise ConfigError.bad(
+                "state",
+                state,
+                "'total' or 'num_chunks' to re-split the epoch over another world size",
+                "Save the state with ChunkLoader.state_dict() during the epoch.",
+            )
+        if uneven not in ("exact", "pad", "drop"):
+            raise ConfigError.bad(
+                "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
+            )
         seed = state.get("seed")
         if seed is not None and seed != getattr(self.plan, "seed", seed):
             warnings.warn(
@@ -543,6 +604,8 @@ class ChunkLoader:
                 self._active.abandon()
                 self._active = None
             self._epoch, self._resume_step = epoch, step
+            self._resume_global = (consumed, total) if total else None
+            self._uneven = uneven
 
     # -- shutdown ----------------------------------------------------------------------
 
@@ -647,18 +710,3 @@ class _EpochIterator:
 
     def __len__(self) -> int:
         return self.num_chunks - self.first
-
-
-def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError.bad("world_size", world_size, "an integer >= 1")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ConfigError.bad("rank", rank, f"an integer in [0, world_size={world_size})")
-    return rank, world_size
