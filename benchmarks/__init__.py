@@ -1,0 +1,1 @@
+"""chunkstream benchmarks: ``python -m benchmarks.run --quick`` (see BENCHMARKS.md)."""

@@ -1,0 +1,225 @@
+"""The benchmark runner: every figure of BENCHMARKS.md, measured in one run.
+
+    python -m benchmarks.run --quick          # a few minutes
+    python -m benchmarks.run                  # the full run (<= 30 min on 2 cores)
+    python -m benchmarks.run --device cuda    # the GPU mode (benchmarks/gpu.sh)
+
+Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
+results file present. Stores are written once by ``synth`` under
+``benchmarks/_data/`` (git-ignored) and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import _measure as m
+from . import _overlap
+from ._report import RESULTS_DIR, targets, write_markdown
+from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
+
+__all__ = ["Reps", "machine", "main", "run_cpu"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reps:
+    """How much of each measurement a mode runs."""
+
+    ceiling_windows: int
+    chunks: int  # per delivered-rate run
+    runs: int
+    job_chunks: int
+    dl_batches: int
+    overlap_chunks: int
+    abandon: int
+    rss_epochs: int = 200
+    dl_workers: tuple[int, ...] = (0, 2)
+    job_stores: tuple[str, ...] = (
+        "percol-blosc",
+        "percol-raw",
+        "interleaved-blosc",
+        "interleaved-raw",
+    )
+
+    @staticmethod
+    def quick() -> Reps:
+        return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
+                    overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"))  # fmt: skip
+
+    @staticmethod
+    def full() -> Reps:
+        return Reps(ceiling_windows=15, chunks=10, runs=5, job_chunks=4, dl_batches=5,
+                    overlap_chunks=16, abandon=30)  # fmt: skip
+
+    @staticmethod
+    def smoke() -> Reps:
+        return Reps(ceiling_windows=2, chunks=3, runs=1, job_chunks=1, dl_batches=1,
+                    overlap_chunks=3, abandon=2, rss_epochs=22, dl_workers=(0,),
+                    job_stores=("percol-blosc",))  # fmt: skip
+
+
+def machine() -> dict:
+    import numcodecs
+    import numpy
+    import psutil
+    import torch
+    import zarr
+
+    import chunkstream
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import tensorstore
+
+        ts_version = getattr(tensorstore, "__version__", None) or _dist_version("tensorstore")
+    except ImportError:
+        ts_version = None
+    disk = subprocess.run(["df", "-h", str(DATA_DIR.parent)], capture_output=True, text=True).stdout
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=DATA_DIR.parent).stdout.strip()  # fmt: skip
+    except OSError:
+        commit = ""
+    return {
+        "cpu": cpu,
+        "cores": m.cores(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "disk": disk.strip().splitlines()[-1] if disk else "",
+        "load_1min_before": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "versions": {
+            "chunkstream": chunkstream.__version__,
+            "torch": torch.__version__,
+            "zarr": zarr.__version__,
+            "numcodecs": numcodecs.__version__,
+            "numpy": numpy.__version__,
+            "tensorstore": ts_version,
+        },
+        "commit": commit,
+    }
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_cpu(geo: Geometry, reps: Reps, *, data_dir: Path = DATA_DIR) -> dict:
+    """Every CPU measurement on the four stores; returns the results dict."""
+    cores = m.cores()
+    res: dict = {"geometry": asdict(geo), "reps": asdict(reps), "stores": {}}
+    specs = store_specs(geo, data_dir)
+    for spec in specs:
+        _log(f"store {spec.name}: writing or reusing {spec.path.name}")
+        res["stores"][spec.name] = {"store": make_store(spec, geo) | {"codec": spec.codec}}
+    for spec in specs:
+        r = res["stores"][spec.name]
+        r["warm_s"] = warm(spec)
+        _log(f"{spec.name}: ceilings")
+        r["ceilings"] = m.ceilings(spec, geo, reps.ceiling_windows, cores)
+        _log(f"{spec.name}: chunkstream, workers 1..{cores}")
+        r["chunkstream"] = m.chunkstream_rates(
+            spec, geo, workers=list(range(1, cores + 1)), chunks=reps.chunks, runs=reps.runs
+        )
+        _log(f"{spec.name}: the original approach")
+        r["original"] = m.original_rates(spec, geo, chunks=reps.chunks, runs=reps.runs)
+        if spec.name in reps.job_stores:
+            _log(f"{spec.name}: the whole job")
+            r["whole_job"] = m.whole_job(spec, geo, chunks=reps.job_chunks, runs=reps.runs)
+            _log(f"{spec.name}: torch DataLoader peers")
+            r["dataloader"] = m.dataloader_rates(
+                spec, geo, batches=reps.dl_batches, workers=reps.dl_workers
+            )
+    spec = next(s for s in specs if s.name == "percol-blosc")
+    warm(spec)
+    _log("overlap, stall, abandon, RSS (percol-blosc)")
+    res["overlap"] = run_overlap(spec, geo, reps)
+    return res
+
+
+def run_overlap(spec, geo: Geometry, reps: Reps) -> dict:
+    import chunkstream as cs
+
+    out: dict = {}
+    src = m.open_source(spec, geo)
+    with cs.ChunkLoader(src, geo.chunk_size, device="cpu", sampling="random", seed=5) as loader:
+        _overlap.read_interval(loader, 3)  # warm
+        base = _overlap.read_interval(loader, reps.overlap_chunks)
+        out["read"] = base
+        read_s = base["interval_s"]
+        for factor in (1.0, 0.5, 1.25):
+            out[f"train_{factor}x"] = _overlap.epoch_with_sleep(
+                loader, reps.overlap_chunks, factor * read_s, base["first_s"], read_s
+            )
+        out["abandon"] = _overlap.abandon_cost(loader, reps.abandon)
+        out["rss"] = _overlap.rss_over_epochs(loader, reps.rss_epochs)
+    src.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few minutes instead of the full run")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: the GPU mode")
+    p.add_argument(
+        "--tiny", action="store_true", help="a few-MB store (a smoke run, figures meaningless)"
+    )
+    p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
+    args = p.parse_args(argv)
+    mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
+    geo = Geometry.tiny() if args.tiny else Geometry.full()
+    info = machine()
+    begin = time.perf_counter()
+    if args.device == "cuda":
+        from ._gpu import run_gpu
+
+        results = run_gpu(geo, quick=args.quick)
+    else:
+        reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
+        results = run_cpu(geo, reps)
+    results["machine"] = info
+    results["mode"] = mode
+    results["command"] = "python -m benchmarks.run " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    results["seconds"] = time.perf_counter() - begin
+    results["load_1min_after"] = os.getloadavg()[0]
+    results["targets"] = targets(results)
+    name = f"{mode}-tiny" if args.tiny else mode
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    _log(f"wrote {path}")
+    for t in results["targets"]:
+        _log(f"{'MET ' if t['met'] else 'MISS'} {t['what']}: {t['figure']} (target {t['target']})")
+    if not args.no_markdown and not args.tiny:
+        write_markdown()
+        _log("updated BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""A tiny run of every benchmark function, so CI catches a broken runner (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _report, run
+from benchmarks._stores import Geometry
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    data = tmp_path_factory.mktemp("bench-data")
+    res = run.run_cpu(Geometry.tiny(), run.Reps.smoke(), data_dir=data)
+    res.update(mode="quick", machine=run.machine(), command="python -m benchmarks.run --tiny",
+               seconds=1.0, load_1min_after=0.0)  # fmt: skip
+    res["targets"] = _report.targets(res)
+    return json.loads(json.dumps(res, default=str))  # what the runner writes must be JSON
+
+
+def test_every_store_has_every_figure(results: dict) -> None:
+    assert set(results["stores"]) == {"percol-blosc", "percol-raw", "interleaved-blosc",
+                                      "interleaved-raw"}  # fmt: skip
+    for name, r in results["stores"].items():
+        c = r["ceilings"]
+        assert c["memcpy"] and c["thread_pool_reader"]
+        assert c["thread_pool_reader_matches"], f"{name}: the ceiling reader read other data"
+        assert ("page_cache_read" in c) == name.endswith("raw")
+        assert r["chunkstream"]["fast_path"] is True
+        for key in ("w1", "w2", "default"):
+            if key == "w2" and run.m.cores() < 2:
+                continue
+            assert all(v > 0 for v in r["chunkstream"][key])
+        assert all(v > 0 for v in r["original"])
+    job = results["stores"]["percol-blosc"]
+    assert job["whole_job"]["chunkstream"][0] > 0 and job["whole_job"]["original"][0] > 0
+    assert job["dataloader"]["zarr-w0"]["windows"] == 256
+    assert job["dataloader"]["tensorstore-w0"]["windows"] == 256
+
+
+def test_overlap_figures(results: dict) -> None:
+    ov = results["overlap"]
+    for f in ("1.0", "0.5", "1.25"):
+        o = ov[f"train_{f}x"]
+        assert o["elapsed_s"] > 0 and o["bound_s"] > 0
+    assert len(ov["abandon"]["call_s"]) == 2
+    assert len(ov["rss"]["rss_bytes"]) == 22
+
+
+def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
+    whats = [t["what"] for t in results["targets"]]
+    assert any("thread-pool reader" in w for w in whats)
+    assert any("page-cache" in w for w in whats)
+    assert any("whole job" in w for w in whats)
+    assert all(isinstance(t["met"], bool) for t in results["targets"])
+    (tmp_path / "quick.json").write_text(json.dumps(results))
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text(
+        "# Benchmarks\n\nintro\n\n<!-- results:begin -->\nold\n<!-- results:end -->\ntail\n"
+    )
+    _report.write_markdown(tmp_path, md)
+    text = md.read_text()
+    assert "intro" in text and "tail" in text and "old" not in text
+    assert "### quick run" in text and "Not run: no NVIDIA GPU" in text
