@@ -7,7 +7,7 @@ pinned slots, the transfer stream, :class:`ChunkLoader`) -> ``consumer``
 ``tools`` hold the command line.
 """
 
-from . import flyvis, plans
+from . import compat, flyvis, plans
 from ._errors import (
     ChunkLoadError,
     ChunkstreamError,
@@ -24,6 +24,13 @@ from ._errors import (
     ReadAmplificationWarning,
     SourceError,
     SourceNotFoundError,
+)
+from .consumer import (
+    WindowSampler,
+    gather_windows,
+    neighbour_union,
+    sample_windows,
+    zero_neurons_with_neighbours,
 )
 from .pipeline import Chunk, ChunkLoader, LoaderConfig
 from .plans import (
@@ -43,11 +50,12 @@ from .sources import (
     TensorStoreSource,
     ZarrSource,
 )
-from .stats._latency import LatencyStats
+from .stats import BatchTimer, LatencyStats, plot_timeline
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchTimer",
     "CallableSource",
     "Chunk",
     "ChunkLoadError",
@@ -77,10 +85,17 @@ __all__ = [
     "SourceNotFoundError",
     "TensorStoreSource",
     "WindowPlan",
+    "WindowSampler",
     "ZarrSource",
     "__version__",
+    "compat",
     "flyvis",
+    "gather_windows",
     "make_plan",
+    "neighbour_union",
     "plan_epoch",
     "plans",
+    "plot_timeline",
+    "sample_windows",
+    "zero_neurons_with_neighbours",
 ]

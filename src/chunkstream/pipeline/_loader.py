@@ -688,21 +688,20 @@ class _EpochIterator:
 
     def __next__(self) -> Chunk:
         if self._abandoned or self.finished:
+            # The epoch's clock stops here, not at the last chunk's hand-out, so the
+            # training on that chunk counts (epoch_ended is idempotent).
+            self._loader.stats.epoch_ended()
             raise StopIteration
         try:
             chunk = self._loader._next_chunk(self)
         except (EndOfJobs, StageClosed):
-            self._end()
+            self.finished = True
+            self._loader.stats.epoch_ended()
             raise StopIteration from None
         self.received += 1
         if self.received >= self.num_chunks:
-            self._end()
+            self.finished = True  # state_dict() now points at the next epoch
         return chunk
-
-    def _end(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._loader.stats.epoch_ended()
 
     def abandon(self) -> None:
         self._abandoned = True

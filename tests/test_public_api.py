@@ -1,0 +1,43 @@
+"""The public surface is exactly this list; changing it is a decision, not an accident."""
+
+import chunkstream as cs
+
+PUBLIC = [
+    "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkstreamError",
+    "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
+    "FieldSelectionError", "FieldSpec", "LatencyStats", "LoaderClosedError", "LoaderConfig",
+    "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
+    "RandomPlan", "ReadAmplificationWarning", "SequentialPlan", "ShuffledPlan", "Source",
+    "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",
+    "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
+    "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",
+    "zero_neurons_with_neighbours",
+]  # fmt: skip
+
+
+def test_all_is_pinned_and_sorted():
+    assert cs.__all__ == sorted(cs.__all__)
+    assert sorted(PUBLIC) == cs.__all__
+    for name in cs.__all__:
+        assert getattr(cs, name) is not None
+
+
+def test_errors_inherit_the_builtins_callers_catch():
+    assert issubclass(cs.ConfigError, ValueError)
+    assert issubclass(cs.SourceNotFoundError, FileNotFoundError)
+    assert issubclass(cs.FieldSelectionError, IndexError)
+    assert issubclass(cs.FieldDtypeError, TypeError)
+    assert issubclass(cs.MissingChunkError, FileNotFoundError)
+    assert issubclass(cs.LoaderStalledError, cs.ChunkLoadError)
+    assert issubclass(cs.LoaderStalledError, TimeoutError)
+    for name in cs.__all__:
+        obj = getattr(cs, name)
+        if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
+            assert obj is cs.ChunkstreamError or issubclass(obj, cs.ChunkstreamError), name
+
+
+def test_every_public_object_has_a_docstring():
+    for name in cs.__all__:
+        obj = getattr(cs, name)
+        if callable(obj) or isinstance(obj, type):
+            assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
