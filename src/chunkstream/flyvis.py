@@ -181,6 +181,8 @@ def write_array(
     arr = zarr.create_array(
         str(path), shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=zarr_format,
         compressors=_compressors(codec, zarr_format), overwrite=True,
+        # every chunk on disk, so an absent one means lost data (ZarrSource refuses it)
+        config={"write_empty_chunks": True},
     )  # fmt: skip
     arr[...] = data
     return arr

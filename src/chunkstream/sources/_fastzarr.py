@@ -247,6 +247,13 @@ class FastChunkReader:
                     f"is {len(raw)} bytes decoding to {nbytes}; header says {cbytes} "
                     f"bytes decoding to {expected}",
                 )
+        else:
+            # gzip and zstd decode a frame of the wrong size into ``out`` without error,
+            # leaving stale bytes behind it (an empty gzip file decodes to nothing): check
+            # the size their frames declare.
+            declared = _declared_size(self._codec, raw)
+            if declared is not None and declared != expected:
+                raise self._corrupt(path, f"decodes to {declared} bytes, expected {expected}")
         try:
             self._codec.decode(raw, out=target)
         except Exception as exc:  # codecs raise assorted types (RuntimeError, EOFError, ...)
@@ -258,3 +265,25 @@ class FastChunkReader:
             f"zarr chunk file {path} {what}: it is truncated or corrupt. Rewrite the array "
             "(or restore that chunk file) and retry."
         )
+
+
+def _declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:
+    """The decoded size a gzip or zstd frame declares (``-1``: no valid frame); else ``None``."""
+    if isinstance(codec, numcodecs.GZip):
+        # RFC 1952: the last 4 bytes are the input size mod 2**32 (chunks are far smaller)
+        return struct.unpack("<I", bytes(raw[-4:]))[0] if len(raw) >= 18 else -1
+    if isinstance(codec, numcodecs.Zstd):
+        # RFC 8878 frame header: magic, descriptor, [window], [dictionary id], [content size]
+        if len(raw) < 6 or bytes(raw[:4]) != b"\x28\xb5\x2f\xfd":
+            return -1
+        descriptor = raw[4]
+        single, fcs_flag, did_flag = descriptor >> 5 & 1, descriptor >> 6, descriptor & 3
+        at = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+        width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        if width == 0:
+            return None  # size not recorded: the decoder alone decides
+        if len(raw) < at + width:
+            return -1
+        size = int.from_bytes(bytes(raw[at : at + width]), "little")
+        return size + 256 if width == 2 else size
+    return None

@@ -23,6 +23,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from gzip import BadGzipFile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,7 +86,14 @@ def open_zarr_array(
                 f"path {str(local)!r} is not a zarr store: it has no zarr.json, .zarray or "
                 ".zgroup. Point at the .zarr folder itself, or convert the data to zarr."
             )
-        node = zarr.open(local, mode="r")
+        try:
+            node = zarr.open(local, mode="r")
+        except (ValueError, KeyError, TypeError) as exc:  # unreadable or incomplete metadata
+            raise NotZarrError(
+                f"the zarr metadata of {str(local)!r} is unreadable "
+                f"({type(exc).__name__}: {exc}): zarr.json, .zarray or .zgroup is corrupt or "
+                "incomplete. Restore the metadata file or rewrite the array."
+            ) from exc
     if array is not None:
         if not isinstance(node, zarr.Group):
             raise ConfigError.bad("array", array, f"None, since {text!r} is an array, not a group")
@@ -160,12 +168,16 @@ class ZarrSource:
             mode = "open" if local is not None else False
         if mode == "open":
             self._check_all_chunks(local)
-        self._check_each_read = mode is True
         self._pool: ThreadPoolExecutor | None = None
         self._fast: FastChunkReader | None = None
         decoder = fast_decoder(arr) if _fast is not False else None
         if _fast and decoder is None:
             raise ConfigError.bad("_fast", True, "False: this array does not suit the fast path")
+        # A local chunk deleted after open reads as the fill value on the general path
+        # (the fast path raises itself); a local existence check per read is cheap.
+        self._check_each_read = mode is True or (
+            mode == "open" and decoder is None and local is not None
+        )
         if decoder is not None:
             self._pool = decode_pool(read_threads)
             self._fast = FastChunkReader(
@@ -208,7 +220,7 @@ class ZarrSource:
                     self.array.get_basic_selection(
                         sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
                     )
-                except (ValueError, RuntimeError, EOFError) as exc:  # what codecs raise
+                except (ValueError, RuntimeError, EOFError, BadGzipFile) as exc:  # codecs' errors
                     raise CorruptChunkError(
                         f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
                         f"[{start}, {stop}) does not decode ({type(exc).__name__}: {exc}): "
@@ -259,7 +271,9 @@ class ZarrSource:
         return MissingChunkError(
             f"zarr chunk {key!r} of field {name!r} is missing from {where}. zarr would read "
             "it as the fill value and train on it silently. Rewrite the array (or that "
-            "chunk); pass check_missing=False only if absent chunks are meant to be fill values."
+            "chunk) with write_empty_chunks=True (zarr's default skips chunks equal to the "
+            "fill value); pass check_missing=False only if absent chunks are meant to be "
+            "fill values."
         )
 
     def _check_all_chunks(self, local: Path | None) -> None:
@@ -271,10 +285,11 @@ class ZarrSource:
                     raise self._missing_error(name, key, f"{self.path!r}")
 
     def _list_remote(self) -> set[str]:
-        from zarr.core.sync import collect_aiterator, sync
+        from zarr.core.sync import collect_aiterator
 
         prefix = self.array.store_path.path
-        keys = sync(collect_aiterator(self.array.store.list_prefix(prefix)))
+        # collect_aiterator runs the listing on zarr's loop itself (wrapping it in sync() failed)
+        keys = collect_aiterator(self.array.store.list_prefix(prefix))
         cut = len(prefix) + 1 if prefix else 0
         return {k[cut:] for k in keys}
 
