@@ -1,0 +1,306 @@
+"""Bad input: every row of docs/parameters.md is refused with a clear, typed error.
+
+Each case asserts the ``ChunkstreamError`` subclass, the built-in it also inherits, that the
+message names the parameter and the value and says what to do, and that no
+``chunkstream-*`` thread is running after the refusal.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import chunkstream as cs
+from chunkstream import flyvis
+from chunkstream.sources._base import FieldSpec
+from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
+from tests.stores import chunk_files, make_array, make_flyvis, random_data
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
+
+
+def _src():
+    return ArraySource(make_arrays(500))
+
+
+def _loader(**kwargs):
+    chunk_size = kwargs.pop("chunk_size", 50)
+    return cs.ChunkLoader(_src(), chunk_size, device="cpu", **kwargs)
+
+
+def _zarr(tmp: Path, **kwargs) -> Path:
+    path = tmp / "x.zarr"
+    make_array(path, random_data((200, 6)), (50, 6), **kwargs)
+    return path
+
+
+def _epoch(num_chunks, sampling="shuffled"):
+    with _loader(sampling=sampling) as loader:
+        loader.epoch(num_chunks)
+
+
+def _state(state):
+    with _loader() as loader:
+        loader.load_state_dict(state)
+
+
+def _bad_metadata(tmp: Path, fmt: int):
+    path = _zarr(tmp, zarr_format=fmt)
+    (path / ("zarr.json" if fmt == 3 else ".zarray")).write_text('{"zarr_format": ')
+    cs.ZarrSource(path)
+
+
+def _wrong_metadata(tmp: Path):
+    path = _zarr(tmp, zarr_format=2)
+    (path / ".zarray").write_text('{"zarr_format": 2, "shape": [200, 6]}')  # no dtype, chunks
+    cs.ZarrSource(path)
+
+
+def _group_member(tmp: Path):
+    group = zarr.open_group(tmp / "g.zarr", mode="w")
+    group.create_array("a", shape=(10, 2), dtype="f4")
+    cs.ZarrSource(tmp / "g.zarr", array="nope")
+
+
+def _uint32(tmp: Path):
+    path = tmp / "u.zarr"
+    zarr.create_array(path, shape=(20, 2), chunks=(10, 2), dtype="uint32")[...] = 1
+    cs.ZarrSource(path)
+
+
+def _missing_chunk(tmp: Path):
+    path = _zarr(tmp)
+    chunk_files(path)[2].unlink()
+    cs.ZarrSource(path)
+
+
+def _truncated_chunk(tmp: Path):
+    path = _zarr(tmp, codec="zstd")
+    victim = chunk_files(path)[1]
+    victim.write_bytes(victim.read_bytes()[:5])
+    with cs.ZarrSource(path) as source:
+        source.read_into(50, 100, {"data": np.empty((50, 6), np.float32)})
+
+
+def _npy(tmp: Path, suffix: str, write: bool):
+    path = tmp / f"a{suffix}"
+    if write:
+        path.write_text("1 2 3")
+    cs.NumpySource({"a": path})
+
+
+def _tensorstore(tmp: Path, what: str):
+    pytest.importorskip("tensorstore")
+    if what == "missing":
+        cs.TensorStoreSource(tmp / "nope.zarr")
+    elif what == "not_zarr":
+        (tmp / "plain").mkdir()
+        cs.TensorStoreSource(tmp / "plain")
+    else:
+        cs.TensorStoreSource(_zarr(tmp), {"x": 9})
+
+
+def _flyvis(tmp: Path, **kwargs):
+    make_flyvis(tmp / "run", T=64, N=8, chunks=(32, 8, 1))
+    flyvis.open(tmp / "run", **kwargs)
+
+
+def _lengths(_tmp):
+    cs.NumpySource({"a": np.zeros((10, 2), np.float32), "b": np.zeros((9, 2), np.float32)})
+
+
+def _load(_start, stop):
+    return np.zeros((stop - _start, 2), np.float32), np.zeros((stop - _start, 1), np.float32)
+
+
+# (row id, call(tmp_path), error class, built-in, strings the message must hold)
+CASES = [
+    ("ChunkLoader.source", lambda t: cs.ChunkLoader([1, 2], 10, device="cpu"),
+     cs.ConfigError, ValueError, ["source=", "'list'", "NumpySource"]),
+    ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=0),
+     cs.ConfigError, ValueError, ["chunk_size=0", ">= 1", "Pass"]),
+    ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=2.5),
+     cs.ConfigError, ValueError, ["chunk_size=2.5", "integer"]),
+    ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=True),
+     cs.ConfigError, ValueError, ["chunk_size=True", "integer"]),
+    ("ChunkLoader.device", lambda t: cs.ChunkLoader(_src(), 50, device="tpu:0"),
+     cs.ConfigError, ValueError, ["device='tpu:0'", "'cpu'"]),
+    ("ChunkLoader.prefetch", lambda t: _loader(prefetch=0),
+     cs.ConfigError, ValueError, ["prefetch=0", "Use 1 or more"]),
+    ("ChunkLoader.gpu_prefetch", lambda t: _loader(gpu_prefetch=0),
+     cs.ConfigError, ValueError, ["gpu_prefetch=0", "Use 1 or more"]),
+    ("ChunkLoader.workers", lambda t: _loader(workers=0),
+     cs.ConfigError, ValueError, ["workers=0", "Use 1 or more"]),
+    ("ChunkLoader.host_slots", lambda t: _loader(host_slots=0),
+     cs.ConfigError, ValueError, ["host_slots=0", "leave it None"]),
+    ("ChunkLoader.host_memory", lambda t: _loader(host_memory=100),
+     cs.ConfigError, ValueError, ["host_memory=100", "Raise the budget"]),
+    ("ChunkLoader.device_memory", lambda t: _loader(device_memory=1),
+     cs.ConfigError, ValueError, ["device_memory=1", "Raise the budget"]),
+    ("ChunkLoader.sampling", lambda t: _loader(sampling="sorted"),
+     cs.ConfigError, ValueError, ["sampling='sorted'", "'shuffled'"]),
+    ("ChunkLoader.align", lambda t: _loader(align=0),
+     cs.ConfigError, ValueError, ["align=0", "align=1"]),
+    ("ChunkLoader.align", lambda t: _loader(align=500, sampling="random"),
+     cs.ConfigError, ValueError, ["align=500", "Lower align"]),
+    ("ChunkLoader.align", lambda t: _loader(align=3),
+     cs.ConfigError, ValueError, ["chunk_size=50", "align=3", "multiple of align"]),
+    ("ChunkLoader.seed", lambda t: _loader(seed=-1),
+     cs.ConfigError, ValueError, ["seed=-1", "non-negative"]),
+    ("ChunkLoader.rank", lambda t: _loader(rank=2, world_size=2),
+     cs.ConfigError, ValueError, ["rank=2", "[0, world_size=2)"]),
+    ("ChunkLoader.world_size", lambda t: _loader(rank=0, world_size=0),
+     cs.ConfigError, ValueError, ["world_size=0", ">= 1"]),
+    ("ChunkLoader.stall_timeout", lambda t: _loader(stall_timeout=0),
+     cs.ConfigError, ValueError, ["stall_timeout=0", "None to disable"]),
+    ("ChunkLoader.stall_timeout", lambda t: _loader(stall_timeout=-1),
+     cs.ConfigError, ValueError, ["stall_timeout=-1", "None to disable"]),
+    ("ChunkLoader.check_finite", lambda t: _loader(check_finite="no"),
+     cs.ConfigError, ValueError, ["check_finite='no'", "Pass a bool"]),
+    ("ChunkLoader.read_retries", lambda t: _loader(read_retries=-1),
+     cs.ConfigError, ValueError, ["read_retries=-1", "Use 0"]),
+    ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(-1),
+     cs.ConfigError, ValueError, ["num_chunks=-1", "plan_epoch"]),
+    ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(None, "random"),
+     cs.ConfigError, ValueError, ["num_chunks=None", "plan_epoch"]),
+    ("ChunkLoader.load_state_dict.state", lambda t: _state({}),
+     cs.ConfigError, ValueError, ["state={}", "state_dict()"]),
+    ("ChunkLoader.load_state_dict.state", lambda t: _state({"epoch": -1, "step": 0}),
+     cs.ConfigError, ValueError, ["state=", "'epoch': -1", "non-negative"]),
+    ("ZarrSource.path.missing", lambda t: cs.ZarrSource(t / "nope.zarr"),
+     cs.SourceNotFoundError, FileNotFoundError, ["path", "nope.zarr", "Check the path"]),
+    ("ZarrSource.path.not_zarr", lambda t: (t / "plain").mkdir() or cs.ZarrSource(t / "plain"),
+     cs.NotZarrError, ValueError, ["path", "plain", "Point at the .zarr folder"]),
+    ("ZarrSource.path.bad_metadata", lambda t: _bad_metadata(t, 3),
+     cs.NotZarrError, ValueError, ["x.zarr", "zarr.json", "Restore the metadata"]),
+    ("ZarrSource.path.bad_metadata", lambda t: _bad_metadata(t, 2),
+     cs.NotZarrError, ValueError, ["x.zarr", ".zarray", "Restore the metadata"]),
+    ("ZarrSource.path.bad_metadata", _wrong_metadata,
+     cs.NotZarrError, ValueError, ["x.zarr", "incomplete", "'dtype'", "rewrite the array"]),
+    ("ZarrSource.fields.range", lambda t: cs.ZarrSource(_zarr(t), {"x": 9}),
+     cs.FieldSelectionError, IndexError, ["field 'x'", "index 9", "Use an index in [0, 6)"]),
+    ("ZarrSource.fields.step", lambda t: cs.ZarrSource(_zarr(t), {"x": slice(0, 6, 2)}),
+     cs.FieldSelectionError, IndexError, ["field 'x'", "slice(0, 6, 2)", "only step 1"]),
+    ("ZarrSource.fields.empty", lambda t: cs.ZarrSource(_zarr(t), {}),
+     cs.ConfigError, ValueError, ["fields={}", "at least one field"]),
+    ("ZarrSource.array", _group_member,
+     cs.ConfigError, ValueError, ["array='nope'", "one of the arrays", "['a']"]),
+    ("ZarrSource.check_missing", lambda t: cs.ZarrSource(_zarr(t), check_missing="sometimes"),
+     cs.ConfigError, ValueError, ["check_missing='sometimes'", '"auto"']),
+    ("ZarrSource.read_threads", lambda t: cs.ZarrSource(_zarr(t), read_threads=0),
+     cs.ConfigError, ValueError, ["read_threads=0", "positive int"]),
+    ("ZarrSource.dtype", _uint32,
+     cs.FieldDtypeError, TypeError, ["dtype uint32", "u.zarr", "chunkstream convert"]),
+    ("ZarrSource.store.missing_chunk", _missing_chunk,
+     cs.MissingChunkError, FileNotFoundError, ["c/2/0", "x.zarr", "write_empty_chunks=True"]),
+    ("ZarrSource.store.truncated_chunk", _truncated_chunk,
+     cs.CorruptChunkError, ValueError, ["x.zarr/c/1/0", "truncated", "Rewrite the array"]),
+    ("NumpySource.arrays.empty", lambda t: cs.NumpySource({}),
+     cs.ConfigError, ValueError, ["arrays={}", "non-empty mapping"]),
+    ("NumpySource.arrays.type", lambda t: cs.NumpySource({"a": [1, 2]}),
+     cs.ConfigError, ValueError, ["arrays['a']", "'list'", "numpy array or .npy path"]),
+    ("NumpySource.arrays.missing", lambda t: _npy(t, ".npy", False),
+     cs.SourceNotFoundError, FileNotFoundError, ["field 'a'", "a.npy", "does not exist"]),
+    ("NumpySource.arrays.not_npy", lambda t: _npy(t, ".txt", True),
+     cs.NotZarrError, ValueError, ["field 'a'", "a.txt", "Pass a .npy path"]),
+    ("NumpySource.arrays.timesteps", lambda t: cs.NumpySource({"a": np.zeros((0, 3))}),
+     cs.ConfigError, ValueError, ["arrays['a'].shape=(0, 3)", "at least one timestep"]),
+    ("NumpySource.arrays.dtype", lambda t: cs.NumpySource({"a": np.empty((3, 2), object)}),
+     cs.FieldDtypeError, TypeError, ["field 'a'", "dtype object", "Convert"]),
+    ("NumpySource.arrays.lengths", _lengths,
+     cs.FieldLengthError, ValueError, ["a=10", "b=9", "Slice the longer arrays"]),
+    ("CallableSource.load_fn", lambda t: cs.CallableSource(3, 10),
+     cs.ConfigError, ValueError, ["load_fn=3", "callable"]),
+    ("CallableSource.total_timesteps", lambda t: cs.CallableSource(_load, 0),
+     cs.ConfigError, ValueError, ["total_timesteps=0", "positive int"]),
+    ("CallableSource.total_timesteps", lambda t: cs.CallableSource(_load, 2.5),
+     cs.ConfigError, ValueError, ["total_timesteps=2.5", "positive int"]),
+    ("CallableSource.names", lambda t: cs.CallableSource(_load, 10, names=()),
+     cs.ConfigError, ValueError, ["names=()", "non-empty sequence of distinct names"]),
+    ("CallableSource.names", lambda t: cs.CallableSource(_load, 10, names=("a", "a")),
+     cs.ConfigError, ValueError, ["names=('a', 'a')", "distinct"]),
+    ("CallableSource.specs",
+     lambda t: cs.CallableSource(_load, 10, specs={"x": FieldSpec((2,), np.dtype("f4"))}),
+     cs.ConfigError, ValueError, ["specs=['x']", "one spec per name", "'data', 'stim'"]),
+    ("TensorStoreSource.path.missing", lambda t: _tensorstore(t, "missing"),
+     cs.SourceNotFoundError, FileNotFoundError, ["path", "nope.zarr", "Check the path"]),
+    ("TensorStoreSource.path.not_zarr", lambda t: _tensorstore(t, "not_zarr"),
+     cs.NotZarrError, ValueError, ["plain", "not a zarr array", "Point at the array folder"]),
+    ("TensorStoreSource.fields", lambda t: _tensorstore(t, "fields"),
+     cs.FieldSelectionError, IndexError, ["field 'x'", "index 9", "Use an index in [0, 6)"]),
+    ("flyvis.open.path", lambda t: flyvis.open(t / "nope"),
+     cs.SourceNotFoundError, FileNotFoundError, ["nope", "timeseries.zarr", "Check the path"]),
+    ("flyvis.open.column", lambda t: _flyvis(t, column=0),
+     cs.ConfigError, ValueError, ["column=0", "metadata"]),
+    ("flyvis.open.stim_dims", lambda t: _flyvis(t, stim_dims=0),
+     cs.ConfigError, ValueError, ["stim_dims=0", "positive int or None"]),
+    ("plan_epoch.chunk_size", lambda t: cs.plan_epoch(1000, 0, 10),
+     cs.ConfigError, ValueError, ["chunk_size=0", "Pass a positive chunk_size"]),
+    ("plan_epoch.chunk_size", lambda t: cs.plan_epoch(1000, 5, 10),
+     cs.ConfigError, ValueError, ["chunk_size=5", "batch_size=10", "Raise chunk_size"]),
+    ("plan_epoch.batch_size", lambda t: cs.plan_epoch(1000, 100, 0),
+     cs.ConfigError, ValueError, ["batch_size=0", "Pass a positive batch_size"]),
+    ("plan_epoch.batch_size", lambda t: cs.plan_epoch(1000, 100, 1001),
+     cs.ConfigError, ValueError, ["batch_size=1001", "Lower batch_size"]),
+    ("plan_epoch.passes_per_epoch", lambda t: cs.plan_epoch(1000, 100, 10, 0),
+     cs.ConfigError, ValueError, ["passes_per_epoch=0", "Pass a positive passes_per_epoch"]),
+    ("plan_epoch.world_size", lambda t: cs.plan_epoch(1000, 100, 10, world_size=11),
+     cs.ConfigError, ValueError, ["world_size=11", "Lower world_size"]),
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_behind():
+    yield
+    assert wait_for_no_threads() == [], "a test left chunkstream threads running"
+
+
+@pytest.mark.parametrize(
+    ("row", "call", "error", "builtin", "says"),
+    CASES,
+    ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)],
+)
+def test_bad_input_is_refused_clearly(tmp_path, row, call, error, builtin, says):
+    before = {t.ident for t in chunkstream_threads()}
+    with pytest.raises(cs.ChunkstreamError) as info:
+        call(tmp_path)
+    assert type(info.value) is error, (type(info.value), str(info.value))
+    assert isinstance(info.value, builtin)
+    message = str(info.value)
+    for text in says:
+        assert text in message, f"{row}: {text!r} not in {message!r}"
+    # nothing keeps running after a refusal: no thread beyond those alive before the call
+    deadline = time.monotonic() + 2.0
+    while {t.ident for t in chunkstream_threads()} - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {t.ident for t in chunkstream_threads()} <= before, chunkstream_threads()
+
+
+def test_every_documented_row_has_a_case_and_every_case_a_row():
+    rows = set(re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE))
+    cases = {case[0] for case in CASES}
+    assert rows, "no rows found in docs/parameters.md"
+    assert rows - cases == set(), "documented rows without a test"
+    assert cases - rows == set(), "tested rows missing from the docs"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on CPU-only machines")
+def test_cuda_without_a_gpu_is_refused_with_the_fix():
+    before = len(chunkstream_threads())
+    with pytest.raises(cs.ConfigError, match="device='cuda'") as info:
+        cs.ChunkLoader(_src(), 50, device="cuda")
+    assert "Pass device='cpu'" in str(info.value)
+    assert len(chunkstream_threads()) == before
+
+
+def test_a_plain_file_is_not_a_zarr_store(tmp_path):
+    path = tmp_path / "data.zarr"
+    path.write_bytes(b"not zarr at all")
+    with pytest.raises(cs.NotZarrError, match=r"data\.zarr"):
+        cs.ZarrSource(path)
