@@ -71,6 +71,10 @@ class LoaderConfig:
                 "Use at least one pinned slot per reader worker (or leave it None).",
             )
         _positive_int("read_retries", self.read_retries, "Use 0 to fail on the first error.", 0)
+        if not isinstance(self.check_finite, bool):  # a string such as "no" would be truthy
+            raise ConfigError.bad(
+                "check_finite", self.check_finite, "True or False", "Pass a bool."
+            )
         for name in ("stall_timeout",):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or value <= 0):
