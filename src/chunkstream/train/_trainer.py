@@ -322,4 +322,5 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="chunk", leave=False)
+    # disable=None: a bar on a terminal, nothing when output goes to a log file.
+    return tqdm(total=total, desc=desc, unit="chunk", leave=False, disable=None)
