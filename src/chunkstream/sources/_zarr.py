@@ -71,7 +71,9 @@ def open_zarr_array(
     text = str(path)
     if is_url(text):
         try:
-            node = zarr.open(text, mode="r", storage_options=dict(storage_options or {}))
+            from ._remote import open_remote_store  # timeouts, retries, concurrency
+
+            node = zarr.open(open_remote_store(text, storage_options), mode="r")
         except FileNotFoundError as exc:
             raise SourceNotFoundError(
                 f"no zarr array or group at {text!r}. Check the URL and credentials "
