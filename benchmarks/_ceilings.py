@@ -30,7 +30,14 @@ import numcodecs
 import numpy as np
 import zarr
 
-__all__ = ["FieldDef", "PageCacheReader", "ThreadPoolReader", "flyvis_fields", "memcpy_gbps"]
+__all__ = [
+    "FieldDef",
+    "PageCacheReader",
+    "ThreadPoolReader",
+    "decode_scaling",
+    "flyvis_fields",
+    "memcpy_gbps",
+]
 
 
 @dataclass(frozen=True)
@@ -187,3 +194,33 @@ class PageCacheReader:
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+def decode_scaling(array_path: Path, threads: list[int], files: int = 16, repeats: int = 3) -> dict:
+    """GB/s of numcodecs decoding ``files`` chunk files held in memory, on k threads.
+
+    No chunkstream, no file system: this is how far the machine itself lets
+    decoding scale with threads, the physical limit of the scaling target."""
+    plan = _Plan(Path(array_path), [])
+    paths = sorted(p for p in Path(array_path).rglob("*") if p.is_file() and p.name != "zarr.json")
+    blobs = [p.read_bytes() for p in paths[:files]]
+    nbytes = int(np.prod(plan.chunks)) * 4
+    codec = plan.codec
+    out: dict = {}
+    for k in threads:
+        targets = [np.empty(nbytes, np.uint8) for _ in blobs]
+
+        def run(i: int, targets=targets) -> None:
+            if codec is None:
+                targets[i][:] = np.frombuffer(blobs[i], np.uint8)
+            else:
+                codec.decode(blobs[i], out=targets[i])
+
+        rates = []
+        with ThreadPoolExecutor(k) as pool:
+            for _ in range(repeats + 1):
+                begin = time.perf_counter()
+                list(pool.map(run, range(len(blobs))))
+                rates.append(len(blobs) * nbytes / (time.perf_counter() - begin) / 1e9)
+        out[f"t{k}"] = rates[1:]
+    return out

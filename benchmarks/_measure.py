@@ -20,7 +20,13 @@ import chunkstream as cs
 # the consumer helpers are not re-exported at the top level yet
 from chunkstream.consumer import gather_windows, sample_windows
 
-from ._ceilings import PageCacheReader, ThreadPoolReader, flyvis_fields, memcpy_gbps
+from ._ceilings import (
+    PageCacheReader,
+    ThreadPoolReader,
+    decode_scaling,
+    flyvis_fields,
+    memcpy_gbps,
+)
 from ._peers import OriginalLoader, WindowDataset, dataloader_rate, original_gather
 from ._stores import Geometry, StoreSpec
 
@@ -64,6 +70,8 @@ def ceilings(spec: StoreSpec, geo: Geometry, windows: int, cores: int) -> dict:
     fields = flyvis_fields(geo.neurons, geo.stim_dims)
     starts = window_starts(geo, windows + 1, seed=1)
     out: dict = {"memcpy": memcpy_gbps(nbytes, windows, cores)}
+    out["memcpy_1_thread"] = memcpy_gbps(nbytes, windows, 1)
+    out["decode_scaling"] = decode_scaling(spec.array_path, sorted({1, cores}))
     tp = ThreadPoolReader(spec.array_path, fields, geo.chunk_size, cores)
     try:
         rates = []

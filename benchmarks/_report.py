@@ -64,6 +64,13 @@ def targets(res: dict) -> list[dict]:
     ks = sorted(int(k[1:]) for k in rates if k.startswith("w"))
     parts = [f"k={k}: {_med(rates[f'w{k}']) / w1:.2f}x" for k in ks[1:]]
     ok = all(_med(rates[f"w{k}"]) >= 0.8 * k * w1 for k in ks[1:])
+    dec = pcb["ceilings"].get("decode_scaling", {})
+    if len(dec) > 1:  # the machine's own limit: bare numcodecs decoding on k threads
+        top = max(dec, key=lambda key: int(key[1:]))
+        parts.append(
+            f"(bare decode on this machine: {top[1:]} threads "
+            f"{_med(dec[top]) / _med(dec['t1']):.2f}x one)"
+        )
     out.append(
         _t(
             "scaling with workers (compressed per-column)",
@@ -208,6 +215,10 @@ def _section(res: dict) -> list[str]:
             lines.append(
                 _row("ceiling: page-cache read of the window", c["page_cache_read"], "GB/s")
             )
+        lines.append(_row("ceiling: memcpy, 1 thread", c["memcpy_1_thread"], "GB/s"))
+        for k, v in c.get("decode_scaling", {}).items():
+            label = f"bare numcodecs decode of chunks in memory, {k[1:]} threads (decoded bytes)"
+            lines.append(_row(label, v, "GB/s"))
         lines.append(
             _row(
                 "ceiling: thread-pool reader (mmap + decode, all cores)",

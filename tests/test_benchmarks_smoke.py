@@ -29,7 +29,8 @@ def test_every_store_has_every_figure(results: dict) -> None:
                                       "interleaved-raw"}  # fmt: skip
     for name, r in results["stores"].items():
         c = r["ceilings"]
-        assert c["memcpy"] and c["thread_pool_reader"]
+        assert c["memcpy"] and c["memcpy_1_thread"] and c["thread_pool_reader"]
+        assert c["decode_scaling"]["t1"]
         assert c["thread_pool_reader_matches"], f"{name}: the ceiling reader read other data"
         assert ("page_cache_read" in c) == name.endswith("raw")
         assert r["chunkstream"]["fast_path"] is True
