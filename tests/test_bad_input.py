@@ -165,6 +165,8 @@ CASES = [
      cs.ConfigError, ValueError, ["check_finite='no'", "Pass a bool"]),
     ("ChunkLoader.read_retries", lambda t: _loader(read_retries=-1),
      cs.ConfigError, ValueError, ["read_retries=-1", "Use 0"]),
+    ("ChunkLoader.stats", lambda t: _loader(stats={}),
+     cs.ConfigError, ValueError, ["stats='dict'", "cs.LatencyStats"]),
     ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(-1),
      cs.ConfigError, ValueError, ["num_chunks=-1", "plan_epoch"]),
     ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(None, "random"),

@@ -2,8 +2,8 @@
 
 Convention for the pages listed in ``EXECUTED``: every fenced ``python`` block is
 run, in page order, in one namespace (a page reads as one script), in a fresh
-directory in which the page's ``chunkstream synth ...`` command lines (from its
-``bash`` blocks) have been run first, so the blocks open the same small stores a
+directory in which the page's ``chunkstream synth|convert|inspect ...`` command
+lines (from its ``bash`` blocks, in order) have been run first, so the blocks open the same small stores a
 reader would make. A block that must not run uses another fence language
 (```text, ```console, ```bash). Blocks run with ``device`` resolving to the CPU
 here; sizes on the pages are small on purpose.
@@ -22,7 +22,9 @@ import chunkstream
 from chunkstream.cli import main as cli_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-EXECUTED = ("getting-started.md", "guide/migrate.md")
+EXECUTED = ("getting-started.md", "guide/migrate.md", "guide/data-layout.md")
+# The commands a page's bash blocks may run before its python blocks (fast, local).
+COMMANDS = ("synth", "convert", "inspect")
 _FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
 
@@ -36,13 +38,13 @@ def blocks(page: str, lang: str) -> list[tuple[int, str]]:
     ]
 
 
-def synth_commands(page: str) -> list[list[str]]:
-    """The ``chunkstream synth`` command lines of the page's bash blocks, as argv lists."""
+def cli_commands(page: str) -> list[list[str]]:
+    """The page's ``chunkstream <COMMANDS>`` lines in bash blocks, as argv lists (no prefix)."""
     commands = []
     for _, body in blocks(page, "bash"):
         for line in body.splitlines():
             words = shlex.split(line, comments=True)
-            if words[:2] == ["chunkstream", "synth"]:
+            if words[:1] == ["chunkstream"] and words[1:2] and words[1] in COMMANDS:
                 commands.append(words[1:])
     return commands
 
@@ -52,7 +54,7 @@ def test_page_examples_run(page, tmp_path, monkeypatch, capsys):
     code = blocks(page, "python")
     assert code, f"{page} has no python blocks"
     monkeypatch.chdir(tmp_path)
-    for argv in synth_commands(page):
+    for argv in cli_commands(page):
         assert cli_main(argv) == 0, f"{page}: chunkstream {shlex.join(argv)} failed"
     namespace: dict[str, object] = {"__name__": f"docs:{page}"}
     for line, body in code:
@@ -95,3 +97,35 @@ def test_public_object_has_a_docstring(qualname):
     # The API reference is generated from these; a public name without one is a gap.
     doc = inspect.getdoc(PUBLIC[qualname])
     assert doc and len(doc.split()) >= 3, f"{qualname} needs a docstring stating its contract"
+
+
+_TEST_REF = re.compile(r"`(?P<file>test_\w+\.py)?(?:::(?P<name>test_\w+\*?))?`")
+
+
+def test_referenced_tests_exist():
+    # The guarantees name the test behind each promise: a renamed or deleted test
+    # must not leave the docs pointing at nothing. ``::name`` alone refers to the
+    # file named last before it; ``name*`` is a prefix.
+    tests = Path(__file__).resolve().parent
+    missing = []
+    for page in sorted(DOCS.rglob("*.md")):
+        current = None
+        for m in _TEST_REF.finditer(page.read_text(encoding="utf-8")):
+            file, name = m.group("file"), m.group("name")
+            if file is None and name is None:
+                continue
+            current = file or current
+            if current is None or not (tests / current).is_file():
+                missing.append(f"{page.name}: {m.group(0)} (no such test file)")
+                continue
+            if name is None:
+                continue
+            defined = re.findall(r"^def (test_\w+)", (tests / current).read_text(), re.M)
+            ok = (
+                any(d.startswith(name[:-1]) for d in defined)
+                if name.endswith("*")
+                else name in defined
+            )
+            if not ok:
+                missing.append(f"{page.name}: {current}::{name}")
+    assert not missing, "docs name tests that do not exist:\n" + "\n".join(missing)

@@ -29,7 +29,9 @@ def test_device_chunks_equal_the_stored_bytes():
 
 def test_pinned_pool_is_fixed_and_device_memory_bounded():
     arrays = make_arrays(20000, neurons=512)
-    with cs.ChunkLoader(ArraySource(arrays), 2000, device="cuda", prefetch=2, gpu_prefetch=1, workers=2) as loader:
+    with cs.ChunkLoader(
+        ArraySource(arrays), 2000, device="cuda", prefetch=2, gpu_prefetch=1, workers=2
+    ) as loader:
         pool = loader._pool
         assert pool.nbytes == loader.config.slots * loader.chunk_bytes
         torch.cuda.synchronize()

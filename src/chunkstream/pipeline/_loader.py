@@ -323,8 +323,15 @@ class ChunkLoader:
             sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
         )
         self.rows = rows
+        if stats is not None and not isinstance(stats, LatencyStats):
+            raise ConfigError.bad(
+                "stats", type(stats).__name__, "a cs.LatencyStats or None",
+                "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
+            )  # fmt: skip
         self.stats = stats if stats is not None else LatencyStats()
 
+        # Everything that can fail is made before the first thread starts.
+        self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         # Buffers and stages. Nothing below refers to ``self``, so a loader the
         # user drops is collected, and its __del__ stops the threads.
         self._windows: list[tuple[int, int]] = []
@@ -356,19 +363,21 @@ class ChunkLoader:
         )
         self._stages = [self._reader]
         self._transfer: OrderedStage | None = None
-        self._stream = None
         if self.device.type != "cpu":
             reader = self._reader
-            self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
             stream, device_ = self._stream, self.device
-            self._transfer = OrderedStage(
-                "transfer",
-                lambda job, ticket: _transfer_job(
-                    job, ticket, upstream=reader, pool=pool, device=device_, stream=stream
-                ),
-                workers=1,
-                capacity=self.config.gpu_prefetch,
-            )
+            try:
+                self._transfer = OrderedStage(
+                    "transfer",
+                    lambda job, ticket: _transfer_job(
+                        job, ticket, upstream=reader, pool=pool, device=device_, stream=stream
+                    ),
+                    workers=1,
+                    capacity=self.config.gpu_prefetch,
+                )
+            except BaseException:
+                reader.close(self.config.close_timeout)  # never leak the started readers
+                raise
             self._stages.append(self._transfer)
         self._closed = False
         self._lock = threading.Lock()

@@ -25,6 +25,7 @@ Contract for implementations
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -101,7 +102,7 @@ def check_lengths(lengths: Mapping[str, int], where: str) -> int:
     return distinct.pop()
 
 
-class field_context:  # noqa: N801 - used like a function: `with field_context(name):`
+class field_context:
     """Tag an exception raised while reading one field with that field's name.
 
     The pipeline reads ``exc.chunkstream_field`` to name the field in the
@@ -118,8 +119,7 @@ class field_context:  # noqa: N801 - used like a function: `with field_context(n
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is not None and getattr(exc, "chunkstream_field", None) is None:
-            try:
+            # Exceptions with __slots__ cannot carry the name; they go untagged.
+            with contextlib.suppress(AttributeError):
                 exc.chunkstream_field = self.name
-            except AttributeError:  # exceptions with __slots__ cannot carry it
-                pass
         return False
