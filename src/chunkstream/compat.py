@@ -92,12 +92,17 @@ class RandomChunkLoader:
         return next(self._iterator, None)
 
     def get_next_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The next chunk as ``(data, stim)`` on ``device``; ``(None, None)`` after the epoch's last.
+
+        Raises :class:`~chunkstream.ChunkLoadError` if a read failed (it never hangs).
+        """
         chunk = self._next()
         if chunk is None:
             return None, None
         return chunk["data"], chunk["stim"]
 
     def get_stats(self) -> dict[str, int]:
+        """``{'chunks_loaded': int, 'chunks_transferred': int}`` since construction."""
         return {
             "chunks_loaded": self._loader._reader.completed,
             "chunks_transferred": len(self._loader.stats.chunks),
@@ -149,6 +154,7 @@ class PipelineChunkLoader(RandomChunkLoader):
         )
 
     def get_next_chunk(self):  # type: ignore[override]
+        """The next chunk as ``(start, data, stim)``; ``(None, None, None)`` after the epoch's last."""
         chunk = self._next()
         if chunk is None:
             return None, None, None
@@ -203,14 +209,18 @@ class ChunkLatencyStats:
         self.batch_step_times: list[float] = []
 
     def record_chunk_get(self, seconds: float) -> None:
+        """Record one wait for ``get_next_chunk``, in seconds."""
         self.chunk_get_times.append(float(seconds))
 
     def record_batch_times(self, forward: float, backward: float, step: float) -> None:
+        """Record one batch's forward, backward and optimizer-step times, in seconds."""
         self.batch_forward_times.append(float(forward))
         self.batch_backward_times.append(float(backward))
         self.batch_step_times.append(float(step))
 
     def get_summary(self) -> dict[str, float | int]:
+        """Means/max/min in ms and counts under the original keys; 0.0 where nothing was recorded."""
+
         def ms(values: list[float], reduce: Callable[[list[float]], float]) -> float:
             return float(reduce(values)) * 1e3 if values else 0.0
 

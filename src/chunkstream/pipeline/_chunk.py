@@ -52,10 +52,12 @@ class Chunk(Mapping[str, torch.Tensor]):
 
     @property
     def nbytes(self) -> int:
+        """Bytes of all fields' tensors together."""
         return sum(t.numel() * t.element_size() for t in self._tensors.values())
 
     @property
     def device(self) -> torch.device:
+        """The device the tensors live on (the loader's ``device``)."""
         return next(iter(self._tensors.values())).device
 
     def __repr__(self) -> str:

@@ -643,6 +643,7 @@ class ChunkLoader:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` has run (or the loader shut down after an error)."""
         return self._closed
 
     def _check_open(self) -> None:
@@ -669,6 +670,7 @@ class ChunkLoader:
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
+        """The loader's worker threads (named ``chunkstream-<stage>-<n>``), for diagnostics."""
         return tuple(t for stage in self._stages for t in stage.threads)
 
     def __repr__(self) -> str:

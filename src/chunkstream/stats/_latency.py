@@ -130,10 +130,12 @@ class LatencyStats:
             self._pending_batches.append((begin, events))
 
     def epoch_started(self) -> None:
+        """Start the epoch clock (the loader calls it; ``elapsed_s`` counts time inside epochs)."""
         with self._lock:
             self._epoch_begin = time.perf_counter()
 
     def epoch_ended(self) -> None:
+        """Stop the epoch clock; idempotent (the loader calls it)."""
         with self._lock:
             now = time.perf_counter()
             if self._epoch_begin is not None:
@@ -143,6 +145,7 @@ class LatencyStats:
                 self.chunks[-1].compute_end = now
 
     def reset(self) -> None:
+        """Forget every record and the elapsed time."""
         with self._lock:
             self.chunks.clear()
             self.batches.clear()
