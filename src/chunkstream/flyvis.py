@@ -20,6 +20,7 @@ import numpy as np
 import zarr
 
 from ._errors import ConfigError, NotZarrError, SourceNotFoundError
+from .sources._base import Source
 from .sources._zarr import ZarrSource
 
 __all__ = [
@@ -90,24 +91,44 @@ def open(  # shadows the built-in on purpose: `cs.flyvis.open` is the fixed name
     column: str | int = "voltage",
     stim_dims: int | None = None,
     **kwargs: object,
-) -> ZarrSource:
-    """A :class:`ZarrSource` over ``<path>/timeseries.zarr`` with two fields.
+) -> Source:
+    """A source over ``<path>/timeseries.zarr`` with two fields.
 
     The fields are ``<column name>`` (``timeseries[:, :, k]``) and
     ``"stimulus"`` (``timeseries[:, :stim_dims, 1]``; all neurons if
     ``stim_dims`` is None). With ``column="stimulus"`` there is one field.
     ``kwargs`` go to ``ZarrSource`` (``check_missing``, ``read_threads``, ...).
+    A folder written by ``chunkstream convert --flyvis`` (one array per field)
+    opens as a :class:`~chunkstream.sources.ZarrGroupSource` with the same fields.
     """
     name, k = _dynamic(column, "column")
     if stim_dims is not None and (
         isinstance(stim_dims, bool) or not isinstance(stim_dims, int) or stim_dims <= 0
     ):
         raise ConfigError.bad("stim_dims", stim_dims, "a positive int or None (all neurons)")
+    if _is_per_field(path):
+        # The layout `chunkstream convert --flyvis` writes: one array per field.
+        from .sources import ZarrGroupSource
+
+        stim_ref = ("stimulus", (slice(0, stim_dims),))
+        refs = {"stimulus": stim_ref} if name == "stimulus" else {name: name, "stimulus": stim_ref}
+        return ZarrGroupSource(path, refs, **kwargs)
     stim = (slice(0, stim_dims), 1)
     fields = (
         {"stimulus": stim} if name == "stimulus" else {name: (slice(None), k), "stimulus": stim}
     )
     return ZarrSource(_child(path, "timeseries.zarr"), fields, **kwargs)
+
+
+def _is_per_field(path: str | Path) -> bool:
+    """Whether ``path`` is a group written by ``chunkstream convert`` (one array per field)."""
+    if "://" in str(path) or (Path(path) / "timeseries.zarr").exists():
+        return False
+    try:
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+    except (FileNotFoundError, ValueError, TypeError):
+        return False
+    return dict(attrs.get("chunkstream", {})).get("layout") == "per-field"
 
 
 def read_metadata(path: str | Path) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from ._base import FieldSpec, Source
 from ._callable import CallableSource
+from ._group import ZarrGroupSource
 from ._numpy import NumpySource
 from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource
@@ -12,5 +13,6 @@ __all__ = [
     "NumpySource",
     "Source",
     "TensorStoreSource",
+    "ZarrGroupSource",
     "ZarrSource",
 ]

@@ -1,0 +1,117 @@
+"""``ZarrGroupSource``: fields that live in different arrays of one zarr group.
+
+This is the layout ``chunkstream convert`` writes (one time-chunked array per
+field, e.g. ``OUT/voltage`` and ``OUT/stimulus``) and the one that streams
+fastest: every byte decoded is a byte used. Each array is opened once as a
+:class:`~chunkstream.ZarrSource` with its own fields; a read fills every
+field of every array. Thread-safety and the ``read_into`` contract are those of
+``ZarrSource``; the arrays must share one time length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .._errors import ConfigError, NotZarrError, SourceNotFoundError
+from ._base import FieldSpec, check_lengths, window_nbytes
+from ._zarr import ZarrSource, is_url
+
+__all__ = ["ZarrGroupSource"]
+
+Index = tuple[int | slice, ...] | int | slice
+FieldRef = str | tuple[str, Index]
+
+
+class ZarrGroupSource:
+    """Named fields from the arrays of the zarr group at ``path``.
+
+    ``fields`` maps a field name to an array name (the whole array) or to
+    ``(array_name, index)`` with an index on the non-time axes as in
+    ``ZarrSource``; ``None`` makes one field per array, named like it. Other
+    keyword arguments (``check_missing``, ``read_threads``, ``storage_options``)
+    go to each array's ``ZarrSource``.
+    """
+
+    def __init__(
+        self, path: str | Path, fields: Mapping[str, FieldRef] | None = None, **kwargs: Any
+    ) -> None:
+        self.path = str(path)
+        if not is_url(self.path) and not Path(self.path).exists():
+            raise SourceNotFoundError(
+                f"no zarr group at {self.path!r}: the path does not exist. Check the path, "
+                "or write one with `chunkstream convert IN OUT --fields ...`."
+            )
+        try:
+            group = zarr.open_group(
+                self.path, mode="r", storage_options=kwargs.get("storage_options")
+            )
+        except (FileNotFoundError, ValueError, TypeError) as exc:
+            raise NotZarrError(
+                f"{self.path!r} is not a zarr group ({type(exc).__name__}: {exc}); for a "
+                "single array use cs.ZarrSource."
+            ) from exc
+        arrays = sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
+        refs: dict[str, tuple[str, Index]] = {}
+        for name, ref in (fields or {a: a for a in arrays}).items():
+            array, index = (ref, ()) if isinstance(ref, str) else ref
+            if array not in arrays:
+                raise ConfigError.bad(
+                    f"fields[{name!r}]", ref, f"an array of {self.path!r}: one of {arrays}"
+                )
+            refs[name] = (array, index)
+        if not refs:
+            raise ConfigError.bad(
+                "fields", fields, f"at least one field; {self.path!r} has no arrays"
+            )
+        by_array: dict[str, dict[str, Index]] = {}
+        for name, (array, index) in refs.items():
+            by_array.setdefault(array, {})[name] = index
+        self._parts: list[ZarrSource] = []
+        try:
+            for array, part_fields in by_array.items():
+                self._parts.append(ZarrSource(self.path, part_fields, array=array, **kwargs))
+            self._len = check_lengths(
+                {n: len(p) for p in self._parts for n in p.fields}, f"zarr group {self.path!r}"
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._fields = {n: s for p in self._parts for n, s in p.fields.items()}
+        self._fields = {name: self._fields[name] for name in refs}  # the caller's order
+        self.nbytes_per_step = window_nbytes(self._fields, 1)
+        self.read_amplification = {
+            n: f for p in self._parts for n, f in p.read_amplification.items()
+        }
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Field name -> per-timestep shape and dtype."""
+        return self._fields
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out[name][: stop - start]`` for every field (each array decodes in parallel)."""
+        for part in self._parts:
+            part.read_into(start, stop, {name: out[name] for name in part.fields})
+
+    def close(self) -> None:
+        """Close every array's source; idempotent."""
+        for part in self._parts:
+            part.close()
+
+    def __enter__(self) -> ZarrGroupSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())
+        return f"ZarrGroupSource({self.path!r}, T={self._len}, fields=[{names}])"
