@@ -195,18 +195,26 @@ class FastChunkReader:
             scratch = self._local.scratch = np.empty(self._chunk_nbytes, np.uint8)
         return scratch
 
-    def _raw(self, path: Path) -> memoryview | None:
-        """The file's bytes in a per-thread buffer, or ``None`` if it is absent."""
+    def _raw(self, path: Path, into: np.ndarray | None = None) -> memoryview | None:
+        """The file's bytes, or ``None`` if it is absent.
+
+        With ``into`` (a contiguous uint8 array) and a file of exactly its size, the
+        bytes are read straight into it (uncompressed chunks: no copy at all);
+        otherwise into a per-thread buffer.
+        """
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             size = os.fstat(fd).st_size
-            buf = getattr(self._local, "raw", None)
-            if buf is None or len(buf) < size:
-                buf = self._local.raw = bytearray(max(size, 1 << 16))
-            view = memoryview(buf)[:size]
+            if into is not None and into.flags.c_contiguous and into.nbytes == size:
+                view = memoryview(into).cast("B")
+            else:
+                buf = getattr(self._local, "raw", None)
+                if buf is None or len(buf) < size:
+                    buf = self._local.raw = bytearray(max(size, 1 << 16))
+                view = memoryview(buf)[:size]
             got = 0
             while got < size:
                 n = os.preadv(fd, [view[got:]], got)
@@ -220,7 +228,8 @@ class FastChunkReader:
     def _decode(self, coords: tuple[int, ...], target: np.ndarray) -> bool:
         """Decode chunk ``coords`` into ``target`` (uint8, chunk-sized); False if absent and allowed."""
         path = self.chunk_path(coords)
-        raw = self._raw(path)
+        direct = target if self._codec is None else None
+        raw = self._raw(path, into=direct)
         if raw is None:
             if self._fill_missing:
                 return False
@@ -234,7 +243,9 @@ class FastChunkReader:
         if self._codec is None:
             if len(raw) != expected:
                 raise self._corrupt(path, f"holds {len(raw)} bytes, expected {expected}")
-            target[:] = np.frombuffer(raw, np.uint8)
+            raw_array = np.frombuffer(raw, np.uint8)
+            if not np.may_share_memory(raw_array, target):  # read via the scratch buffer
+                target[:] = raw_array
             return True
         if self._is_blosc:
             # blosc trusts its header: a truncated tail decodes without error, so check it
