@@ -5,8 +5,11 @@ rank and world size come from torch.distributed, then:
 
 1. gathers every rank's windows of a shuffled epoch: they must be disjoint, equal in
    number, and together tile one pass of the data (every tile start exactly once);
-2. trains a small DDP model for two epochs on chunks from the loader and checks the
-   ranks' parameters agree afterwards (DDP averages gradients, so they must);
+2. trains the reference model (``chunkstream.train.Trainer``, under DDP) for two
+   epochs and checks the ranks' parameters agree (DDP averages gradients, so they
+   must), that the streamed baseline is the variance of all ranks' rows (the moments
+   are all-reduced), that the validation loss agrees, and that only rank 0 wrote the
+   checkpoint; then resumes it on every rank for a third epoch, and checks again;
 3. checks elastic resume under torchrun: a state saved by a single-process run
    midway through an epoch, resumed here with 2 ranks, yields the remaining windows
    once each across ranks.
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import chunkstream as cs
+from chunkstream.train import TrainConfig, Trainer
 
 
 def gather(value: object) -> list[object]:
@@ -38,11 +42,59 @@ def check(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
+def params_of(trainer: Trainer) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]).tolist()
+
+
+def train(source: cs.ZarrSource, out: Path, rank: int, world: int) -> dict[str, object]:
+    config = TrainConfig(
+        data_field="x", stim_field=None, chunk_size=64, batch_size=8, evolve_multiple_steps=2,
+        latent_dim=4, hidden_dim=8, epochs=2, warmup_epochs=1, workers=2, device="cpu",
+        tensorboard=None, progress=False, seed=1,
+    )  # fmt: skip
+    trainer = Trainer(source, config, out_dir=out)
+    check(trainer.plan.world_size == world, "the trainer's plan is not per rank")
+    check(isinstance(trainer.net, torch.nn.parallel.DistributedDataParallel), "no DDP wrapper")
+    result = trainer.fit()
+    check(len(result.history) == 2, f"{len(result.history)} epochs")
+    batches = [r.batches for r in result.history]
+    params = gather(params_of(trainer))
+    check(all(p == params[0] for p in params), "parameters differ across ranks")
+    check(len(set(gather(result.val_loss))) == 1, "validation loss differs across ranks")
+    # The baseline: the variance of every row any rank streamed in epoch 0.
+    rows = [w for share in gather(trainer.windows) for w in share if w[0] == 0]
+    x = source.array[:]
+    seen = torch.from_numpy(x[torch.cat([torch.arange(a, b) for _, a, b in rows]).numpy()])
+    expected = float(seen.double().var(0, unbiased=False).mean())
+    check(
+        abs(result.baseline_train - expected) <= 1e-9 * expected,
+        f"baseline {result.baseline_train} != {expected} of all ranks' rows",
+    )
+    dist.barrier()  # rank 0 has written its files
+    check((out / "checkpoint.pt").is_file(), "no checkpoint")
+    events = sorted(p.name for p in (out / "tensorboard").glob("events.*"))
+    check(len(events) <= 1, f"more than rank 0 logged to TensorBoard: {events}")
+    dist.barrier()  # every rank looked before the resumed run logs again
+    # 3 epochs in all: the resumed run trains one more, on every rank from the same file.
+    resumed = Trainer(source, TrainConfig(**{**config.to_dict(), "epochs": 3}), out_dir=out)
+    again = resumed.fit(resume=True)
+    check(len(again.history) == 3, "the resumed run did not continue from the checkpoint")
+    params = gather(params_of(resumed))
+    check(all(p == params[0] for p in params), "parameters differ across ranks after resume")
+    return {
+        "train_batches": batches,
+        "val_loss": result.val_loss,
+        "param_norm": float(torch.tensor(params[0]).norm()),
+        "events": events,
+        "resumed_epochs": len(again.history),
+    }
+
+
 def main() -> None:
     store, outdir, elastic = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunk, batch, window = 64, 8, 16
+    chunk, batch = 64, 8
     report: dict[str, object] = {"rank": rank, "world_size": world}
     with cs.ZarrSource(store, {"x": (slice(None),)}) as source:
         total = len(source)
@@ -64,33 +116,8 @@ def main() -> None:
             )
             report["windows"] = windows
 
-            # 2. two DDP epochs
-            torch.manual_seed(0)  # the same initial weights on every rank
-            features = source.fields["x"].shape[0]
-            model = torch.nn.parallel.DistributedDataParallel(
-                torch.nn.Sequential(
-                    torch.nn.Flatten(), torch.nn.Linear(window * features, features)
-                )
-            )
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            generator = torch.Generator().manual_seed(100 + rank)  # ranks sample differently
-            steps = 0
-            for _epoch in range(2):
-                for c in loader.epoch(plan.chunks_per_epoch):
-                    x = c["x"]
-                    starts = torch.randint(0, len(x) - window, (batch,), generator=generator)
-                    inputs = torch.stack([x[s : s + window] for s in starts.tolist()])
-                    targets = torch.stack([x[s + window] for s in starts.tolist()])
-                    loss = torch.nn.functional.mse_loss(model(inputs), targets)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    steps += 1
-            flat_params = torch.cat([p.detach().flatten() for p in model.parameters()])
-            params = gather(flat_params.tolist())
-            check(all(p == params[0] for p in params), "parameters differ across ranks")
-            report["steps"] = steps
-            report["param_norm"] = float(flat_params.norm())
+        # 2. two DDP epochs of the reference trainer, then one more resumed from its checkpoint
+        report.update(train(source, outdir / "train", rank, world))
 
         # 3. elastic resume from a single-process state
         with cs.ChunkLoader(source, chunk, device="cpu", workers=2, seed=3) as loader:

@@ -225,6 +225,29 @@ def test_torchrun_two_ranks(tmp_path: Path):
     assert done.returncode == 0, done.stderr[-4000:]
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in reports] == [2, 2]
-    assert reports[0]["steps"] == reports[1]["steps"] == 16  # 8 chunks x 2 epochs each
+    # The reference trainer under DDP: 927 training timesteps -> 14 chunks of 64 per epoch,
+    # 7 per rank, 8 batches each; the ranks end with the same parameters and losses.
+    assert reports[0]["train_batches"] == reports[1]["train_batches"] == [56, 56]
     assert reports[0]["param_norm"] == reports[1]["param_norm"]
+    assert reports[0]["val_loss"] == reports[1]["val_loss"]
+    assert reports[0]["resumed_epochs"] == reports[1]["resumed_epochs"] == 3
+    if reports[0]["events"]:  # tensorboard is installed: one writer, rank 0's
+        assert reports[0]["events"] == reports[1]["events"] and len(reports[0]["events"]) == 1
     assert [len(r["resumed"]) for r in reports] == [6, 5]  # 11 left, split 6 + 5
+
+
+def test_running_moments_merge_like_one_stream():
+    from chunkstream.train import RunningMoments
+
+    x = torch.randn(300, 5, dtype=torch.float64) * 3 + 1
+    parts = [RunningMoments(5), RunningMoments(5)]
+    parts[0].update(x[:120])
+    parts[1].update(x[120:170])
+    parts[1].update(x[170:])
+    merged = RunningMoments(5)
+    for part in parts:
+        merged.merge(part)
+    merged.merge(RunningMoments(5))  # an empty rank changes nothing
+    assert merged.count == 300
+    torch.testing.assert_close(merged.mean, x.mean(0))
+    torch.testing.assert_close(merged.var, x.var(0, unbiased=False))

@@ -6,6 +6,10 @@ update, in float64), so the per-neuron mean and variance of the training split
 come from the streamed chunks alone. The constant model that predicts that mean
 everywhere has a training loss equal to the mean variance: the baseline the
 original implementation could not compute without holding all the data.
+Under torch.distributed, :func:`all_reduce_moments` combines every rank's
+moments the same way (counts summed, means count-weighted, each M2 shifted by
+``count * (mean_r - mean)**2``), so every rank ends with the moments of all
+ranks' rows.
 
 :class:`LossMeter` sums loss components on the device (no host sync per batch)
 and reports means; a component with nothing accumulated has mean 0.0 and is
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LossMeter", "RunningMoments"]
+__all__ = ["LossMeter", "RunningMoments", "all_reduce_moments"]
 
 
 class RunningMoments:
@@ -41,6 +45,19 @@ class RunningMoments:
         self.m2 += m2 + delta**2 * (self.count * n / total)
         self.count = total
 
+    def merge(self, other: RunningMoments) -> None:
+        """Merge another set of moments over the same features (Chan et al.)."""
+        if other.count == 0:
+            return
+        total = self.count + other.count
+        mean = other.mean.to(self.mean.device, torch.float64)
+        delta = mean - self.mean
+        self.mean += delta * (other.count / total)
+        self.m2 += other.m2.to(self.m2.device, torch.float64) + delta**2 * (
+            self.count * other.count / total
+        )
+        self.count = total
+
     @property
     def var(self) -> torch.Tensor:
         """Population variance per feature (zeros before any update)."""
@@ -57,6 +74,31 @@ class RunningMoments:
         self.count = int(state["count"])
         self.mean = state["mean"].to(self.mean.device, torch.float64)
         self.m2 = state["m2"].to(self.m2.device, torch.float64)
+
+
+def all_reduce_moments(moments: RunningMoments, group=None) -> RunningMoments:
+    """Every rank's moments combined, returned on every rank (a collective call).
+
+    ``N = sum n_r``, ``mean = sum n_r * mean_r / N`` and
+    ``M2 = sum (M2_r + n_r * (mean_r - mean)**2)``: exact, in float64, and
+    independent of how the rows were split across ranks.
+    """
+    import torch.distributed as dist
+
+    device = moments.mean.device
+    count = torch.tensor([float(moments.count)], dtype=torch.float64, device=device)
+    dist.all_reduce(count, group=group)
+    out = RunningMoments(moments.mean.numel(), device)
+    total = int(count.item())
+    if total == 0:
+        return out
+    weighted = moments.mean * moments.count
+    dist.all_reduce(weighted, group=group)
+    mean = weighted / total
+    m2 = moments.m2 + moments.count * (moments.mean - mean) ** 2
+    dist.all_reduce(m2, group=group)
+    out.count, out.mean, out.m2 = total, mean, m2
+    return out
 
 
 class LossMeter:

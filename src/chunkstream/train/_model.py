@@ -53,6 +53,23 @@ class LatentDynamics(nn.Module):
         nn.init.zeros_(self.evolver[-1].weight)
         nn.init.zeros_(self.evolver[-1].bias)
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        stimulus: torch.Tensor | None,
+        steps: int,
+        time_units: int = 1,
+        rollout: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(reconstruct(x), rollout(x[:, 0], ...) or None)`` for windows ``x`` ``(B, W, N)``.
+
+        The training step's outputs in one call, so that a DistributedDataParallel
+        wrapper sees the step as one forward and averages its gradients.
+        """
+        recon = self.reconstruct(x)
+        pred = self.rollout(x[:, 0], stimulus, steps, time_units) if rollout else None
+        return recon, pred
+
     def reconstruct(self, x: torch.Tensor) -> torch.Tensor:
         """``decoder(encoder(x))`` for frames ``(..., neurons)``."""
         return self.decoder(self.encoder(x))

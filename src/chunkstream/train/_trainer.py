@@ -12,6 +12,19 @@ batches), trains on each, and merges the chunk into the per-neuron running
 moments during the first epoch (the constant baseline). Per epoch it evaluates
 on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
 model, optimizer, loader state, moments and history.
+
+**Under DDP** (``torchrun``; the process group initialised before the
+``Trainer`` is built) the model is wrapped in ``DistributedDataParallel``, the
+plan is per rank (``plan_epoch(..., world_size=W)``: one epoch is one pass
+across ranks), each rank streams its own share of the windows and draws its own
+batches, the per-neuron moments are all-reduced across ranks (exactly: the
+baseline is that of all ranks' rows), and validation splits the held-out
+windows across ranks and averages over all of them. Only rank 0 writes the
+checkpoint, TensorBoard logs and progress bars; every rank restores the
+checkpoint on resume (from another world size, the interrupted epoch is padded
+with ``uneven="pad"``, so that every rank trains as many chunks and DDP's
+collectives stay in step). Every checkpoint and validation is a collective
+call: all ranks make them at the same chunks.
 """
 
 from __future__ import annotations
@@ -30,12 +43,13 @@ from torch import nn
 
 from .._errors import ConfigError
 from ..consumer import WindowSampler, gather_windows
+from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..pipeline._config import resolve_device
 from ..plans import plan_epoch
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice, load_range
-from ._metrics import LossMeter, RunningMoments
+from ._metrics import LossMeter, RunningMoments, all_reduce_moments
 from ._model import LatentDynamics
 
 __all__ = ["Trainer"]
@@ -44,9 +58,17 @@ _log = logging.getLogger("chunkstream.train")
 CHECKPOINT = "checkpoint.pt"
 
 
-def _batch_seed(seed: int, epoch: int, index: int) -> int:
-    # A pure function of (seed, epoch, chunk index): resumed runs draw the same batches.
-    return (seed * 1_000_003 + epoch * 65_537 + index) % (2**63 - 1)
+def _batch_seed(seed: int, epoch: int, index: int, rank: int = 0) -> int:
+    # A pure function of (seed, epoch, chunk index, rank): resumed runs draw the same
+    # batches; ranks (whose chunk indices coincide) draw different ones.
+    return (seed * 1_000_003 + epoch * 65_537 + index + rank * 4_294_967_311) % (2**63 - 1)
+
+
+def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the ranks, in place (unchanged without a process group)."""
+    if is_distributed():
+        torch.distributed.all_reduce(tensor)
+    return tensor
 
 
 class Trainer:
@@ -82,6 +104,8 @@ class Trainer:
             )
         self.neurons = int(data_spec.shape[0])
         self.device = resolve_device(c.device)
+        self.rank, self.world_size = resolve_rank()
+        self.is_main = self.rank == 0
         total = len(source)
         val_len = max(c.window, int(total * c.val_fraction))
         self.train_len = total - val_len
@@ -98,17 +122,31 @@ class Trainer:
         self.plan = plan_epoch(
             total_timesteps=self.train_len, chunk_size=self.chunk_size,
             batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
+            world_size=self.world_size,
         )  # fmt: skip
         self.val = load_range(source, self.train_len, total, self.device)
         n_val = val_len - c.window + 1
         stride = max(1, -(-n_val // c.val_windows))
-        self.val_starts = torch.arange(0, n_val, stride, device=self.device)
-        torch.manual_seed(c.seed)
+        # Each rank validates every world_size-th held-out window; the sums are all-reduced.
+        self.val_starts = torch.arange(0, n_val, stride, device=self.device)[
+            self.rank :: self.world_size
+        ]
+        torch.manual_seed(c.seed)  # the same initial weights on every rank
         self.model = LatentDynamics(
             self.neurons, self.stim_dims, latent_dim=c.latent_dim, hidden_dim=c.hidden_dim
         ).to(self.device)
+        #: What the training step calls: ``model``, or its DDP wrapper under torch.distributed.
+        self.net: nn.Module = self.model
+        if is_distributed():
+            cuda = self.device.type == "cuda" and self.device.index is not None
+            self.net = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if cuda else None,
+                find_unused_parameters=c.warmup_epochs > 0,  # warm-up leaves the evolver idle
+            )  # fmt: skip
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
+        #: Moments of every rank's rows up to the last sync (the same on every rank).
         self.moments = RunningMoments(self.neurons, self.device)
+        self._pending = RunningMoments(self.neurons, self.device)  # this rank's, since then
         self.history: list[EpochRecord] = []
         self.windows: list[tuple[int, int, int]] = []
         self.loader: ChunkLoader | None = None
@@ -117,10 +155,10 @@ class Trainer:
 
     def _losses(self, x: torch.Tensor, s: torch.Tensor | None, warm: bool) -> dict:
         c = self.config
-        recon = nn.functional.mse_loss(self.model.reconstruct(x), x)
+        recon_x, pred = self.net(x, s, c.evolve_multiple_steps, c.time_units, rollout=not warm)
+        recon = nn.functional.mse_loss(recon_x, x)
         if warm:
             return {"loss": recon, "recon": recon}
-        pred = self.model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
         rollout = nn.functional.mse_loss(pred, x[:, c.time_units :: c.time_units])
         return {"loss": rollout + c.recon_weight * recon, "recon": recon, "rollout": rollout}
 
@@ -129,6 +167,8 @@ class Trainer:
         """``(model rollout MSE, constant-baseline MSE)`` on the held-out windows.
 
         The baseline predicts the streamed per-neuron training mean at every target frame.
+        Under torch.distributed each rank evaluates its share of the windows and the
+        sums are all-reduced, so every rank returns the mean over all of them.
         """
         c, model = self.config, self.model
         model.eval()
@@ -145,7 +185,16 @@ class Trainer:
             base += ((target - mean) ** 2).sum(dtype=torch.float64)
         model.train()
         count = self.val_starts.numel() * c.evolve_multiple_steps * self.neurons
-        return float(total) / count, float(base) / count
+        sums = _all_reduce_sum(torch.stack([total, base, total.new_tensor(float(count))]))
+        return float(sums[0] / sums[2]), float(sums[1] / sums[2])
+
+    def sync_moments(self) -> None:
+        """Merge every rank's rows since the last sync into :attr:`moments` (collective)."""
+        pending = self._pending
+        if is_distributed():
+            pending = all_reduce_moments(pending)
+        self.moments.merge(pending)
+        self._pending = RunningMoments(self.neurons, self.device)
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -154,9 +203,16 @@ class Trainer:
         return self.out_dir / CHECKPOINT if self.out_dir is not None else None
 
     def save_checkpoint(self) -> None:
-        """Write model, optimizer, loader state, moments and history (atomically)."""
+        """Write model, optimizer, loader state, moments and history (atomically).
+
+        Under torch.distributed every rank must call it (the moments are
+        all-reduced first); only rank 0 writes.
+        """
         path = self.checkpoint_path
         if path is None or self.loader is None:
+            return
+        self.sync_moments()
+        if not self.is_main:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {
@@ -176,8 +232,12 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.moments.load_state_dict(state["moments"])
+        self._pending = RunningMoments(self.neurons, self.device)
         self.history = [EpochRecord(**r) for r in state["history"]]
-        loader.load_state_dict(state["loader"])
+        saved_world = int(state["loader"].get("world_size", self.world_size))
+        # Another world size may split the rest of the epoch unevenly; DDP needs equal counts.
+        uneven = "pad" if self.world_size > 1 and saved_world != self.world_size else "exact"
+        loader.load_state_dict(state["loader"], uneven=uneven)
         _log.info("resumed from %s at %s", path, state["loader"])
 
     # -- the loop -------------------------------------------------------------------
@@ -189,7 +249,7 @@ class Trainer:
         a path resumes from that file.
         """
         c, began = self.config, time.perf_counter()
-        writer = self._writer()
+        writer = self._writer() if self.is_main else None
         source = TimeSlice(self.source, 0, self.train_len)
         loader = ChunkLoader(
             source, self.chunk_size, device=self.device, prefetch=c.prefetch, workers=c.workers,
@@ -215,6 +275,7 @@ class Trainer:
                 writer.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the last timed batches' events complete
+        self.sync_moments()
         val_loss, baseline_val = self.validate()
         return TrainResult(
             history=list(self.history), val_loss=val_loss, baseline_val=baseline_val,
@@ -230,15 +291,15 @@ class Trainer:
         warm = epoch < c.warmup_epochs
         chunks = batches = 0
         iterator = loader.epoch(self.plan.chunks_per_epoch)
-        bar = _progress(len(iterator), f"epoch {epoch}", c.progress)
+        bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
         for chunk in iterator:
             x_chunk = chunk[c.data_field]
             s_chunk = chunk[c.stim_field] if c.stim_field else None
             if epoch == 0:
-                self.moments.update(x_chunk)
+                self._pending.update(x_chunk)
             self.windows.append((epoch, chunk.start, chunk.stop))
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index))
+            generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index, self.rank))
             sampler = WindowSampler(
                 chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
                 device=self.device,
@@ -267,6 +328,7 @@ class Trainer:
                 self.on_chunk(self, chunk)
         if bar is not None:
             bar.close()
+        self.sync_moments()
         val_loss, baseline_val = self.validate()
         return EpochRecord(
             epoch=epoch, losses=meter.means(), val_loss=val_loss, baseline_val=baseline_val,
