@@ -7,7 +7,7 @@ PUBLIC = [
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "LatencyStats", "LoaderClosedError", "LoaderConfig",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
-    "RandomPlan", "ReadAmplificationWarning", "SequentialPlan", "ShuffledPlan", "Source",
+    "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemoteStoreError", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",
     "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",

@@ -12,7 +12,8 @@ each subclass also inherits the built-in a caller would naturally catch::
     │   ├── FieldDtypeError(TypeError)               dtype cannot become a tensor
     │   ├── FieldLengthError(ValueError)             fields disagree on time length
     │   ├── MissingChunkError(FileNotFoundError)     a zarr chunk file is absent
-    │   └── CorruptChunkError(ValueError)            a chunk file does not decode
+    │   ├── CorruptChunkError(ValueError)            a chunk file does not decode
+    │   └── RemoteStoreError(ConnectionError)        a remote request kept failing
     ├── ChunkLoadError(RuntimeError)     a background read or copy failed;
     │   │                                ``__cause__`` is the original exception
     │   └── LoaderStalledError(TimeoutError)  no progress within ``stall_timeout``
@@ -41,6 +42,7 @@ __all__ = [
     "NonFiniteError",
     "NotZarrError",
     "ReadAmplificationWarning",
+    "RemoteStoreError",
     "SourceError",
     "SourceNotFoundError",
 ]
@@ -92,6 +94,13 @@ class MissingChunkError(SourceError, FileNotFoundError):
 
 class CorruptChunkError(SourceError, ValueError):
     """A zarr chunk file is truncated or does not decode."""
+
+
+class RemoteStoreError(SourceError, ConnectionError):
+    """A remote request kept failing after every retry (or failed permanently).
+
+    The message names the URL and key, the attempts and the last error.
+    """
 
 
 class ChunkLoadError(ChunkstreamError, RuntimeError):

@@ -4,6 +4,7 @@ from ._base import FieldSpec, Source
 from ._callable import CallableSource
 from ._group import ZarrGroupSource
 from ._numpy import NumpySource
+from ._remote import RemoteOptions, RemoteStoreError
 from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource
 
@@ -11,6 +12,8 @@ __all__ = [
     "CallableSource",
     "FieldSpec",
     "NumpySource",
+    "RemoteOptions",
+    "RemoteStoreError",
     "Source",
     "TensorStoreSource",
     "ZarrGroupSource",

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from zarr.storage import WrapperStore
 
-from .._errors import ChunkstreamError, ConfigError, SourceError
+from .._errors import ChunkstreamError, ConfigError, RemoteStoreError
 
 __all__ = [
     "RemoteOptions",
@@ -55,10 +55,6 @@ _log = logging.getLogger("chunkstream.sources.remote")
 _R = TypeVar("_R")
 #: The ``storage_options`` key that carries :class:`RemoteOptions` through ``ZarrSource``.
 OPTIONS_KEY = "chunkstream"
-
-
-class RemoteStoreError(SourceError, ConnectionError):
-    """A remote request kept failing after every retry (or failed permanently)."""
 
 
 @dataclass(frozen=True, kw_only=True)
