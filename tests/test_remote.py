@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,28 +159,49 @@ def http_server(data_dir) -> Iterator[Server]:
     yield from serve(data_dir[0])
 
 
+#: The environment botocore would otherwise read: a region or profile set outside the test
+#: (or by another test) must not reach the moto server.
+AWS_ENV = {
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+}
+AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+             "AWS_ENDPOINT_URL_S3", "AWS_S3_ENDPOINT")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def s3_server(data_dir) -> Iterator[tuple[Server, dict]]:
+def s3_server(data_dir, tmp_path_factory) -> Iterator[tuple[Server, dict]]:
     s3fs = pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
-    moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    try:
-        host, port = moto.get_host_and_port()
-        creds = {
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"region_name": "eu-west-1"},
-        }
-        fs = s3fs.S3FileSystem(
-            endpoint_url=f"http://{host}:{port}", skip_instance_cache=True, **creds
-        )
-        fs.mkdir("bucket")
-        fs.put(str(data_dir[0] / "x.zarr"), "bucket/x.zarr", recursive=True)
-        for proxy in serve(None, upstream=(host, port)):
-            yield proxy, {**creds, "endpoint_url": proxy.url}
-    finally:
-        moto.stop()
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in AWS_ENV.items():
+            env.setenv(name, value)
+        for name in AWS_UNSET:
+            env.delenv(name, raising=False)
+        empty = tmp_path_factory.mktemp("aws") / "none"  # no config or credentials file
+        env.setenv("AWS_CONFIG_FILE", str(empty))
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+        moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        try:
+            host, port = moto.get_host_and_port()
+            creds = {
+                "key": "testing",
+                "secret": "testing",
+                "client_kwargs": {"region_name": "us-east-1"},
+            }
+            fs = s3fs.S3FileSystem(
+                endpoint_url=f"http://{host}:{port}", skip_instance_cache=True, **creds
+            )
+            # us-east-1 takes no LocationConstraint (s3fs.mkdir would send one).
+            fs.call_s3("create_bucket", Bucket="bucket")
+            fs.put(str(data_dir[0] / "x.zarr"), "bucket/x.zarr", recursive=True)
+            for proxy in serve(None, upstream=(host, port)):
+                yield proxy, {**creds, "endpoint_url": proxy.url}
+        finally:
+            moto.stop()
 
 
 @pytest.fixture
@@ -261,6 +283,49 @@ def test_compare_throughput_against_the_local_copy(http_faults, data_dir):
     assert report.remote_gbps > 0 and report.local_gbps > 0 and report.ratio > 0
 
 
+def test_bench_on_a_url_reports_throughput_against_the_local_copy(http_faults, data_dir, capsys):
+    from chunkstream.cli import main
+
+    url, local = f"{http_faults.url}/x.zarr", str(data_dir[0] / "x.zarr")
+    code = main(["bench", url, "--local", local, "--chunk-size", str(WINDOW), "--chunks", "3",
+                 "--prefetch", "1", "--workers", "2", "--train-ms", "0", "--device", "cpu",
+                 "--no-progress", "--json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    remote = json.loads(out)["remote"]
+    assert remote["url"] == url and remote["local"] == local and remote["windows"] == 3
+    assert remote["nbytes"] == 3 * WINDOW * F * 4
+    assert remote["remote_s"] > 0 and remote["local_s"] > 0
+    assert remote["remote_gbps"] == pytest.approx(remote["nbytes"] / remote["remote_s"] / 1e9)
+    assert remote["local_gbps"] == pytest.approx(remote["nbytes"] / remote["local_s"] / 1e9)
+    assert remote["ratio"] == pytest.approx(remote["remote_gbps"] / remote["local_gbps"])
+
+
+def test_closing_a_url_source_closes_its_http_session(http_faults, data_dir):
+    source = cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST})
+    out = {"data": np.empty((WINDOW, F), np.float32)}
+    source.read_into(0, WINDOW, out)
+    np.testing.assert_array_equal(out["data"], data_dir[1][:WINDOW])
+    fs = source.array.store._store.fs
+    session = fs._session  # aiohttp's, opened by the read
+    assert session is not None and not session.closed
+    source.close()
+    source.close()  # idempotent
+    assert session.closed
+    with cs.ZarrSource(data_dir[0] / "x.zarr") as local:  # a local source has no session
+        assert local._owned_store is None
+
+
+@pytest.mark.parametrize("bad", [{"array": "x"}, {"fields": {"x": (9,)}}])
+def test_a_failed_open_closes_the_store(http_faults, monkeypatch, bad):
+    closed = []
+    close = RetryingStore.close
+    monkeypatch.setattr(RetryingStore, "close", lambda self: (closed.append(self), close(self)))
+    with pytest.raises(cs.SourceError if "fields" in bad else cs.ConfigError):
+        cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST}, **bad)
+    assert len(closed) == 1 and not closed[0].owns_filesystem  # closed, session included
+
+
 # -- S3 (moto server) -------------------------------------------------------------------
 
 
@@ -277,6 +342,17 @@ def test_s3_transient_faults_are_survived(s3, data_dir, kind):
     got = read_all("s3://bucket/x.zarr", {**options, "chunkstream": FAST})
     assert proxy.faults.hits == 2
     np.testing.assert_array_equal(got, data_dir[1])
+
+
+def test_closing_an_s3_source_closes_its_client(s3, data_dir):
+    _proxy, options = s3
+    source = cs.ZarrSource("s3://bucket/x.zarr", storage_options={**options, "chunkstream": FAST})
+    out = {"data": np.empty((WINDOW, F), np.float32)}
+    source.read_into(0, WINDOW, out)
+    fs = source.array.store._store.fs
+    assert fs._s3 is not None
+    source.close()
+    assert fs._s3 is None  # the botocore client and its connection pool are gone
 
 
 def test_s3_persistent_fault_names_the_url_and_window(s3):

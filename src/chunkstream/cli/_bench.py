@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "and the transfer time; per setting it reports mean/max wait, how often the queue "
             "was empty/full, the epoch time against the ideal bound first_read + n * "
             "max(read / workers, transfer, train), and a verdict: keeping up or not, and what "
-            "to change."
+            "to change. With --local COPY (PATH a URL, COPY a local copy of the same store) it "
+            "also streams the same windows from both and reports remote vs local GB/s."
         ),
     )
     p.add_argument("path", metavar="PATH", help="zarr store, FlyVis run directory or URL")
@@ -67,12 +68,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot-setting", type=_pair, default=None, metavar="PREFETCH,WORKERS",
                    help="plot this setting instead of the worst")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--local", default=None, metavar="COPY",
+                   help="a local copy of the store at PATH (a URL): also report the URL's "
+                        "throughput against it (GB/s of decoded windows, and the ratio)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._bench import open_bench_source, plot_bench, run_bench
+    from ..tools._bench import compare_local, open_bench_source, plot_bench, run_bench
 
     source = open_bench_source(args.path, args.fields, flyvis=args.flyvis, column=args.column,
                                stim_dims=args.stim_dims)  # fmt: skip
@@ -86,6 +90,13 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         source.close()
+    remote = None
+    if args.local is not None:
+        remote = compare_local(
+            args.path, args.local, args.fields, flyvis=args.flyvis, column=args.column,
+            stim_dims=args.stim_dims, chunk_size=report.chunk_size, windows=args.chunks,
+            workers=max(args.workers), seed=args.seed,
+        )  # fmt: skip
     plotted = None
     if args.plot is not None:
         chosen = report.find(*args.plot_setting) if args.plot_setting else None
@@ -93,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = report.to_dict()
         out["plot"] = plotted
+        if remote is not None:
+            out["remote"] = remote.to_dict()
         print(json.dumps(out, indent=2))
         return 0
     print(f"{report.path}: chunk {report.chunk_size} timesteps ({report.chunk_bytes / 1e6:.1f} "
@@ -116,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
     for s in report.settings:
         print(f"{s.label}: {s.verdict}")
     print(f"recommendation: {report.recommendation}")
+    if remote is not None:
+        print(f"remote vs local copy ({remote.windows} windows, {remote.nbytes / 1e6:.1f} MB): "
+              f"{remote.remote_gbps:.3f} GB/s from {remote.url}, {remote.local_gbps:.3f} GB/s "
+              f"from {remote.local}; remote/local = {remote.ratio:.2f}")  # fmt: skip
     if plotted:
         print(f"timeline written to {plotted}")
     return 0

@@ -33,7 +33,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,16 +125,40 @@ class RetryingStore(WrapperStore):
     """A zarr ``Store`` wrapper: every request under a timeout, transient failures retried.
 
     ``url`` names the store in error messages. Thread-safe as the wrapped store
-    is (zarr runs all requests on its own event loop).
+    is (zarr runs all requests on its own event loop). ``owns_filesystem``: the
+    wrapped store's fsspec filesystem was made for this store alone (as
+    :func:`open_remote_store` does for a URL), so :meth:`close` also closes its
+    HTTP session; a filesystem shared with others is left open.
     """
 
-    def __init__(self, store: Any, *, url: str, options: RemoteOptions | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        url: str,
+        options: RemoteOptions | None = None,
+        owns_filesystem: bool = False,
+    ) -> None:
         super().__init__(store)
         self.url = url.rstrip("/")
         self.options = options or RemoteOptions()
+        self.owns_filesystem = owns_filesystem
 
     def _with_store(self, store: Any) -> RetryingStore:
+        # A derived store (e.g. read-only) shares the filesystem: closing it must not close that.
         return type(self)(store, url=self.url, options=self.options)
+
+    def close(self) -> None:
+        """Close the wrapped store and, when owned, its filesystem's sessions; idempotent.
+
+        Closing the session here, on zarr's event loop, is what keeps aiohttp from
+        warning about an unclosed client session when the process exits.
+        """
+        super().close()
+        fs = getattr(self._store, "fs", None)
+        if self.owns_filesystem and fs is not None:
+            self.owns_filesystem = False
+            _close_filesystem(fs, self.options.timeout)
 
     def __str__(self) -> str:
         return self.url
@@ -206,9 +230,33 @@ class RetryingStore(WrapperStore):
             yield key
 
 
+def _close_filesystem(fs: Any, timeout: float) -> None:
+    """Close the aiohttp session (http, gcsfs) or botocore client (s3fs) of an async fsspec
+    filesystem on zarr's event loop; the next request on ``fs`` would open a new one."""
+    from zarr.core.sync import sync
+
+    async def close() -> None:
+        # Private attributes of the backends: fsspec offers no public async close.
+        session = getattr(fs, "_session", None)
+        if session is not None and not getattr(session, "closed", True):
+            await session.close()
+        creator = getattr(fs, "_s3creator", None)
+        if creator is not None:
+            await creator.__aexit__(None, None, None)
+            fs._s3, fs._s3creator = None, None
+
+    try:
+        sync(close(), timeout=timeout)
+    except (OSError, RuntimeError, TimeoutError) as exc:  # a dead loop or network at exit
+        _log.debug("chunkstream: closing the session of %r failed: %s", fs, exc)
+
+
 def _backend_options(scheme: str, given: Mapping[str, Any], opts: RemoteOptions) -> dict:
     """fsspec options with timeouts (and pool sizes) set where the user did not set them."""
     out = dict(given)
+    # A filesystem of this store's own (not fsspec's shared instance), so closing the
+    # store can close its session without breaking another store's requests.
+    out.setdefault("skip_instance_cache", True)
     if scheme in ("http", "https"):
         import aiohttp
 
@@ -250,7 +298,9 @@ def open_remote_store(
 
     A URL string goes through ``zarr.storage.FsspecStore.from_url`` with
     ``storage_options`` (credentials, endpoint, ...); the options may also hold
-    :class:`RemoteOptions` under the key ``"chunkstream"``. A zarr ``Store``
+    :class:`RemoteOptions` under the key ``"chunkstream"``. The fsspec filesystem
+    is the store's own (``skip_instance_cache=True`` unless given), so closing the
+    store closes its session. A zarr ``Store``
     (for instance ``zarr.storage.ObjectStore`` over obstore) is wrapped as it is;
     ``url`` then names it in errors.
     """
@@ -265,14 +315,13 @@ def open_remote_store(
         from zarr.storage import FsspecStore
 
         scheme = url_or_store.split("://", 1)[0].lower()
-        store = FsspecStore.from_url(
-            url_or_store, storage_options=_backend_options(scheme, given, opts), read_only=True
-        )
-        name = url_or_store
+        backend = _backend_options(scheme, given, opts)
+        store = FsspecStore.from_url(url_or_store, storage_options=backend, read_only=True)
+        name, owned = url_or_store, bool(backend["skip_instance_cache"])
     else:
-        store, name = url_or_store, url or str(url_or_store)
+        store, name, owned = url_or_store, url or str(url_or_store), False
     _raise_concurrency(opts.concurrency)
-    return RetryingStore(store, url=name, options=opts)
+    return RetryingStore(store, url=name, options=opts, owns_filesystem=owned)
 
 
 # -- throughput against a local copy (used by the ``bench`` command) -----------------
@@ -301,6 +350,12 @@ class ThroughputReport:
     def ratio(self) -> float:
         """Remote throughput over local (1.0: the network costs nothing)."""
         return self.local_s / self.remote_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields and the derived GB/s and ratio, for JSON."""
+        out = asdict(self)
+        out.update(remote_gbps=self.remote_gbps, local_gbps=self.local_gbps, ratio=self.ratio)
+        return out
 
 
 def compare_throughput(

@@ -66,36 +66,53 @@ def open_zarr_array(
 
     Local paths are checked first so that the errors say what is wrong; URLs go
     through zarr's fsspec store. This is the one place a store is opened, so
-    retries and timeouts for remote stores belong here.
+    retries and timeouts for remote stores belong here. A URL's store (and its
+    HTTP session) belongs to the caller, who closes it with ``array.store.close()``;
+    when opening fails it is closed here.
     """
     text = str(path)
-    if is_url(text):
-        try:
-            from ._remote import open_remote_store  # timeouts, retries, concurrency
+    if not is_url(text):
+        return _select_array(_open_local(text), array, text)
+    from ._remote import open_remote_store  # timeouts, retries, concurrency
 
-            node = zarr.open(open_remote_store(text, storage_options), mode="r")
+    store = open_remote_store(text, storage_options)
+    try:
+        try:
+            node = zarr.open(store, mode="r")
         except FileNotFoundError as exc:
             raise SourceNotFoundError(
                 f"no zarr array or group at {text!r}. Check the URL and credentials "
                 "(storage_options)."
             ) from exc
-    else:
-        local = Path(text.removeprefix("file://")).expanduser()
-        if not local.exists():
-            raise SourceNotFoundError(f"path {str(local)!r} does not exist. Check the path.")
-        if not any((local / name).exists() for name in ("zarr.json", ".zarray", ".zgroup")):
-            raise NotZarrError(
-                f"path {str(local)!r} is not a zarr store: it has no zarr.json, .zarray or "
-                ".zgroup. Point at the .zarr folder itself, or convert the data to zarr."
-            )
-        try:
-            node = zarr.open(local, mode="r")
-        except (ValueError, KeyError, TypeError) as exc:  # unreadable or incomplete metadata
-            raise NotZarrError(
-                f"the zarr metadata of {str(local)!r} is unreadable "
-                f"({type(exc).__name__}: {exc}): zarr.json, .zarray or .zgroup is corrupt or "
-                "incomplete. Restore the metadata file or rewrite the array."
-            ) from exc
+        return _select_array(node, array, text)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _open_local(text: str) -> zarr.Array | zarr.Group:
+    """The zarr node at a local path, with errors that say what is wrong."""
+    local = Path(text.removeprefix("file://")).expanduser()
+    if not local.exists():
+        raise SourceNotFoundError(f"path {str(local)!r} does not exist. Check the path.")
+    if not any((local / name).exists() for name in ("zarr.json", ".zarray", ".zgroup")):
+        raise NotZarrError(
+            f"path {str(local)!r} is not a zarr store: it has no zarr.json, .zarray or "
+            ".zgroup. Point at the .zarr folder itself, or convert the data to zarr."
+        )
+    try:
+        node = zarr.open(local, mode="r")
+    except (ValueError, KeyError, TypeError) as exc:  # unreadable or incomplete metadata
+        raise NotZarrError(
+            f"the zarr metadata of {str(local)!r} is unreadable "
+            f"({type(exc).__name__}: {exc}): zarr.json, .zarray or .zgroup is corrupt or "
+            "incomplete. Restore the metadata file or rewrite the array."
+        ) from exc
+    return node
+
+
+def _select_array(node: zarr.Array | zarr.Group, array: str | None, text: str) -> zarr.Array:
+    """``node`` itself, or its member ``array``; a clear error for a group or a wrong name."""
     if array is not None:
         if not isinstance(node, zarr.Group):
             raise ConfigError.bad("array", array, f"None, since {text!r} is an array, not a group")
@@ -136,12 +153,32 @@ class ZarrSource:
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
         if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
             raise ConfigError.bad("read_threads", read_threads, "a positive int or None")
+        self._closed = False
+        self._pool: ThreadPoolExecutor | None = None
+        #: The store opened here from a URL, closed with the source; never a caller's array's.
+        self._owned_store: Any = None
         if isinstance(path_or_array, zarr.Array):
             self.array = path_or_array
             self.path = str(path_or_array.store_path)
         else:
             self.array = open_zarr_array(path_or_array, array, storage_options)
             self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
+            if is_url(str(path_or_array)):
+                self._owned_store = self.array.store
+        try:
+            self._setup(fields, check_missing, read_threads, _fast)
+        except BaseException:
+            self.close()  # the remote session of a source that failed validation
+            raise
+
+    def _setup(
+        self,
+        fields: Mapping[str, tuple[int | slice, ...] | int | slice] | None,
+        check_missing: bool | Literal["auto", "open"],
+        read_threads: int | None,
+        _fast: bool | None,
+    ) -> None:
+        """Validate the fields and pick the read path (the rest of ``__init__``)."""
         arr = self.array
         if arr.ndim < 1:
             raise NotZarrError(f"zarr array {self.path!r} is 0-d: it has no time axis.")
@@ -170,7 +207,6 @@ class ZarrSource:
             mode = "open" if local is not None else False
         if mode == "open":
             self._check_all_chunks(local)
-        self._pool: ThreadPoolExecutor | None = None
         self._fast: FastChunkReader | None = None
         decoder = fast_decoder(arr) if _fast is not False else None
         if _fast and decoder is None:
@@ -185,7 +221,6 @@ class ZarrSource:
             self._fast = FastChunkReader(
                 arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool
             )
-        self._closed = False
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -230,12 +265,15 @@ class ZarrSource:
                     ) from exc
 
     def close(self) -> None:
-        """Stop the decode pool; idempotent. The zarr array needs no closing."""
+        """Stop the decode pool and close a store opened from a URL (its HTTP session);
+        idempotent. A local store, or an array the caller passed, is left as it is."""
         if self._closed:
             return
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._owned_store is not None:
+            self._owned_store.close()
 
     def __enter__(self) -> ZarrSource:
         return self

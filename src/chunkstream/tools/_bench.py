@@ -20,6 +20,10 @@ when, after the first chunk, the consumer waited at most 10% of the epoch.
 The verdict names the bottleneck and the fix: more workers or a rechunked
 store when reads are slower than training on average, deeper prefetch when
 they are only sometimes slower, a smaller chunk when the first read dominates.
+
+On a URL, :func:`compare_local` also streams the same windows from the URL and
+from a local copy of the same store and reports both GB/s and their ratio
+(:func:`chunkstream.sources._remote.compare_throughput`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ __all__ = [
     "BenchChunk",
     "BenchReport",
     "SettingResult",
+    "compare_local",
     "default_bench_chunk_size",
     "open_bench_source",
     "plot_bench",
@@ -158,6 +163,53 @@ def open_bench_source(
     All fields must lie in one array (a ZarrSource reads one array).
     """
     from ..sources import ZarrSource
+
+    _, array, selection = _bench_selection(
+        path, fields, flyvis=flyvis, column=column, stim_dims=stim_dims
+    )
+    return ZarrSource(array, selection)
+
+
+def compare_local(
+    path: str | os.PathLike,
+    local: str | os.PathLike,
+    fields: Sequence[str] | None = None,
+    *,
+    flyvis: bool = False,
+    column: str | int = "voltage",
+    stim_dims: int | None = None,
+    chunk_size: int,
+    windows: int = 8,
+    workers: int = 4,
+    seed: int = 0,
+) -> Any:
+    """Throughput of ``path`` (a URL) against ``local``, a local copy of the same store.
+
+    The fields are chosen as for :func:`open_bench_source`; both copies stream
+    the same ``windows`` shuffled windows of ``chunk_size`` timesteps. Returns a
+    :class:`~chunkstream.sources._remote.ThroughputReport`.
+    """
+    from ..sources._remote import compare_throughput
+
+    root, array, selection = _bench_selection(
+        path, fields, flyvis=flyvis, column=column, stim_dims=stim_dims
+    )
+    local_root = f"{str(local).rstrip('/')}/timeseries.zarr" if flyvis else str(local)
+    return compare_throughput(
+        root, local_root, fields=selection, array=array.path or None, chunk_size=chunk_size,
+        windows=windows, workers=workers, seed=seed,
+    )  # fmt: skip
+
+
+def _bench_selection(
+    path: str | os.PathLike,
+    fields: Sequence[str] | None,
+    *,
+    flyvis: bool,
+    column: str | int,
+    stim_dims: int | None,
+) -> tuple[str, Any, dict[str, Any]]:
+    """``(store root, zarr array, {field: index})`` of the fields bench streams."""
     from ._fieldspec import FieldRequest, parse_fields
     from ._plan import flyvis_requests
     from ._stores import open_arrays, resolve_field
@@ -166,9 +218,11 @@ def open_bench_source(
         if fields:
             raise ConfigError("--flyvis names the fields itself: drop --fields.")
         requests = flyvis_requests(column, stim_dims)
-        arrays = open_arrays(f"{str(path).rstrip('/')}/timeseries.zarr")
+        root = f"{str(path).rstrip('/')}/timeseries.zarr"
+        arrays = open_arrays(root)
         requests = [FieldRequest(name=r.name, array=None, index=r.index) for r in requests]
     else:
+        root = str(path)
         arrays = open_arrays(path)
         requests = parse_fields(fields) if fields else None
         if requests is None:
@@ -185,10 +239,8 @@ def open_bench_source(
             f"bench streams fields of one array, but these read {sorted(names)}: bench one "
             "array at a time, or `chunkstream convert` them into one store."
         )
-    array = resolved[0][1]
-    return ZarrSource(
-        array, {r.name: index for r, (_, _, index) in zip(requests, resolved, strict=True)}
-    )
+    selection = {r.name: index for r, (_, _, index) in zip(requests, resolved, strict=True)}
+    return root, resolved[0][1], selection
 
 
 def _trainer(kind: str, train_ms: float, device: torch.device, steps: int) -> Callable[[Any], None]:
