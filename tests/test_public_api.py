@@ -9,7 +9,7 @@ PUBLIC = [
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
     "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemoteStoreError", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",
-    "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
+    "ZarrGroupSource", "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",
     "zero_neurons_with_neighbours",
 ]  # fmt: skip

@@ -50,6 +50,7 @@ from .sources import (
     RemoteOptions,
     Source,
     TensorStoreSource,
+    ZarrGroupSource,
     ZarrSource,
 )
 from .stats import BatchTimer, LatencyStats, plot_timeline
@@ -90,6 +91,7 @@ __all__ = [
     "TensorStoreSource",
     "WindowPlan",
     "WindowSampler",
+    "ZarrGroupSource",
     "ZarrSource",
     "__version__",
     "compat",

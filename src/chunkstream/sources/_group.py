@@ -46,16 +46,7 @@ class ZarrGroupSource:
                 f"no zarr group at {self.path!r}: the path does not exist. Check the path, "
                 "or write one with `chunkstream convert IN OUT --fields ...`."
             )
-        try:
-            group = zarr.open_group(
-                self.path, mode="r", storage_options=kwargs.get("storage_options")
-            )
-        except (FileNotFoundError, ValueError, TypeError) as exc:
-            raise NotZarrError(
-                f"{self.path!r} is not a zarr group ({type(exc).__name__}: {exc}); for a "
-                "single array use cs.ZarrSource."
-            ) from exc
-        arrays = sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
+        arrays = _array_names(self.path, kwargs.get("storage_options"))
         refs: dict[str, tuple[str, Index]] = {}
         for name, ref in (fields or {a: a for a in arrays}).items():
             array, index = (ref, ()) if isinstance(ref, str) else ref
@@ -115,3 +106,23 @@ class ZarrGroupSource:
     def __repr__(self) -> str:
         names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())
         return f"ZarrGroupSource({self.path!r}, T={self._len}, fields=[{names}])"
+
+
+def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    """The arrays of the group at ``path`` (a URL goes through the retrying remote store)."""
+    store: Any = path
+    if is_url(path):
+        from ._remote import open_remote_store
+
+        store = open_remote_store(path, storage_options)
+    try:
+        group = zarr.open_group(store, mode="r")
+        return sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        raise NotZarrError(
+            f"{path!r} is not a zarr group ({type(exc).__name__}: {exc}); for a "
+            "single array use cs.ZarrSource."
+        ) from exc
+    finally:
+        if store is not path:
+            store.close()  # each array's ZarrSource opens (and closes) its own store
