@@ -23,193 +23,33 @@ no thread churn, and stale reads are discarded with their buffers returned.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
 from .._errors import (
     ChunkLoadError,
-    ChunkstreamError,
     ConfigError,
     LoaderClosedError,
     LoaderStalledError,
-    NonFiniteError,
 )
 from ..distributed import EpochShare, Uneven, epoch_share
 from ..distributed import resolve_rank as _resolve_rank
 from ..plans import WindowPlan, make_plan
 from ..sources._base import Source, window_nbytes
 from ..stats._latency import ChunkRecord, LatencyStats
-from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
+from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
-from ._stage import EndOfJobs, OrderedStage, StageClosed, Ticket
+from ._jobs import OnDevice, describe_source, discard_loaded, read_job, transfer_job
+from ._stage import EndOfJobs, OrderedStage, StageClosed
 
 __all__ = ["ChunkLoader"]
 
-_log = logging.getLogger("chunkstream.pipeline")
 _POLL_S = 0.1
-_RETRY_BACKOFF_S = 0.05
-
-
-@dataclass
-class _Loaded:
-    """A window read into a host buffer set (owned by the pipeline until handed on)."""
-
-    job: int
-    start: int
-    stop: int
-    buffers: BufferSet
-    read_begin: float
-    read_end: float
-
-
-@dataclass
-class _OnDevice:
-    """A window copied to device tensors; ``done`` is the event recorded after the copy."""
-
-    loaded: _Loaded
-    tensors: dict[str, torch.Tensor]
-    begin: Any
-    done: Any
-    issued: float
-
-
-def _describe_source(source: Source) -> str:
-    path = getattr(source, "path", None)
-    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
-
-
-def _read_job(
-    job: int,
-    ticket: Ticket,
-    *,
-    windows: list[tuple[int, int]],
-    source: Source,
-    pool: HostBufferPool | PinnedSlotPool,
-    check_finite: bool,
-    retries: int,
-) -> _Loaded:
-    start, stop = windows[job]
-    buffers = pool.acquire(ticket.cancelled)
-    begin = time.perf_counter()
-    try:
-        for attempt in range(retries + 1):
-            try:
-                source.read_into(start, stop, buffers.views(stop - start))
-                break
-            except Exception as exc:
-                if attempt == retries or not _transient(exc) or ticket.cancelled():
-                    raise
-                delay = _RETRY_BACKOFF_S * 2**attempt
-                _log.warning(
-                    "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
-                    start, stop, type(exc).__name__, exc, attempt + 1, retries, delay,
-                )  # fmt: skip
-                time.sleep(delay)
-        if check_finite:
-            _check_finite(buffers, start, stop)
-    except BaseException as exc:
-        pool.release(buffers)
-        if isinstance(exc, ChunkLoadError):
-            raise
-        field = getattr(exc, "chunkstream_field", None)
-        where = f" field {field!r}" if field else ""
-        raise ChunkLoadError(
-            f"reading window [{start}, {stop}){where} of {_describe_source(source)} failed: "
-            f"{type(exc).__name__}: {exc}",
-            window=(start, stop),
-            field=field,
-        ) from exc
-    return _Loaded(job, start, stop, buffers, begin, time.perf_counter())
-
-
-def _transient(exc: BaseException) -> bool:
-    """Errors worth retrying: I/O and network hiccups, not bad data or a missing path."""
-    if isinstance(exc, ChunkstreamError):
-        return False
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, (OSError, ConnectionError, TimeoutError))
-
-
-def _check_finite(buffers: BufferSet, start: int, stop: int) -> None:
-    for name, array in buffers.views(stop - start).items():
-        if array.dtype.kind not in "fc":
-            continue
-        finite = np.isfinite(array)
-        if not finite.all():
-            bad = np.argwhere(~finite)[0]
-            position = (start + int(bad[0]), *(int(i) for i in bad[1:]))
-            raise NonFiniteError(
-                f"field {name!r} holds {array[tuple(bad)]} at index {position} "
-                f"(timestep {position[0]}); {int((~finite).sum())} non-finite values in window "
-                f"[{start}, {stop}). Clean the data, or pass check_finite=False to train on it."
-            )
-
-
-def _transfer_job(
-    job: int,
-    ticket: Ticket,
-    *,
-    upstream: OrderedStage,
-    pool: PinnedSlotPool | HostBufferPool,
-    device: torch.device,
-    stream: Any,
-) -> _OnDevice:
-    del job
-    while True:
-        try:
-            loaded: _Loaded = upstream.get(timeout=_POLL_S, generation=ticket.generation)
-            break
-        except TimeoutError:
-            if ticket.cancelled():
-                raise StageClosed("transfer") from None
-    rows = loaded.stop - loaded.start
-    issued = time.perf_counter()
-    try:
-        if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
-            tensors = {
-                name: torch.from_numpy(array).to(device)
-                for name, array in loaded.buffers.views(rows).items()
-            }
-            pool.release(loaded.buffers)
-            return _OnDevice(loaded, tensors, None, None, issued)
-        host = loaded.buffers.tensors
-        assert host is not None  # CUDA always runs with pinned slots (internal invariant)
-        # This thread's current device is not the consumer's: name it explicitly.
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            begin = torch.cuda.Event(enable_timing=True)
-            done = torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            # Allocated on the transfer stream; the consumer calls record_stream.
-            tensors = {
-                name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
-                    t[:rows], non_blocking=True
-                )
-                for name, t in host.items()
-            }
-            done.record(stream)
-    except BaseException as exc:
-        pool.release(loaded.buffers)
-        raise ChunkLoadError(
-            f"copying window [{loaded.start}, {loaded.stop}) to {device} failed: "
-            f"{type(exc).__name__}: {exc}",
-            window=(loaded.start, loaded.stop),
-        ) from exc
-    pool.release_after(loaded.buffers, done)
-    return _OnDevice(loaded, tensors, begin, done, issued)
-
-
-def _discard_loaded(value: _Loaded, pool: Any) -> None:
-    pool.release(value.buffers)
 
 
 class ChunkLoader:
@@ -346,7 +186,7 @@ class ChunkLoader:
         windows, pool = self._windows, self._pool
         self._reader = OrderedStage(
             "read",
-            lambda job, ticket: _read_job(
+            lambda job, ticket: read_job(
                 job,
                 ticket,
                 windows=windows,
@@ -359,7 +199,7 @@ class ChunkLoader:
             capacity=self.config.reader_capacity
             if not on_cuda
             else min(self.config.reader_capacity, self.config.slots),
-            discard=lambda value: _discard_loaded(value, pool),
+            discard=lambda value: discard_loaded(value, pool),
         )
         self._stages = [self._reader]
         self._transfer: OrderedStage | None = None
@@ -369,7 +209,7 @@ class ChunkLoader:
             try:
                 self._transfer = OrderedStage(
                     "transfer",
-                    lambda job, ticket: _transfer_job(
+                    lambda job, ticket: transfer_job(
                         job, ticket, upstream=reader, pool=pool, device=device_, stream=stream
                     ),
                     workers=1,
@@ -472,7 +312,7 @@ class ChunkLoader:
                 self._after_failure()
                 raise
         received = time.perf_counter()
-        if isinstance(value, _OnDevice):
+        if isinstance(value, OnDevice):
             loaded, tensors = value.loaded, value.tensors
             if value.done is not None:
                 consumer = torch.cuda.current_stream(self.device)
@@ -500,7 +340,7 @@ class ChunkLoader:
             read_end=loaded.read_end,
             received=received,
         )
-        if isinstance(value, _OnDevice):
+        if isinstance(value, OnDevice):
             record.transfer_begin = value.issued
             if value.done is not None:
                 record._events = (value.begin, value.done)
@@ -676,7 +516,7 @@ class ChunkLoader:
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"ChunkLoader({_describe_source(self.source)}, chunk_size={c.chunk_size}, "
+            f"ChunkLoader({describe_source(self.source)}, chunk_size={c.chunk_size}, "
             f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )

@@ -1,0 +1,186 @@
+"""The work each stage does: a reader job fills a host buffer, a transfer job copies it.
+
+These are plain functions of their inputs (they never see the loader), so the
+stage threads hold no reference to a :class:`~chunkstream.ChunkLoader` and a
+loader the user drops can be collected and stopped.
+
+Buffer ownership along the way: :func:`read_job` takes a buffer set from the
+pool and either hands it on inside a :class:`Loaded` or gives it back when the
+read fails; :func:`transfer_job` gives the slot back with the event recorded
+after its copy (``PinnedSlotPool.release_after``), so the slot is refilled only
+once the copy has finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
+from ..sources._base import Source
+from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
+from ._stage import OrderedStage, StageClosed, Ticket
+
+__all__ = ["Loaded", "OnDevice", "describe_source", "discard_loaded", "read_job", "transfer_job"]
+
+_log = logging.getLogger("chunkstream.pipeline")
+_POLL_S = 0.1
+_RETRY_BACKOFF_S = 0.05
+
+
+@dataclass
+class Loaded:
+    """A window read into a host buffer set (owned by the pipeline until handed on)."""
+
+    job: int
+    start: int
+    stop: int
+    buffers: BufferSet
+    read_begin: float
+    read_end: float
+
+
+@dataclass
+class OnDevice:
+    """A window copied to device tensors; ``done`` is the event recorded after the copy."""
+
+    loaded: Loaded
+    tensors: dict[str, torch.Tensor]
+    begin: Any
+    done: Any
+    issued: float
+
+
+def describe_source(source: Source) -> str:
+    path = getattr(source, "path", None)
+    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
+
+
+def read_job(
+    job: int,
+    ticket: Ticket,
+    *,
+    windows: list[tuple[int, int]],
+    source: Source,
+    pool: HostBufferPool | PinnedSlotPool,
+    check_finite: bool,
+    retries: int,
+) -> Loaded:
+    start, stop = windows[job]
+    buffers = pool.acquire(ticket.cancelled)
+    begin = time.perf_counter()
+    try:
+        for attempt in range(retries + 1):
+            try:
+                source.read_into(start, stop, buffers.views(stop - start))
+                break
+            except Exception as exc:
+                if attempt == retries or not _transient(exc) or ticket.cancelled():
+                    raise
+                delay = _RETRY_BACKOFF_S * 2**attempt
+                _log.warning(
+                    "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
+                    start, stop, type(exc).__name__, exc, attempt + 1, retries, delay,
+                )  # fmt: skip
+                time.sleep(delay)
+        if check_finite:
+            _check_finite(buffers, start, stop)
+    except BaseException as exc:
+        pool.release(buffers)
+        if isinstance(exc, ChunkLoadError):
+            raise
+        field = getattr(exc, "chunkstream_field", None)
+        where = f" field {field!r}" if field else ""
+        raise ChunkLoadError(
+            f"reading window [{start}, {stop}){where} of {describe_source(source)} failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(start, stop),
+            field=field,
+        ) from exc
+    return Loaded(job, start, stop, buffers, begin, time.perf_counter())
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors worth retrying: I/O and network hiccups, not bad data or a missing path."""
+    if isinstance(exc, ChunkstreamError):
+        return False
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, (OSError, ConnectionError, TimeoutError))
+
+
+def _check_finite(buffers: BufferSet, start: int, stop: int) -> None:
+    for name, array in buffers.views(stop - start).items():
+        if array.dtype.kind not in "fc":
+            continue
+        finite = np.isfinite(array)
+        if not finite.all():
+            bad = np.argwhere(~finite)[0]
+            position = (start + int(bad[0]), *(int(i) for i in bad[1:]))
+            raise NonFiniteError(
+                f"field {name!r} holds {array[tuple(bad)]} at index {position} "
+                f"(timestep {position[0]}); {int((~finite).sum())} non-finite values in window "
+                f"[{start}, {stop}). Clean the data, or pass check_finite=False to train on it."
+            )
+
+
+def transfer_job(
+    job: int,
+    ticket: Ticket,
+    *,
+    upstream: OrderedStage,
+    pool: PinnedSlotPool | HostBufferPool,
+    device: torch.device,
+    stream: Any,
+) -> OnDevice:
+    del job
+    while True:
+        try:
+            loaded: Loaded = upstream.get(timeout=_POLL_S, generation=ticket.generation)
+            break
+        except TimeoutError:
+            if ticket.cancelled():
+                raise StageClosed("transfer") from None
+    rows = loaded.stop - loaded.start
+    issued = time.perf_counter()
+    try:
+        if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
+            tensors = {
+                name: torch.from_numpy(array).to(device)
+                for name, array in loaded.buffers.views(rows).items()
+            }
+            pool.release(loaded.buffers)
+            return OnDevice(loaded, tensors, None, None, issued)
+        host = loaded.buffers.tensors
+        assert host is not None  # CUDA always runs with pinned slots (internal invariant)
+        # This thread's current device is not the consumer's: name it explicitly.
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            begin = torch.cuda.Event(enable_timing=True)
+            done = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            # Allocated on the transfer stream; the consumer calls record_stream.
+            tensors = {
+                name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
+                    t[:rows], non_blocking=True
+                )
+                for name, t in host.items()
+            }
+            done.record(stream)
+    except BaseException as exc:
+        pool.release(loaded.buffers)
+        raise ChunkLoadError(
+            f"copying window [{loaded.start}, {loaded.stop}) to {device} failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(loaded.start, loaded.stop),
+        ) from exc
+    pool.release_after(loaded.buffers, done)
+    return OnDevice(loaded, tensors, begin, done, issued)
+
+
+def discard_loaded(value: Loaded, pool: Any) -> None:
+    pool.release(value.buffers)
