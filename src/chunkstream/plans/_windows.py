@@ -35,7 +35,6 @@ When ``chunk_size >= total_timesteps`` every plan returns the whole data
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -43,6 +42,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .._errors import ConfigError
+from ._hash import feistel as _feistel
+from ._hash import half_bits as _half_bits
+from ._hash import hash_words as _hash
+from ._hash import mix as _mix
+from ._hash import round_keys as _round_keys
+from ._hash import seed_key as _seed_key
 
 __all__ = [
     "RandomPlan",
@@ -53,12 +58,9 @@ __all__ = [
     "remaining_indices",
 ]
 
-_M64 = 0xFFFF_FFFF_FFFF_FFFF
-_GOLDEN = 0x9E37_79B9_7F4A_7C15
 _MAX_INDEX = 2**63 - 1  # the vectorised path holds indices in int64
 _TAG_RANDOM = 0x52414E44  # "RAND": separates the random and shuffled streams
 _TAG_SHUFFLE = 0x53485546  # "SHUF"
-_FEISTEL_ROUNDS = 6
 
 
 @runtime_checkable
@@ -95,54 +97,6 @@ class WindowPlan(Protocol):
     def rank_window(
         self, epoch: int, step: int, rank: int = 0, world_size: int = 1
     ) -> tuple[int, int]: ...
-
-
-# -- hashing: the same expressions run on Python ints and on uint64 arrays ---------
-
-
-def _mix(x):
-    """splitmix64 finaliser: a bijection on 64-bit words with full avalanche."""
-    x = ((x ^ (x >> 30)) * 0xBF58_476D_1CE4_E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D0_49BB_1331_11EB) & _M64
-    return x ^ (x >> 31)
-
-
-def _hash(key, *words):
-    """Chain ``words`` into ``key``; for a fixed prefix each word maps bijectively."""
-    h = key
-    for word in words:
-        h = _mix(((h + _GOLDEN) & _M64) ^ word)
-    return h
-
-
-@functools.lru_cache(maxsize=64)
-def _seed_key(seed: int) -> int:
-    """Fold a seed of any size into one 64-bit key (limb by limb, so no two collide
-    by truncation)."""
-    key = _mix(_GOLDEN)
-    while True:
-        key = _hash(key, seed & _M64)
-        seed >>= 64
-        if not seed:
-            return key
-
-
-def _feistel(x, half_bits: int, round_keys):
-    """One pass of a balanced Feistel network on ``2 * half_bits``-bit values."""
-    mask = (1 << half_bits) - 1
-    left, right = x >> half_bits, x & mask
-    for key in round_keys:
-        left, right = right, left ^ (_mix(right ^ key) & mask)
-    return (left << half_bits) | right
-
-
-def _half_bits(n: int) -> int:
-    return max(1, ((n - 1).bit_length() + 1) // 2)
-
-
-def _round_keys(base):
-    # The offsets are reduced first: a Python int above 2**64 cannot meet a uint64 array.
-    return [_mix((base + ((r + 1) * _GOLDEN & _M64)) & _M64) for r in range(_FEISTEL_ROUNDS)]
 
 
 # -- validation ---------------------------------------------------------------------
