@@ -44,10 +44,17 @@ def epoch_with_sleep(
     first = records[0].wait_s if records else first_s
     bound = first + n * max(read_s, train_s)
     waits = sorted(r.wait_s for r in records[1:])
+    # The bound for the reads this run actually had: chunk i is ready when its read
+    # ended; an ideal consumer starts training on it at max(ready_i, end of i - 1).
+    finish = 0.0
+    for record in records:
+        finish = max(record.read_end - begin, finish) + train_s
     return {
         "elapsed_s": elapsed,
         "bound_s": bound,
         "ratio": elapsed / bound,
+        "bound_own_reads_s": finish,
+        "ratio_own_reads": elapsed / finish if finish else 0.0,
         "first_wait_s": first,
         "wait_after_first_median_s": waits[len(waits) // 2] if waits else 0.0,
         "wait_after_first_max_s": waits[-1] if waits else 0.0,
