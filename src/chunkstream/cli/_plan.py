@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def layout_from_args(args: argparse.Namespace):
     """The data layout the arguments describe (a store, or --shape)."""
-    from ..tools._plan import layout_from_shape, layout_from_store
+    from ..tools._layout import layout_from_shape, layout_from_store
 
     if args.path is None and getattr(args, "shape", None) is None:
         raise ConfigError("give a store PATH or --shape T,N[,...]: nothing to plan for.")
@@ -101,7 +101,8 @@ def layout_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._plan import format_bytes, parse_bytes, plan_memory
+    from ..tools._layout import format_bytes, parse_bytes
+    from ..tools._plan import plan_memory
 
     layout = layout_from_args(args)
     report = plan_memory(

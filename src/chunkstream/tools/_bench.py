@@ -211,7 +211,7 @@ def _bench_selection(
 ) -> tuple[str, Any, dict[str, Any]]:
     """``(store root, zarr array, {field: index})`` of the fields bench streams."""
     from ._fieldspec import FieldRequest, parse_fields
-    from ._plan import flyvis_requests
+    from ._layout import flyvis_requests
     from ._stores import open_arrays, resolve_field
 
     if flyvis:

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-
-import numpy as np
 
 from .._errors import ConfigError
 from ..plans import EpochPlan, plan_epoch
-from ..sources._base import FieldSpec, check_lengths, window_nbytes
-from ._fieldspec import FieldRequest, parse_fields, selected_shape
-from ._stores import open_arrays, resolve_field
+from ..sources._base import window_nbytes
+from ._layout import (
+    DataLayout,
+    format_bytes,
+    layout_from_shape,
+    layout_from_store,
+    parse_bytes,
+)
 
 __all__ = [
     "BudgetFit",
@@ -50,135 +51,6 @@ __all__ = [
     "parse_bytes",
     "plan_memory",
 ]
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-    "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str | int, name: str = "size") -> int:
-    """``"8GB"`` -> 8e9, ``"512MiB"`` -> 512 * 2**20, ``"1000"`` -> 1000 bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = _SIZE.match(str(text))
-        unit = match[2].lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ConfigError.bad(
-                name, text, "a size such as 8GB, 512MiB or 1000000 (bytes)",
-                "Units: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).",
-            )  # fmt: skip
-        value = int(float(match[1]) * _UNITS[unit])
-    if value <= 0:
-        raise ConfigError.bad(name, text, "a positive size")
-    return value
-
-
-def format_bytes(n: float | None) -> str:
-    """Decimal units with three significant figures: ``59.9 GB``, ``512 kB``."""
-    if n is None:
-        return "-"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataLayout:
-    """What the plan needs to know of the data: its length and fields (and where from)."""
-
-    total_timesteps: int
-    fields: Mapping[str, FieldSpec]
-    where: str
-    zarr_chunk_bytes: int | None = None  # decoded bytes of the largest zarr chunk read, if known
-
-    @property
-    def step_nbytes(self) -> int:
-        return window_nbytes(self.fields, 1)
-
-
-def layout_from_shape(
-    shape: Sequence[int], dtype: str = "float32", stim_dims: int | None = None
-) -> DataLayout:
-    """A layout of one field ``data`` of ``shape = (T, ...)`` (plus ``stimulus`` of
-    ``(T, stim_dims)`` when given, the FlyVis stimulus)."""
-    shape = tuple(int(s) for s in shape)
-    if not shape or any(s < 1 for s in shape):
-        raise ConfigError.bad("--shape", shape, "positive sizes T,N[,...], e.g. 967680,13741")
-    try:
-        np_dtype = np.dtype(dtype)
-    except TypeError:
-        raise ConfigError.bad("--dtype", dtype, "a numpy dtype such as float32") from None
-    fields = {"data": FieldSpec(shape[1:], np_dtype)}
-    if stim_dims is not None:
-        if stim_dims < 1:
-            raise ConfigError.bad("--stim-dims", stim_dims, "a positive number of channels")
-        fields["stimulus"] = FieldSpec((stim_dims,), np_dtype)
-    return DataLayout(total_timesteps=shape[0], fields=fields, where=f"shape {shape} {np_dtype}")
-
-
-def flyvis_requests(column: str | int, stim_dims: int | None) -> list[FieldRequest]:
-    """The two FlyVis fields as requests on ``timeseries`` (see ``chunkstream.flyvis``)."""
-    from .. import flyvis
-
-    by_name = {name: (cid, pos) for cid, (name, pos) in flyvis.DYNAMIC_COLUMNS.items()}
-    key = column.lower() if isinstance(column, str) and not column.isdigit() else int(column)
-    pos = next((p for cid, (n, p) in flyvis.DYNAMIC_COLUMNS.items() if key in (cid, n)), None)
-    if pos is None:
-        raise ConfigError.bad(
-            "--column", column, f"a dynamic column: one of {sorted(by_name)} or ids "
-            f"{sorted(flyvis.DYNAMIC_COLUMNS)}", "Static columns live in metadata.zarr.",
-        )  # fmt: skip
-    name = next(n for n, (_, p) in by_name.items() if p == pos)
-    stim = FieldRequest(name="stimulus", array="timeseries", index=(slice(0, stim_dims), 1))
-    if name == "stimulus":
-        return [stim]
-    return [FieldRequest(name=name, array="timeseries", index=(slice(None), pos)), stim]
-
-
-def layout_from_store(
-    path: str | os.PathLike,
-    fields: Sequence[str] | Mapping[str, object] | None = None,
-    *,
-    flyvis: bool = False,
-    column: str | int = "voltage",
-    stim_dims: int | None = None,
-) -> DataLayout:
-    """The layout of fields of a zarr store, from its metadata only (no chunk is read).
-
-    ``fields`` as in ``chunkstream inspect --fields``; ``flyvis=True`` takes the
-    FlyVis fields (``column`` and ``stimulus``) of ``PATH/timeseries.zarr``; neither
-    means the store's only array, whole, as field ``data``.
-    """
-    arrays = open_arrays(path)
-    if flyvis:
-        requests = flyvis_requests(column, stim_dims)
-    elif fields:
-        requests = parse_fields(fields)
-    elif len(arrays) == 1:
-        requests = [FieldRequest(name="data", array=None, index=())]
-    else:
-        raise ConfigError(
-            f"{str(path)!r} holds several arrays ({sorted(arrays)}): say what to stream "
-            "with --fields NAME=ARRAY[INDEX] ... or --flyvis."
-        )
-    specs: dict[str, FieldSpec] = {}
-    lengths: dict[str, int] = {}
-    chunk_bytes = 0
-    for request in requests:
-        _, array, index = resolve_field(request, arrays)
-        specs[request.name] = FieldSpec(selected_shape(index, tuple(array.shape[1:])), array.dtype)
-        lengths[request.name] = int(array.shape[0])
-        chunk_bytes = max(chunk_bytes, int(np.prod(array.chunks)) * array.dtype.itemsize)
-    total = check_lengths(lengths, f"store {str(path)!r}")
-    return DataLayout(
-        total_timesteps=total, fields=specs, where=str(path), zarr_chunk_bytes=chunk_bytes
-    )
 
 
 @dataclass(frozen=True, kw_only=True)
