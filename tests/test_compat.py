@@ -92,7 +92,8 @@ def test_same_seed_same_calls_and_starts_in_range(flyvis_store):
 
 def test_chunk_larger_than_data_gives_the_whole_data(flyvis_store):
     path, data = flyvis_store
-    load_fn, calls = recording(create_zarr_loader(str(path), 3, 4, STIM))
+    base = create_zarr_loader(str(path), 3, 4, STIM)
+    load_fn, calls = recording(base)
     loader = PipelineChunkLoader(load_fn, T, 5000, device="cpu", seed=0)
     loader.start_epoch(2)
     start, chunk_data, _ = loader.get_next_chunk()
@@ -100,13 +101,13 @@ def test_chunk_larger_than_data_gives_the_whole_data(flyvis_store):
     np.testing.assert_array_equal(chunk_data.numpy(), data[:, :, 0])
     assert calls[-1] == (0, T)
     loader.cleanup()
+    base.source.close()
 
 
 def test_pipeline_loader_aligns_starts_and_returns_them(flyvis_store):
     path, data = flyvis_store
-    loader = PipelineChunkLoader(
-        create_zarr_loader(str(path), 3, 4, STIM), T, 128, device="cpu", seed=3, time_units=16
-    )
+    load_fn = create_zarr_loader(str(path), 3, 4, STIM)
+    loader = PipelineChunkLoader(load_fn, T, 128, device="cpu", seed=3, time_units=16)
     loader.start_epoch(6)
     starts = []
     while True:
@@ -119,6 +120,7 @@ def test_pipeline_loader_aligns_starts_and_returns_them(flyvis_store):
         starts.append(start)
     assert len(starts) == 6
     loader.cleanup()
+    load_fn.source.close()
 
 
 def test_restarting_mid_epoch_neither_stalls_nor_loses_chunks():

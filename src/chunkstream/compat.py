@@ -47,8 +47,6 @@ class RandomChunkLoader:
     ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered.
     """
 
-    _align = 1
-
     def __init__(
         self,
         load_fn: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
@@ -59,6 +57,7 @@ class RandomChunkLoader:
         seed: int | None = None,
         *,
         _gpu_prefetch: int = 1,
+        _align: int = 1,
     ) -> None:
         self.total_timesteps = total_timesteps
         self.chunk_size = chunk_size
@@ -76,7 +75,7 @@ class RandomChunkLoader:
             sampling=RandomPlan(
                 total_timesteps=total_timesteps,
                 chunk_size=chunk_size,
-                align=self._align,
+                align=_align,
                 seed=self.seed,
             ),
         )
@@ -141,7 +140,6 @@ class PipelineChunkLoader(RandomChunkLoader):
         time_units: int = 1,
         gpu_prefetch: int = 1,
     ) -> None:
-        self._align = time_units
         self.time_units = time_units
         super().__init__(
             load_fn,
@@ -151,6 +149,7 @@ class PipelineChunkLoader(RandomChunkLoader):
             prefetch=prefetch,
             seed=seed,
             _gpu_prefetch=gpu_prefetch,
+            _align=time_units,
         )
 
     def get_next_chunk(self):  # type: ignore[override]
