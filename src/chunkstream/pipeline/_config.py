@@ -95,13 +95,11 @@ class LoaderConfig:
     def from_budget(
         cls,
         *,
-        chunk_size: int,
         chunk_bytes: int,
         workers: int,
         host_memory: int | None,
         device_memory: int | None,
         on_cuda: bool,
-        **rest: object,
     ) -> dict[str, int]:
         """Depths that fit byte budgets: returns ``prefetch``/``host_slots``/``gpu_prefetch``."""
         derived: dict[str, int] = {}
@@ -128,5 +126,4 @@ class LoaderConfig:
                     "Raise the budget or lower chunk_size.",
                 )
             derived["gpu_prefetch"] = fit
-        del chunk_size, rest
         return derived

@@ -132,7 +132,6 @@ class ChunkLoader:
         rows = min(rows_probe, total) if rows_probe > 0 else 1
         self.chunk_bytes = window_nbytes(source.fields, rows)
         budget = LoaderConfig.from_budget(
-            chunk_size=chunk_size,
             chunk_bytes=self.chunk_bytes,
             workers=workers,
             host_memory=host_memory,
