@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import product
 
+import numpy as np
+
 from .._errors import FieldSelectionError
 
 __all__ = [
@@ -108,17 +110,27 @@ def iter_chunk_coords(ranges: Sequence[range]) -> Iterator[tuple[int, ...]]:
     return product(*ranges)
 
 
-def read_amplification(sel: Selection, shape: Sequence[int], chunks: Sequence[int]) -> float:
+def read_amplification(
+    sel: Selection | Sequence[int | slice], shape: Sequence[int], chunks: Sequence[int]
+) -> float:
     """Bytes decoded per byte used on the non-time axes, given the chunk grid.
 
     Each axis decodes the whole of every chunk the selection touches (clipped
     to the array's extent), so e.g. chunks ``(t, N, 4)`` and selection
-    ``(:, 0)`` decode 4 columns to use 1: a factor of 4.
+    ``(:, 0)`` decode 4 columns to use 1: a factor of 4. ``sel`` is a
+    normalised :class:`Selection` or raw index items (negative ints and strided
+    slices allowed, missing trailing axes whole), as ``chunkstream inspect`` has.
     """
+    items = sel.items if isinstance(sel, Selection) else tuple(sel)
+    items = (*items, *[slice(None)] * (len(shape) - 1 - len(items)))
     factor = 1.0
-    for item, size, chunk in zip(sel.items, shape[1:], chunks[1:], strict=True):
-        touched = _axis_chunks(item, chunk)
-        decoded = min(touched.stop * chunk, size) - touched.start * chunk
-        used = 1 if isinstance(item, int) else item.stop - item.start
-        factor *= decoded / used
+    for item, size, chunk in zip(items, shape[1:], chunks[1:], strict=True):
+        picked = (
+            np.arange(*item.indices(size)) if isinstance(item, slice) else np.array([item % size])
+        )
+        if picked.size == 0:
+            continue
+        touched = np.unique(picked // chunk)
+        decoded = np.minimum(chunk, size - touched * chunk).sum()
+        factor *= float(decoded) / picked.size
     return factor

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sources._select import read_amplification as nontime_amplification
 from ._codecs import describe_codecs
 from ._fieldspec import Index, format_index, parse_fields, selected_shape
 from ._stores import local_root, open_arrays, resolve_field
@@ -103,18 +104,8 @@ def read_amplification(
     touches on average ``1 + (window - 1) / chunk_t`` time chunks, adding the
     factor ``(window + chunk_t - 1) / window`` (capped by the array length).
     """
-    factor = 1.0
-    padded = (*index, *[slice(None)] * (len(shape) - 1 - len(index)))
-    for item, size, chunk in zip(padded, shape[1:], chunks[1:], strict=True):
-        if isinstance(item, slice):
-            picked = np.arange(*item.indices(size))
-        else:
-            picked = np.array([item % size])
-        if picked.size == 0:
-            continue
-        touched = np.unique(picked // chunk)
-        decoded = np.minimum(chunk, size - touched * chunk).sum()
-        factor *= float(decoded) / picked.size
+    # The non-time factor is the one ZarrSource warns with: one implementation.
+    factor = nontime_amplification(index, shape, chunks)
     if window is not None and shape[0] > 0:
         w = min(int(window), shape[0])
         decoded_t = min(w + chunks[0] - 1, max(shape[0], w))
