@@ -163,11 +163,6 @@ class PinnedSlotPool:
     def release(self, buffers: BufferSet) -> None:
         self.release_after(buffers, None)
 
-    @property
-    def free_count(self) -> int:
-        with self._cond:
-            return len(self._free) + sum(1 for e, _ in self._pending if e.query())
-
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -229,14 +229,6 @@ class OrderedStage(Generic[T]):
                 stacks.append(f'Thread "{thread.name}" (job {busy[thread.ident]}):\n{stack}')
         return stacks
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    @property
-    def failure(self) -> BaseException | None:
-        return self._failure
-
     # -- shutdown ----------------------------------------------------------------------
 
     def close(self, deadline_s: float = 5.0) -> list[str]:
