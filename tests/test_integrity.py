@@ -150,7 +150,7 @@ def test_damaged_chunk_on_the_fast_path_is_an_error_naming_the_file(
 def test_damaged_chunk_on_the_general_path_is_an_error_naming_the_store(tmp_path, codec):
     path = tmp_path / "x.zarr"
     make_array(path, random_data((200, 5)), (50, 5), codec=codec)
-    source = cs.ZarrSource(path, _fast=False)
+    source = cs.ZarrSource(path, engine="zarr")
     _damage(chunk_files(path)[1], "garbage")
     out = {"data": np.empty((50, 5), np.float32)}
     with pytest.raises(cs.CorruptChunkError, match="does not decode") as info:

@@ -39,26 +39,35 @@ def _expected(data: np.ndarray) -> dict[str, np.ndarray]:
     return {"v": data[:, :, 0], "s": data[:, 0:5, 1], "w": data[:, 1:6, 3]}
 
 
-def _zarr_kind(zarr_format, codec, chunks, fast):
+def _zarr_kind(zarr_format, codec, chunks, engine):
     def build(tmp_path: Path):
+        if engine == "zarrs":
+            pytest.importorskip("zarrs")
         data = make_array(tmp_path / "a.zarr", random_data((T, N, 4)), chunks, zarr_format, codec)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ReadAmplificationWarning)  # some layouts on purpose
-            src = ZarrSource(tmp_path / "a.zarr", FIELDS, read_threads=3, _fast=fast)
-        assert src.uses_fast_path is fast
+            src = ZarrSource(tmp_path / "a.zarr", FIELDS, read_threads=3, engine=engine)
+        assert src.engine == engine
+        assert src.uses_fast_path is (engine == "chunkstream")
         return src, _expected(data)
 
     return build
 
 
-def _sharded(tmp_path: Path):
-    data = random_data((T, N, 4))
-    arr = zarr.create_array(tmp_path / "s.zarr", shape=data.shape, dtype=data.dtype,
-                            chunks=(4, N, 1), shards=(8, N, 4))  # fmt: skip
-    arr[...] = data
-    src = ZarrSource(tmp_path / "s.zarr", FIELDS)
-    assert not src.uses_fast_path
-    return src, _expected(data)
+def _sharded(engine):
+    def build(tmp_path: Path):
+        if engine == "zarrs":
+            pytest.importorskip("zarrs")
+        data = random_data((T, N, 4))
+        arr = zarr.create_array(tmp_path / "s.zarr", shape=data.shape, dtype=data.dtype,
+                                chunks=(4, N, 1), shards=(8, N, 4))  # fmt: skip
+        arr[...] = data
+        src = ZarrSource(tmp_path / "s.zarr", FIELDS, engine=engine)
+        assert src.engine == ("zarr" if engine == "auto" else engine)
+        assert not src.uses_fast_path
+        return src, _expected(data)
+
+    return build
 
 
 def _numpy(tmp_path: Path):
@@ -94,16 +103,20 @@ def _callable(tmp_path: Path):
 
 
 KINDS = {
-    "zarr3-blosc-fast": _zarr_kind(3, "blosc-zstd", (7, N, 1), True),
-    "zarr3-zstd-fast": _zarr_kind(3, "zstd", (8, N, 1), True),
-    "zarr3-raw-fast": _zarr_kind(3, None, (7, N, 1), True),
-    "zarr3-gzip-fast-blocks": _zarr_kind(3, "gzip", (5, 4, 2), True),
-    "zarr2-blosc-fast": _zarr_kind(2, "blosc-zstd", (8, N, 1), True),
-    "zarr2-zstd-fast-blocks": _zarr_kind(2, "zstd", (6, 4, 4), True),
-    "zarr2-raw-fast": _zarr_kind(2, None, (7, N, 1), True),
-    "zarr3-blosc-general": _zarr_kind(3, "blosc-zstd", (7, N, 1), False),
-    "zarr2-zstd-general-blocks": _zarr_kind(2, "zstd", (5, 4, 2), False),
-    "zarr3-sharded-general": _sharded,
+    "zarr3-blosc-fast": _zarr_kind(3, "blosc-zstd", (7, N, 1), "chunkstream"),
+    "zarr3-zstd-fast": _zarr_kind(3, "zstd", (8, N, 1), "chunkstream"),
+    "zarr3-raw-fast": _zarr_kind(3, None, (7, N, 1), "chunkstream"),
+    "zarr3-gzip-fast-blocks": _zarr_kind(3, "gzip", (5, 4, 2), "chunkstream"),
+    "zarr2-blosc-fast": _zarr_kind(2, "blosc-zstd", (8, N, 1), "chunkstream"),
+    "zarr2-zstd-fast-blocks": _zarr_kind(2, "zstd", (6, 4, 4), "chunkstream"),
+    "zarr2-raw-fast": _zarr_kind(2, None, (7, N, 1), "chunkstream"),
+    "zarr3-blosc-general": _zarr_kind(3, "blosc-zstd", (7, N, 1), "zarr"),
+    "zarr2-zstd-general-blocks": _zarr_kind(2, "zstd", (5, 4, 2), "zarr"),
+    "zarr3-sharded-general": _sharded("auto"),
+    "zarr3-blosc-zarrs": _zarr_kind(3, "blosc-zstd", (7, N, 1), "zarrs"),
+    "zarr3-raw-zarrs": _zarr_kind(3, None, (7, N, 1), "zarrs"),
+    "zarr2-zstd-zarrs-blocks": _zarr_kind(2, "zstd", (5, 4, 2), "zarrs"),
+    "zarr3-sharded-zarrs": _sharded("zarrs"),
     "numpy": _numpy,
     "npy-memmap": _npy,
     "tensorstore-zarr3": _tensorstore(3),
@@ -262,10 +275,13 @@ def test_missing_chunk_detected_at_open_with_key(tmp_path):
     src.close()
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_missing_chunk_after_open(tmp_path, fast):
+@pytest.mark.parametrize("engine", ["chunkstream", "zarr", "zarrs"])
+@pytest.mark.parametrize("check_missing", [True, "open"])
+def test_missing_chunk_after_open(tmp_path, engine, check_missing):
+    if engine == "zarrs":
+        pytest.importorskip("zarrs")
     _, path = _store(tmp_path)
-    src = ZarrSource(path, FIELDS, check_missing=True, _fast=fast)
+    src = ZarrSource(path, FIELDS, check_missing=check_missing, engine=engine)
     (path / "c" / "3" / "0" / "1").unlink()
     out = _buffers(src, 20)
     src.read_into(0, 20, out)  # chunks 0..2 in time are intact
@@ -287,14 +303,17 @@ def test_missing_chunk_allowed_reads_fill_value(tmp_path):
 
 
 @pytest.mark.parametrize("codec", ["blosc-zstd", "zstd", "gzip", None])
-@pytest.mark.parametrize("fast", [True, False])
-def test_truncated_chunk_is_corrupt(tmp_path, codec, fast):
-    if codec == "blosc-zstd" and not fast:
+@pytest.mark.parametrize("engine", ["chunkstream", "zarr", "zarrs"])
+def test_truncated_chunk_is_corrupt(tmp_path, codec, engine):
+    if codec == "blosc-zstd" and engine == "zarr":
         pytest.skip("zarr's own blosc decode reads a truncated tail silently; the fast path checks")
+    if engine == "zarrs":
+        pytest.importorskip("zarrs")
+    fast = engine == "chunkstream"
     _, path = _store(tmp_path, codec=codec)
     victim = path / "c" / "1" / "0" / "0"
     victim.write_bytes(victim.read_bytes()[:-7])
-    src = ZarrSource(path, FIELDS, _fast=fast)
+    src = ZarrSource(path, FIELDS, engine=engine)
     out = _buffers(src, T)
     with pytest.raises(CorruptChunkError) as info:
         src.read_into(0, T, out)

@@ -2,13 +2,17 @@
 
 The array is opened once, at construction, and validated then: the path exists,
 holds zarr, every field's selection is in range, every dtype can become a
-tensor. Reads take one of two paths:
+tensor. Reads take one of two paths (``engine=`` picks; BENCHMARKS.md "decode
+engines" has the race that set the default):
 
-* the **fast path** (:mod:`._fastzarr`) for local stores with a plain codec
-  chain: chunk files decoded on a thread pool straight into ``out``;
+* the **fast path** (:mod:`._fastzarr`, engine ``"chunkstream"``) for local
+  stores with a plain codec chain: chunk files decoded on a thread pool
+  straight into ``out``; the default wherever the array suits it;
 * the **general path** for everything else (remote, sharded, other codecs):
   ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
-  caller's buffer without an extra copy.
+  caller's buffer without an extra copy, decoded by zarr's own pipeline
+  (engine ``"zarr"``) or by the zarrs Rust pipeline (engine ``"zarrs"``,
+  :mod:`._zarrs`, opt-in).
 
 Missing chunks: zarr reads an absent chunk as the fill value, which would train
 a model on zeros. ``check_missing="auto"`` lists a local store's chunk files
@@ -47,8 +51,13 @@ from ._select import (
     normalize_selection,
     read_amplification,
 )
+from ._zarrs import with_zarrs_pipeline
 
-__all__ = ["ZarrSource", "open_zarr_array"]
+__all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
+
+#: The values of ``ZarrSource(engine=...)``.
+ENGINES = ("auto", "chunkstream", "zarrs", "zarr")
+_DECODE_ERRORS: tuple[type[Exception], ...] = (ValueError, RuntimeError, EOFError, BadGzipFile)
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _AMPLIFICATION_LIMIT = 1.5
@@ -134,8 +143,14 @@ class ZarrSource:
 
     ``fields`` maps a name to an index tuple on the non-time axes (ints and
     step-1 slices), e.g. ``{"voltage": (slice(None), 0)}``; ``None`` is one
-    field ``"data"``, the whole array. ``read_threads`` sizes the fast path's
-    decode pool (default ``os.cpu_count()``). Thread-safe for distinct ``out``.
+    field ``"data"``, the whole array. ``read_threads`` sizes the decode pool
+    (default ``os.cpu_count()``). ``engine`` picks who decodes (see
+    :data:`ENGINES`): ``"auto"`` is chunkstream's reader where the array suits
+    it, else zarr's pipeline; ``"chunkstream"`` insists on our reader;
+    ``"zarrs"`` is zarr with the zarrs Rust codec pipeline (the ``zarrs``
+    extra); ``"zarr"`` is zarr's default pipeline. Every engine keeps the
+    missing-chunk check; the engine in use is :attr:`engine`. Thread-safe for
+    distinct ``out``.
     """
 
     def __init__(
@@ -147,10 +162,12 @@ class ZarrSource:
         check_missing: bool | Literal["auto", "open"] = "auto",
         storage_options: Mapping[str, Any] | None = None,
         read_threads: int | None = None,
-        _fast: bool | None = None,
+        engine: Literal["auto", "chunkstream", "zarrs", "zarr"] = "auto",
     ) -> None:
         if check_missing not in (True, False, "auto", "open"):
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
+        if not isinstance(engine, str) or engine not in ENGINES:
+            raise ConfigError.bad("engine", engine, " or ".join(f'"{e}"' for e in ENGINES))
         if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
             raise ConfigError.bad("read_threads", read_threads, "a positive int or None")
         self._closed = False
@@ -166,7 +183,7 @@ class ZarrSource:
             if is_url(str(path_or_array)):
                 self._owned_store = self.array.store
         try:
-            self._setup(fields, check_missing, read_threads, _fast)
+            self._setup(fields, check_missing, read_threads, engine)
         except BaseException:
             self.close()  # the remote session of a source that failed validation
             raise
@@ -176,7 +193,7 @@ class ZarrSource:
         fields: Mapping[str, tuple[int | slice, ...] | int | slice] | None,
         check_missing: bool | Literal["auto", "open"],
         read_threads: int | None,
-        _fast: bool | None,
+        engine: str,
     ) -> None:
         """Validate the fields and pick the read path (the rest of ``__init__``)."""
         arr = self.array
@@ -201,16 +218,26 @@ class ZarrSource:
             n: read_amplification(s, arr.shape, self.chunks) for n, s in self._selections.items()
         }
         self._warn_amplification()
-        local = self._local_root()
+        local = self._root = self._local_root()
         mode = check_missing
         if mode == "auto":
             mode = "open" if local is not None else False
         if mode == "open":
             self._check_all_chunks(local)
         self._fast: FastChunkReader | None = None
-        decoder = fast_decoder(arr) if _fast is not False else None
-        if _fast and decoder is None:
-            raise ConfigError.bad("_fast", True, "False: this array does not suit the fast path")
+        decoder = fast_decoder(arr) if engine in ("auto", "chunkstream") else None
+        if engine == "chunkstream" and decoder is None:
+            raise ConfigError.bad(
+                "engine", engine, '"auto", "zarrs" or "zarr" for this array',
+                "chunkstream's reader takes local arrays with at most one of blosc, zstd or "
+                "gzip and no sharding, filters or transpose.",
+            )  # fmt: skip
+        if engine == "zarrs":
+            self.array = with_zarrs_pipeline(arr, read_threads)
+        #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
+        self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
+        # the codecs' errors for a bad frame; zarrs raises OSError for zstd and gzip ones
+        self._decode_errors = _DECODE_ERRORS + ((OSError,) if self.engine == "zarrs" else ())
         # A local chunk deleted after open reads as the fill value on the general path
         # (the fast path raises itself); a local existence check per read is cheap.
         self._check_each_read = mode is True or (
@@ -257,7 +284,7 @@ class ZarrSource:
                     self.array.get_basic_selection(
                         sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
                     )
-                except (ValueError, RuntimeError, EOFError, BadGzipFile) as exc:  # codecs' errors
+                except self._decode_errors as exc:
                     raise CorruptChunkError(
                         f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
                         f"[{start}, {stop}) does not decode ({type(exc).__name__}: {exc}): "
@@ -339,7 +366,13 @@ class ZarrSource:
         store, prefix = self.array.store, self.array.store_path.path
         for key in self._needed_keys(sel, start, stop):
             full = f"{prefix}/{key}" if prefix else key
-            if not sync(store.exists(full)):
+            # a local file is checked directly, not through zarr's event loop: a round trip
+            # per chunk file on every read of the general path adds up
+            if self._root is not None:
+                present = os.path.exists(self._root / key)
+            else:
+                present = sync(store.exists(full))
+            if not present:
                 name = next(n for n, s in self._selections.items() if s is sel)
                 raise self._missing_error(name, key, f"{self.path!r}")
 
