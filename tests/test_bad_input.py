@@ -80,6 +80,12 @@ def _missing_chunk(tmp: Path):
     cs.ZarrSource(path)
 
 
+def _sharded_with_our_reader(tmp: Path):
+    path = tmp / "s.zarr"
+    zarr.create_array(path, shape=(20, 2), chunks=(5, 2), shards=(10, 2), dtype="f4")[...] = 1
+    cs.ZarrSource(path, engine="chunkstream")
+
+
 def _truncated_chunk(tmp: Path):
     path = _zarr(tmp, codec="zstd")
     victim = chunk_files(path)[1]
@@ -197,6 +203,10 @@ CASES = [
      cs.ConfigError, ValueError, ["check_missing='sometimes'", '"auto"']),
     ("ZarrSource.read_threads", lambda t: cs.ZarrSource(_zarr(t), read_threads=0),
      cs.ConfigError, ValueError, ["read_threads=0", "positive int"]),
+    ("ZarrSource.engine", lambda t: cs.ZarrSource(_zarr(t), engine="rust"),
+     cs.ConfigError, ValueError, ["engine='rust'", '"auto"', '"zarrs"']),
+    ("ZarrSource.engine.unsuited", _sharded_with_our_reader,
+     cs.ConfigError, ValueError, ["engine='chunkstream'", '"auto"', "no sharding"]),
     ("ZarrSource.dtype", _uint32,
      cs.FieldDtypeError, TypeError, ["dtype uint32", "u.zarr", "chunkstream convert"]),
     ("ZarrSource.store.missing_chunk", _missing_chunk,

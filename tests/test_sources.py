@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -339,6 +340,15 @@ def test_no_read_amplification_warning_for_per_column_chunks(tmp_path):
     assert src.nbytes_per_step == 2 * N * 4
     assert src.chunks == (8, N, 1)
     src.close()
+
+
+def test_zarrs_engine_without_zarrs_names_the_extra(tmp_path, monkeypatch):
+    _, path = _store(tmp_path)
+    monkeypatch.setitem(sys.modules, "zarrs", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"chunkstream\[zarrs\]"):
+        ZarrSource(path, FIELDS, engine="zarrs")
+    with ZarrSource(path, FIELDS) as src:  # the default install needs no zarrs
+        assert src.engine == "chunkstream"
 
 
 def test_decode_threads_are_named(tmp_path):
