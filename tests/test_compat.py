@@ -84,7 +84,8 @@ def test_same_seed_same_calls_and_starts_in_range(flyvis_store):
         loader.cleanup()
         sequences.append(calls)
     assert sequences[0] == sequences[1]
-    windows = sequences[0][1:]  # the first call is the shape probe
+    windows = sequences[0]  # no shape probe: only delivered windows
+    assert len(windows) == 15
     assert all(0 <= s <= T - 100 and e == s + 100 for s, e in windows)
     assert len({s for s, _ in windows}) > 5  # random, not a constant
     base.source.close()
@@ -148,9 +149,7 @@ def test_restarting_mid_epoch_neither_stalls_nor_loses_chunks():
 
 def test_reader_exception_raises_instead_of_hanging():
     def load_fn(start, end):
-        if start != 0 or end != 2:  # let the shape probe through
-            raise OSError("disk on fire")
-        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+        raise PermissionError("disk on fire")  # not transient: no retry
 
     loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     loader.start_epoch(3)
@@ -167,7 +166,179 @@ def test_reader_exception_raises_instead_of_hanging():
     thread.join(10)
     assert not thread.is_alive(), "get_next_chunk hung"
     assert "disk on fire" in str(outcome["error"].__cause__)
+    with pytest.raises(cs.LoaderClosedError):  # as the native loader after a failed read
+        loader.get_next_chunk()
     loader.cleanup()
+
+
+def test_a_failure_after_the_first_chunk_raises_too():
+    def load_fn(start, end):
+        if load_fn.calls:
+            raise PermissionError("disk on fire")
+        load_fn.calls += 1
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    load_fn.calls = 0
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader.start_epoch(3)
+    with pytest.raises(cs.ChunkLoadError) as info:  # at the first chunk or the second
+        for _ in range(3):
+            loader.get_next_chunk()
+    assert isinstance(info.value.__cause__, PermissionError)
+    loader.cleanup()
+
+
+# -- load_fn's call pattern: only delivered windows, each chunk_size long -------------------
+
+
+class CountingLoadFn:
+    """A user's load_fn over real arrays that, like the original users', preallocates
+    ``chunk_size`` rows and refuses any other length; it records every call."""
+
+    def __init__(self, chunk_size, T=3000):
+        rng = np.random.default_rng(0)
+        self.data = rng.standard_normal((T, 6)).astype(np.float32)
+        self.stim = rng.standard_normal((T, 3)).astype(np.float32)
+        self.chunk_size = min(chunk_size, T)
+        self.out = np.empty((self.chunk_size, 6), np.float32)  # preallocated once
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, start, end):
+        with self.lock:
+            self.calls.append((start, end))
+        if end - start != self.chunk_size:
+            raise AssertionError(f"load_fn({start}, {end}): not {self.chunk_size} long")
+        np.copyto(self.out, self.data[start:end])
+        return self.out.copy(), self.stim[start:end].copy()
+
+
+def _drain_random(loader, load_fn, delivered):
+    while True:
+        data, stim = loader.get_next_chunk()
+        if data is None:
+            return
+        # Which window is it? Random floats are distinct, so its first value says.
+        start = int(np.flatnonzero(load_fn.data[:, 0] == data[0, 0].item())[0])
+        end = start + data.shape[0]
+        np.testing.assert_array_equal(data.numpy(), load_fn.data[start:end])
+        np.testing.assert_array_equal(stim.numpy(), load_fn.stim[start:end])
+        delivered.append((start, end))
+
+
+def test_random_loader_calls_load_fn_only_for_delivered_windows():
+    load_fn = CountingLoadFn(chunk_size=200)
+    loader = RandomChunkLoader(load_fn, 3000, 200, device="cpu", prefetch=2, seed=7)
+    try:
+        assert load_fn.calls == []  # construction calls nothing (the original neither)
+        loader.start_epoch(0)
+        assert loader.get_next_chunk() == (None, None) and load_fn.calls == []
+        delivered = []
+        for _epoch in range(3):
+            loader.start_epoch(4)
+            _drain_random(loader, load_fn, delivered)
+        assert len(delivered) == 12
+        assert load_fn.calls == delivered
+        assert all(end - start == 200 for start, end in load_fn.calls)
+        assert loader.get_stats() == {"chunks_loaded": 12, "chunks_transferred": 12}
+    finally:
+        loader.cleanup()
+
+
+def test_pipeline_loader_calls_load_fn_only_for_delivered_windows():
+    load_fn = CountingLoadFn(chunk_size=256)
+    loader = PipelineChunkLoader(load_fn, 3000, 256, device="cpu", prefetch=3, seed=1, time_units=8)
+    try:
+        delivered = []
+        for _epoch in range(2):
+            loader.start_epoch(5)
+            while (start := loader.get_next_chunk()[0]) is not None:
+                delivered.append((start, start + 256))
+        assert load_fn.calls == delivered and len(delivered) == 10
+        assert all(start % 8 == 0 for start, _ in delivered)
+    finally:
+        loader.cleanup()
+
+
+def test_a_chunk_longer_than_the_data_calls_load_fn_with_the_whole_data():
+    load_fn = CountingLoadFn(chunk_size=5000, T=1000)  # clamped: expects 1000 rows
+    loader = PipelineChunkLoader(load_fn, 1000, 5000, device="cpu", seed=0)
+    try:
+        loader.start_epoch(3)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+        assert load_fn.calls == [(0, 1000)] * 3
+    finally:
+        loader.cleanup()
+
+
+def test_restart_mid_epoch_calls_only_delivered_and_read_ahead_windows():
+    # The reference: the same seed's first two epochs, drained (epoch 0 of 10 chunks).
+    reference = CountingLoadFn(chunk_size=100)
+    loader = PipelineChunkLoader(reference, 3000, 100, device="cpu", prefetch=2, seed=3)
+    loader.start_epoch(10)
+    while loader.get_next_chunk()[0] is not None:
+        pass
+    loader.start_epoch(4)
+    while loader.get_next_chunk()[0] is not None:
+        pass
+    loader.cleanup()
+    epoch0, epoch1 = reference.calls[:10], reference.calls[10:]
+
+    load_fn = CountingLoadFn(chunk_size=100)
+    loader = PipelineChunkLoader(load_fn, 3000, 100, device="cpu", prefetch=2, seed=3)
+    try:
+        loader.start_epoch(10)
+        first = [loader.get_next_chunk()[0] for _ in range(3)]
+        loader.start_epoch(4)  # abandons epoch 0 after 3 of its 10 chunks
+        second = []
+        while (start := loader.get_next_chunk()[0]) is not None:
+            second.append((start, start + 100))
+    finally:
+        loader.cleanup()
+    assert first == [start for start, _ in epoch0[:3]]
+    assert second == epoch1
+    calls = load_fn.calls
+    assert calls[:3] == epoch0[:3] and calls[-4:] == epoch1
+    # Between them: only windows read ahead for the abandoned epoch, in its order, at most
+    # prefetch + 1 (the reader's depth), each chunk_size long, none delivered.
+    extra = calls[3:-4]
+    assert extra == epoch0[3 : 3 + len(extra)] and len(extra) <= 2 + 1
+    assert all(end - start == 100 for start, end in calls)
+
+
+def test_a_restart_before_the_first_chunk_calls_nothing():
+    load_fn = CountingLoadFn(chunk_size=100)
+    loader = RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
+    try:
+        loader.start_epoch(5)
+        loader.start_epoch(5)  # epoch 0 never asked for a chunk: nothing was read for it
+        loader.get_next_chunk()
+        assert len(load_fn.calls) >= 1
+        first_call = load_fn.calls[0]
+    finally:
+        loader.cleanup()
+    # It is epoch 1's first window, as if epoch 0 had been read and abandoned.
+    other = CountingLoadFn(chunk_size=100)
+    loader = RandomChunkLoader(other, 3000, 100, device="cpu", seed=2)
+    try:
+        for _ in range(2):
+            loader.start_epoch(1)
+            loader.get_next_chunk()
+    finally:
+        loader.cleanup()
+    assert first_call == other.calls[1]
+
+
+def test_bad_arguments_are_refused_at_construction():
+    load_fn = CountingLoadFn(chunk_size=100)
+    for kwargs in ({"chunk_size": 0}, {"prefetch": 0}, {"device": "tpu:0"}):
+        args = {"chunk_size": 100, **kwargs}
+        with pytest.raises(cs.ConfigError):
+            RandomChunkLoader(load_fn, 3000, args.pop("chunk_size"), **{"device": "cpu", **args})
+    with pytest.raises(cs.ConfigError, match="load_fn"):
+        RandomChunkLoader(3, 3000, 100, device="cpu")
+    assert load_fn.calls == []
 
 
 @pytest.mark.parametrize(

@@ -11,24 +11,37 @@ What is fixed on the way:
   its own generation inside the pipeline);
 * the store is opened once, and pinned slots are reused instead of re-pinned.
 
-``load_fn`` is called once with a short window ``(0, min(2, T))`` at
-construction to learn the arrays' shapes and dtypes; after that it sees exactly
-the plan's ``(start, end)`` windows, the same sequence for the same seed.
+``load_fn`` is called as the original calls it: only for windows it delivers,
+each ``chunk_size`` long (the whole data, ``(0, T)``, when ``chunk_size > T``),
+the same sequence for the same seed. No probe call: the arrays' shapes and
+dtypes are learnt from the first real window, read in the foreground by the
+first ``get_next_chunk()`` (that chunk's wait, which the original spent
+waiting on its reader thread too); the pipeline is built then and reads ahead
+from the second window on. A window already read ahead when ``start_epoch``
+abandons an epoch was passed to ``load_fn`` but is not delivered: at most
+``prefetch + 1`` of them per restart, the next windows of the abandoned epoch
+(the original's reader thread had read ahead as well).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._errors import ConfigError
-from .pipeline import ChunkLoader
+from ._errors import ChunkLoadError, ConfigError, LoaderClosedError
+from .pipeline import ChunkLoader, LoaderConfig
+from .pipeline._config import resolve_device
+from .pipeline._jobs import _RETRY_BACKOFF_S, _transient  # the reader's retry rule
 from .plans import RandomPlan, calculate_chunk_params
-from .sources import CallableSource
+from .sources import CallableSource, FieldSpec
+from .stats import LatencyStats
+
+_READ_RETRIES = 2  # ChunkLoader's default read_retries, for the first window read here
 
 __all__ = [
     "ChunkLatencyStats",
@@ -45,6 +58,8 @@ class RandomChunkLoader:
 
     ``get_next_chunk()`` returns ``(data, stim)`` tensors on ``device``, then
     ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered.
+    ``load_fn`` is called only for windows to deliver (see the module docstring);
+    ``source`` is ``None`` until the first chunk taught the loader the shapes.
     """
 
     def __init__(
@@ -59,35 +74,90 @@ class RandomChunkLoader:
         _gpu_prefetch: int = 1,
         _align: int = 1,
     ) -> None:
+        if not callable(load_fn):
+            raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, end)")
         self.total_timesteps = total_timesteps
         self.chunk_size = chunk_size
         self.device = device
         self.prefetch = prefetch
         self.seed = secrets.randbits(32) if seed is None else seed
-        self.source = CallableSource(load_fn, total_timesteps, names=("data", "stim"))
-        self._loader = ChunkLoader(
-            self.source,
-            chunk_size,
-            device=device,
-            prefetch=prefetch,
-            gpu_prefetch=_gpu_prefetch,
-            workers=1,
-            sampling=RandomPlan(
-                total_timesteps=total_timesteps,
-                chunk_size=chunk_size,
-                align=_align,
-                seed=self.seed,
-            ),
+        # Everything is checked now, as the original's constructor would have failed now;
+        # only the pipeline itself waits for the first window's shapes.
+        self._plan = RandomPlan(
+            total_timesteps=total_timesteps, chunk_size=chunk_size, align=_align, seed=self.seed
         )
+        LoaderConfig(
+            chunk_size=chunk_size, prefetch=prefetch, gpu_prefetch=_gpu_prefetch, workers=1
+        )
+        resolve_device(device)
+        self._load_fn = load_fn
+        self._gpu_prefetch = _gpu_prefetch
+        self._stats = LatencyStats()
+        self.source: CallableSource | None = None
+        self._loader: ChunkLoader | None = None
         self._iterator: Any = None
+        self._epoch = -1  # the epoch start_epoch began last
+        self._pending: int | None = None  # chunks of that epoch, while the pipeline is unbuilt
+        self._closed = False
 
     def start_epoch(self, num_chunks: int) -> None:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
+        if self._closed:
+            raise LoaderClosedError("the loader was cleaned up; create a new one")
+        self._epoch += 1
+        if self._loader is None:
+            self._pending = num_chunks  # read nothing before the first chunk is asked for
+            self._iterator = iter(())
+            return
+        self._iterator = self._loader.epoch(num_chunks)
+
+    def _build(self, num_chunks: int) -> None:
+        """Read the epoch's first window, learn the shapes from it, start the pipeline."""
+        start, end = self._plan.window(self._epoch, 0)
+        arrays = _read_first(self._load_fn, start, end)
+        if not isinstance(arrays, (tuple, list)) or len(arrays) != 2:
+            got = len(arrays) if isinstance(arrays, (tuple, list)) else type(arrays).__name__
+            raise ChunkLoadError(
+                f"load_fn({start}, {end}) returned {got!r} values, expected a pair "
+                "(data, stim) of numpy arrays.",
+                window=(start, end),
+            )
+        specs = {
+            name: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
+            for name, a in zip(("data", "stim"), arrays, strict=True)
+        }
+        self.source = CallableSource(
+            _FirstWindow(self._load_fn, (start, end), tuple(arrays)),
+            self.total_timesteps,
+            names=("data", "stim"),
+            specs=specs,
+        )
+        self._loader = ChunkLoader(
+            self.source,
+            self.chunk_size,
+            device=self.device,
+            prefetch=self.prefetch,
+            gpu_prefetch=self._gpu_prefetch,
+            workers=1,
+            sampling=self._plan,
+            stats=self._stats,
+        )
+        self._loader.load_state_dict({"epoch": self._epoch, "step": 0})
         self._iterator = self._loader.epoch(num_chunks)
 
     def _next(self):
+        if self._closed and self._loader is None:
+            raise LoaderClosedError("the loader was cleaned up (or its first read failed)")
         if self._iterator is None:
             raise RuntimeError("call start_epoch(num_chunks) before get_next_chunk()")
+        if self._pending is not None:
+            num_chunks, self._pending = self._pending, None
+            if num_chunks > 0:
+                try:
+                    self._build(num_chunks)
+                except BaseException:
+                    self._closed = True  # as the pipeline shuts down after a failed read
+                    raise
         return next(self._iterator, None)
 
     def get_next_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -103,24 +173,66 @@ class RandomChunkLoader:
     def get_stats(self) -> dict[str, int]:
         """``{'chunks_loaded': int, 'chunks_transferred': int}`` since construction."""
         return {
-            "chunks_loaded": self._loader._reader.completed,
-            "chunks_transferred": len(self._loader.stats.chunks),
+            "chunks_loaded": self._loader._reader.completed if self._loader is not None else 0,
+            "chunks_transferred": len(self._stats.chunks),
         }
 
     def cleanup(self) -> None:
         """Stop the background threads (idempotent)."""
-        self._loader.close()
+        self._closed = True
+        if self._loader is not None:
+            self._loader.close()
 
     @property
-    def stats(self):
+    def stats(self) -> LatencyStats:
         """The underlying :class:`~chunkstream.LatencyStats` (waits, reads, transfers)."""
-        return self._loader.stats
+        return self._stats
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+class _FirstWindow:
+    """``load_fn`` that answers its first window from arrays already read, once.
+
+    The compat loader reads the first window itself to learn the shapes; handing
+    those arrays to the pipeline keeps ``load_fn`` at one call per delivered window.
+    """
+
+    def __init__(self, load_fn, window: tuple[int, int], arrays: tuple[np.ndarray, ...]) -> None:
+        self._load_fn = load_fn
+        self._window: tuple[int, int] | None = window
+        self._arrays = arrays
+
+    def __call__(self, start: int, end: int):
+        if (start, end) == self._window:
+            arrays, self._window, self._arrays = self._arrays, None, ()
+            return arrays
+        return self._load_fn(start, end)
+
+    @property
+    def source(self):
+        # create_zarr_loader's load_fn carries its source; keep it reachable.
+        return getattr(self._load_fn, "source", None)
+
+
+def _read_first(load_fn, start: int, end: int):
+    """``load_fn(start, end)`` with the pipeline's retries and its error (a ``ChunkLoadError``)."""
+    for attempt in range(_READ_RETRIES + 1):
+        try:
+            return load_fn(start, end)
+        except Exception as exc:
+            if attempt < _READ_RETRIES and _transient(exc):
+                time.sleep(_RETRY_BACKOFF_S * 2**attempt)
+                continue
+            raise ChunkLoadError(
+                f"reading window [{start}, {end}) of load_fn failed: {type(exc).__name__}: {exc}",
+                window=(start, end),
+            ) from exc
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 class PipelineChunkLoader(RandomChunkLoader):

@@ -16,10 +16,22 @@ class CallableSource:
     """Fields produced by ``load_fn(start, stop)``, one array per name in ``names``.
 
     ``load_fn`` must be thread-safe when the loader has several reader workers.
-    The field specs come from ``specs`` or, if ``None``, from one call
-    ``load_fn(0, min(2, total_timesteps))`` at construction. Every later result
-    is checked against them: a wrong count, shape or dtype raises ``ValueError``
-    naming the field, what came back and what was expected.
+    The field specs (per-timestep shape and dtype, which the loader needs to
+    allocate its buffers before the first read) come from ``specs`` or, if
+    ``None``, from one **probe call** ``load_fn(0, min(2, total_timesteps))``
+    made here, at construction, whose result is dropped. Pass ``specs`` when
+    that call is unwelcome: a ``load_fn`` that is slow, counts its calls, or
+    assumes every window is ``chunk_size`` long. With ``specs`` the source
+    calls ``load_fn`` only from ``read_into``, once per window read::
+
+        cs.CallableSource(load_fn, T, names=("data", "stim"),
+                          specs={"data": cs.FieldSpec((N,), np.dtype("float32")),
+                                 "stim": cs.FieldSpec((S,), np.dtype("float32"))})
+
+    (``chunkstream.compat`` needs neither: it learns the specs from the first
+    window it delivers.) Every result is checked against the specs: a wrong
+    count, shape or dtype raises ``ValueError`` naming the field, what came
+    back and what was expected.
     """
 
     def __init__(
