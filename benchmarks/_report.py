@@ -6,6 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ._engines_report import engine_section
+
 __all__ = ["RESULTS_DIR", "targets", "write_markdown"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,6 +278,7 @@ def write_markdown(results_dir: Path = RESULTS_DIR, markdown: Path = MARKDOWN) -
         elif mode == "cuda":
             body += ["### cuda run", "", "Not run: no NVIDIA GPU was available when these "
                      "figures were taken. `benchmarks/gpu.sh` is ready for one.", ""]  # fmt: skip
+    body += engine_section(results_dir)
     text = markdown.read_text() if markdown.exists() else f"# Benchmarks\n\n{_BEGIN}\n{_END}\n"
     head, _, rest = text.partition(_BEGIN)
     _, _, tail = rest.partition(_END)

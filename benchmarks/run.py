@@ -3,6 +3,7 @@
     python -m benchmarks.run --quick          # a few minutes
     python -m benchmarks.run                  # the full run (<= 30 min on 2 cores)
     python -m benchmarks.run --device cuda    # the GPU mode (benchmarks/gpu.sh)
+    python -m benchmarks.run --only engines   # only the decode-engine race (results/engines.json)
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from . import _measure as m
 from . import _overlap
+from ._engines import run_engines
 from ._report import RESULTS_DIR, targets, write_markdown
 from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
 
@@ -41,6 +43,8 @@ class Reps:
     overlap_chunks: int
     abandon: int
     rss_epochs: int = 200
+    engine_windows: int = 8  # windows per repeat of the decode-engine race
+    engine_repeats: int = 7
     dl_workers: tuple[int, ...] = (0, 2)
     job_stores: tuple[str, ...] = (
         "percol-blosc",
@@ -52,7 +56,8 @@ class Reps:
     @staticmethod
     def quick() -> Reps:
         return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
-                    overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"))  # fmt: skip
+                    overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"),
+                    engine_windows=4, engine_repeats=3)  # fmt: skip
 
     @staticmethod
     def full() -> Reps:
@@ -63,7 +68,7 @@ class Reps:
     def smoke() -> Reps:
         return Reps(ceiling_windows=2, chunks=3, runs=1, job_chunks=1, dl_batches=1,
                     overlap_chunks=3, abandon=2, rss_epochs=22, dl_workers=(0,),
-                    job_stores=("percol-blosc",))  # fmt: skip
+                    job_stores=("percol-blosc",), engine_windows=2, engine_repeats=1)  # fmt: skip
 
 
 def machine() -> dict:
@@ -109,6 +114,7 @@ def machine() -> dict:
             "numcodecs": numcodecs.__version__,
             "numpy": numpy.__version__,
             "tensorstore": ts_version,
+            "zarrs": _dist_version("zarrs"),
         },
         "commit": commit,
     }
@@ -157,7 +163,14 @@ def run_cpu(geo: Geometry, reps: Reps, *, data_dir: Path = DATA_DIR) -> dict:
     warm(spec)
     _log("overlap, stall, abandon, RSS (percol-blosc)")
     res["overlap"] = run_overlap(spec, geo, reps)
+    res["engines"] = engines(geo, reps, data_dir)
     return res
+
+
+def engines(geo: Geometry, reps: Reps, data_dir: Path = DATA_DIR) -> dict:
+    """The decode-engine race (benchmarks/_engines.py) at ``reps``' size."""
+    return run_engines(geo, windows=reps.engine_windows, repeats=reps.engine_repeats,
+                       data_dir=data_dir, log=_log)  # fmt: skip
 
 
 def run_overlap(spec, geo: Geometry, reps: Reps) -> dict:
@@ -190,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tiny", action="store_true", help="a few-MB store (a smoke run, figures meaningless)"
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
+    p.add_argument(
+        "--only", choices=("engines",), help="engines: only the decode-engine race (CPU)"
+    )
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
+    if args.only == "engines":
+        mode = "engines-quick" if args.quick else "engines"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -199,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         from ._gpu import run_gpu
 
         results = run_gpu(geo, quick=args.quick)
+    elif args.only == "engines":
+        reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
+        results = {"geometry": asdict(geo), "engines": engines(geo, reps)}
     else:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = run_cpu(geo, reps)
@@ -209,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results["seconds"] = time.perf_counter() - begin
     results["load_1min_after"] = os.getloadavg()[0]
-    results["targets"] = targets(results)
+    results["targets"] = [] if args.only else targets(results)
     name = f"{mode}-tiny" if args.tiny else mode
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"

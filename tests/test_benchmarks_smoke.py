@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _report, run
+from benchmarks import _engines, _report, run
 from benchmarks._stores import Geometry
 
 
@@ -54,6 +54,21 @@ def test_overlap_figures(results: dict) -> None:
     assert len(ov["rss"]["rss_bytes"]) == 22
 
 
+def test_engine_race_figures(results: dict) -> None:
+    e = results["engines"]
+    assert set(e["stores"]) == set(_engines.STORES)
+    for name, r in e["stores"].items():
+        assert set(r["engines"]) == set(_engines.ENGINES)
+        assert all(r["matches"].values()), f"{name}: an engine read other data: {r['matches']}"
+        assert r["fast_path"] is (name != "sharded-blosc")
+        for f in r["engines"].values():
+            assert f["gbps"]["n"] == 1 and f["gbps"]["min"] > 0
+            assert f["cpu_s_per_gb"]["min"] >= 0
+        assert r["load_1min"] >= 0
+    assert set(e["decision"]["ratios"]) == {"zarrs", "tensorstore", "zarr"}
+    assert e["stores"]["sharded-blosc"]["store"]["shards"]
+
+
 def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     whats = [t["what"] for t in results["targets"]]
     assert any("thread-pool reader" in w for w in whats)
@@ -69,3 +84,6 @@ def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     text = md.read_text()
     assert "intro" in text and "tail" in text and "old" not in text
     assert "### quick run" in text and "Not run: no NVIDIA GPU" in text
+    # the race in quick.json renders the decode-engines table and the decision under it
+    assert "### decode engines" in text and "**Decision:" in text
+    assert "| sharded-blosc | ours: not eligible" in text
