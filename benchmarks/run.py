@@ -43,8 +43,8 @@ class Reps:
     overlap_chunks: int
     abandon: int
     rss_epochs: int = 200
-    engine_windows: int = 8  # windows per repeat of the decode-engine race
-    engine_repeats: int = 7
+    engine_windows: int = 6  # windows per repeat of the decode-engine race
+    engine_repeats: int = 5
     dl_workers: tuple[int, ...] = (0, 2)
     job_stores: tuple[str, ...] = (
         "percol-blosc",
