@@ -3,7 +3,8 @@
 import chunkstream as cs
 
 PUBLIC = [
-    "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkstreamError",
+    "BatchStream", "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader",
+    "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "LatencyStats", "LoaderClosedError", "LoaderConfig",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",

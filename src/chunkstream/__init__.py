@@ -27,6 +27,7 @@ from ._errors import (
     SourceNotFoundError,
 )
 from .consumer import (
+    BatchStream,
     WindowSampler,
     gather_windows,
     neighbour_union,
@@ -58,6 +59,7 @@ from .stats import BatchTimer, LatencyStats, plot_timeline
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchStream",
     "BatchTimer",
     "CallableSource",
     "Chunk",

@@ -1,9 +1,11 @@
 """The consumer side: batches of windows drawn inside a chunk, on its device, and augmentation."""
 
 from ._augment import neighbour_union, zero_neurons_with_neighbours
+from ._batches import BatchStream
 from ._sampling import WindowSampler, gather_windows, sample_windows
 
 __all__ = [
+    "BatchStream",
     "WindowSampler",
     "gather_windows",
     "neighbour_union",

@@ -1,0 +1,258 @@
+"""``BatchStream``: a loader's chunks as one iterable of device batches per epoch.
+
+For loops that want batches, not chunks (a Lightning ``train_dataloader``, a
+plain ``for batch in stream``): each ``iter(stream)`` runs one epoch of the
+:class:`~chunkstream.ChunkLoader`, ``chunks_per_epoch`` chunks, and draws
+``batches_per_chunk`` batches of ``batch_size`` windows from each, on the
+chunk's device (:func:`sample_windows` + :func:`gather_windows`).
+
+Resume is exact because nothing is hidden RNG state: batch ``b`` of the chunk
+at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
+a hash of ``(seed, epoch, index, b, rank)``. The state is the loader's state
+as it was *before* the current chunk, plus how many of that chunk's batches
+were handed out; loading it re-delivers that chunk and skips those batches.
+"Handed out" means yielded: a consumer that fetches ahead of what it trains on
+must save the state of what it trained on. Lightning 2.x does not fetch ahead
+for a loader with ``__len__`` (its prefetching is only for unsized iterables),
+so the state it saves with a checkpoint is exact.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from .._errors import ConfigError
+from ..pipeline import Chunk, ChunkLoader
+from ..plans import EpochPlan
+from ..plans._hash import M64, hash_words, seed_key
+from ._sampling import gather_windows, sample_windows
+
+__all__ = ["BatchStream"]
+
+_TAG_BATCH = 0xBA7C_0000_0000_0001  # keeps batch seeds apart from the plans' hashes
+
+Batch = torch.Tensor | dict[str, torch.Tensor]
+
+
+def _count(name: str, value: object, minimum: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError.bad(name, value, f"an int >= {minimum}", fix)
+    return value
+
+
+class BatchStream:
+    """Batches of windows drawn inside each chunk of ``loader``; one epoch per ``iter()``.
+
+    Parameters
+    ----------
+    loader:
+        The :class:`~chunkstream.ChunkLoader` to draw chunks from; the stream
+        starts its epochs (``loader.epoch``), so use the loader through the
+        stream only. Closing stays the loader's (``with`` block or ``close()``).
+    window:
+        Timesteps per sample (``time_units * evolve_multiple_steps``), at most
+        the loader's chunk length.
+    batch_size, batches_per_chunk, chunks_per_epoch:
+        Windows per batch, batches drawn from each chunk, chunks per epoch (on
+        this rank). With ``plan=`` (a :func:`~chunkstream.plan_epoch` result)
+        each one left ``None`` comes from the plan. ``chunks_per_epoch=None``
+        without a plan means one pass of the loader's plan (``shuffled`` /
+        ``sequential``; ``random`` needs a number).
+    fields:
+        ``None``: every field, each batch a dict ``{name: (batch_size, window,
+        *field_shape)}``; a list of names: a dict of those; one name: that
+        field's tensor alone.
+    seed:
+        Seeds the batch starts; ``None`` takes the loader's plan seed.
+
+    ``len(stream)`` is ``chunks_per_epoch * batches_per_chunk``, the batches of
+    a whole epoch (with a plan's counts: what the chunk loop
+    ``for chunk in loader.epoch(plan.chunks_per_epoch): for _ in
+    range(plan.batches_per_chunk)`` draws). An epoch resumed from a mid-epoch
+    state yields only its remaining batches.
+
+    Batches are fresh tensors (gathered copies), so holding one never pins a
+    chunk; the chunk itself is released once its last batch was drawn.
+    Iterating again, also mid-epoch, starts the next epoch (the rest of the
+    old one is abandoned, as with ``loader.epoch``).
+    """
+
+    def __init__(
+        self,
+        loader: ChunkLoader,
+        *,
+        window: int,
+        batch_size: int | None = None,
+        batches_per_chunk: int | None = None,
+        chunks_per_epoch: int | None = None,
+        plan: EpochPlan | None = None,
+        fields: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(loader, ChunkLoader):
+            raise ConfigError.bad(
+                "loader", type(loader).__name__, "a cs.ChunkLoader",
+                "Build one with cs.ChunkLoader(source, chunk_size, ...) and pass it.",
+            )  # fmt: skip
+        if plan is not None:
+            if not isinstance(plan, EpochPlan):
+                raise ConfigError.bad(
+                    "plan", type(plan).__name__, "a cs.EpochPlan from cs.plan_epoch(...), or None"
+                )
+            batch_size = plan.batch_size if batch_size is None else batch_size
+            if batches_per_chunk is None:
+                batches_per_chunk = plan.batches_per_chunk
+            if chunks_per_epoch is None:
+                chunks_per_epoch = plan.chunks_per_epoch
+        self.loader = loader
+        length = loader.rows  # every chunk's length: min(chunk_size, len(source))
+        self.window = _count("window", window, 1, "Pass the timesteps one sample needs.")
+        if self.window > length:
+            raise ConfigError.bad(
+                "window", window, f"at most the chunk length {length}",
+                "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
+            )  # fmt: skip
+        self.batch_size = _count(
+            "batch_size", batch_size, 1, "Pass the windows per batch (or plan=cs.plan_epoch(...))."
+        )
+        self.batches_per_chunk = _count(
+            "batches_per_chunk", batches_per_chunk, 1,
+            "Pass how many batches each chunk feeds (plan.batches_per_chunk).",
+        )  # fmt: skip
+        if chunks_per_epoch is None:
+            per_pass = loader.plan.windows_per_pass
+            if per_pass is None:
+                raise ConfigError.bad(
+                    "chunks_per_epoch", None,
+                    "a number of chunks for sampling='random' (it has no natural pass)",
+                    "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
+                )  # fmt: skip
+            chunks_per_epoch = max(1, per_pass // loader.world_size)  # as loader.epoch(None)
+        self.chunks_per_epoch = _count(
+            "chunks_per_epoch", chunks_per_epoch, 0, "Use plan.chunks_per_epoch."
+        )
+        names = list(loader.source.fields)
+        if fields is None:
+            self.fields: tuple[str, ...] = tuple(names)
+        else:
+            chosen = (fields,) if isinstance(fields, str) else tuple(fields)
+            unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
+            if not chosen or unknown:
+                raise ConfigError.bad(
+                    "fields", fields, f"None, one name or a list of names from {names}",
+                    "Name fields of the loader's source.",
+                )  # fmt: skip
+            self.fields = chosen
+        self._single = isinstance(fields, str)
+        if seed is None:
+            seed = int(getattr(loader.plan, "seed", 0))
+        self.seed = _count("seed", seed, 0, "Pass a non-negative seed, or None for the loader's.")
+        self._key = seed_key(self.seed)
+        self._generator = torch.Generator(device=loader.device)
+        # Resume and position. ``_before`` is the loader's state before the chunk being
+        # drawn from (None between chunks); ``_drawn`` counts that chunk's batches handed out.
+        self._skip = 0  # batches of the first chunk to skip, after load_state_dict
+        self._before: dict[str, int] | None = None
+        self._drawn = 0
+        self._generation = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch: ``chunks_per_epoch * batches_per_chunk``."""
+        return self.chunks_per_epoch * self.batches_per_chunk
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One epoch of batches (the rest of an interrupted one after :meth:`load_state_dict`)."""
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Batch]:
+        # A generator: nothing starts before the first next(), so a consumer may call
+        # iter() and then load_state_dict() (Lightning does) and still resume.
+        self._generation += 1
+        generation = self._generation
+        skip, self._skip = self._skip, 0
+        chunks = self.loader.epoch(self.chunks_per_epoch)
+        while True:
+            before = self.loader.state_dict()
+            chunk = next(chunks, None)
+            if chunk is None or generation != self._generation:
+                return
+            self._before, self._drawn = before, skip
+            for b in range(skip, self.batches_per_chunk):
+                batch = self._draw(chunk, b)
+                self._drawn = b + 1
+                if b + 1 == self.batches_per_chunk:
+                    self._before = None  # the chunk is done: the loader's own state is exact
+                yield batch
+                if generation != self._generation:
+                    return  # a newer iteration took over
+            skip = 0
+            del chunk  # let the loader reuse its buffer while the next one arrives
+
+    def _draw(self, chunk: Chunk, b: int) -> Batch:
+        key = hash_words(self._key, _TAG_BATCH, chunk.epoch, chunk.index, b, self.loader.rank)
+        self._generator.manual_seed(key & M64)
+        starts = sample_windows(
+            chunk, batch_size=self.batch_size, window=self.window, generator=self._generator
+        )
+        if self._single:
+            return gather_windows(chunk[self.fields[0]], starts, self.window)
+        return {name: gather_windows(chunk[name], starts, self.window) for name in self.fields}
+
+    # -- resume ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, object]:
+        """``{"loader": <ChunkLoader state>, "batch": k, ...}``: a few integers.
+
+        Mid-chunk, ``loader`` is the state before that chunk and ``batch`` the
+        batches of it already handed out; between chunks ``batch`` is 0.
+        """
+        if self._before is not None:
+            loader_state, batch = dict(self._before), self._drawn
+        else:
+            loader_state, batch = self.loader.state_dict(), self._skip
+        return {
+            "loader": loader_state,
+            "batch": batch,
+            "batches_per_chunk": self.batches_per_chunk,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches."""
+        try:
+            loader_state = state["loader"]
+            batch = state["batch"]
+            per_chunk = state.get("batches_per_chunk", self.batches_per_chunk)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError.bad(
+                "state", state, "a dict from BatchStream.state_dict() with 'loader' and 'batch'"
+            ) from exc
+        per = self.batches_per_chunk
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < per:
+            raise ConfigError.bad("state", state, f"'batch' in [0, batches_per_chunk={per})")
+        if per_chunk != self.batches_per_chunk:
+            raise ConfigError.bad(
+                "state", state,
+                f"a state saved with batches_per_chunk={self.batches_per_chunk}",
+                "Resume with the stream's settings of the interrupted run.",
+            )  # fmt: skip
+        saved_seed = state.get("seed")
+        if saved_seed is not None and saved_seed != self.seed:
+            warnings.warn(
+                f"resuming a BatchStream state saved with seed={saved_seed} on a stream with "
+                f"seed={self.seed}: the remaining batches will differ from the interrupted run",
+                stacklevel=2,
+            )
+        self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
+        self._generation += 1  # an iteration in progress stops at its next batch
+        self._skip, self._before, self._drawn = batch, None, 0
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchStream(window={self.window}, batch_size={self.batch_size}, "
+            f"batches_per_chunk={self.batches_per_chunk}, "
+            f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)})"
+        )
