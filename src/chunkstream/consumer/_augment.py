@@ -2,13 +2,24 @@
 
 The connectivity is a CSR matrix: neuron ``i``'s neighbours are
 ``wmat_indices[wmat_indptr[i] : wmat_indptr[i + 1]]``. Everything runs on the
-device of ``selected`` (the CSR arrays are moved there once per call if they
-are not already); the only host sync is the neighbour count that sizes the
-result.
+device of ``selected``.
+
+Per-batch cost on a GPU: the CSR arrays are uploaded to the device once per
+(array, device) and reused while the caller's arrays live (a numpy array
+copied from pageable memory on every batch would be a synchronous upload: the
+host waits for the stream first); and the one host sync is the size of the
+result (the union's size is data-dependent, so a ``nonzero`` must read it
+back). Neighbours are gathered with a padded ``(k, max_degree)`` index built
+on the device, the maximum degree being known on the host at upload, so no
+count is read back to size an intermediate. The cache assumes the CSR arrays
+are not modified in place while cached (it holds weak references and is keyed
+by identity).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import torch
@@ -18,37 +29,86 @@ from .._errors import ConfigError
 __all__ = ["neighbour_union", "zero_neurons_with_neighbours"]
 
 
-def _as_long(array: Any, device: torch.device) -> torch.Tensor:
-    tensor = torch.as_tensor(array)
-    return tensor.to(device=device, dtype=torch.long)
+class _DeviceCSR:
+    """The CSR arrays on one device, as long tensors, with the maximum row degree."""
+
+    __slots__ = ("indices", "indptr", "max_degree", "refs", "width")
+
+    def __init__(self, indices: Any, indptr: Any, device: torch.device, refs: tuple) -> None:
+        host_ptr = torch.as_tensor(indptr).reshape(-1).to("cpu", torch.long)
+        host_idx = torch.as_tensor(indices).reshape(-1).to("cpu", torch.long)
+        self.indptr = host_ptr.to(device)
+        self.indices = host_idx.to(device)
+        self.max_degree = int((host_ptr[1:] - host_ptr[:-1]).max()) if host_ptr.numel() > 1 else 0
+        # Neuron ids the union can hold: the rows, and any column index beyond them.
+        rows = max(0, host_ptr.numel() - 1)
+        self.width = max(rows, int(host_idx.max()) + 1 if host_idx.numel() else 0)
+        self.refs = refs  # weak references to the caller's arrays (identity check)
+
+
+_CACHE: dict[tuple[int, int, str], _DeviceCSR] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 8  # distinct (CSR, device) pairs kept; a run uses one or two
+uploads = 0  # CSR uploads so far (a test figure: one per CSR and device)
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # a list or other container: never cached
+        return None
+
+
+def _device_csr(indices: Any, indptr: Any, device: torch.device) -> _DeviceCSR:
+    """The cached device copy of the CSR (uploaded on first use for this device)."""
+    global uploads
+    key = (id(indices), id(indptr), str(device))
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit.refs[0]() is indices and hit.refs[1]() is indptr:
+            return hit
+    refs = (_weak(indices), _weak(indptr))
+    csr = _DeviceCSR(indices, indptr, device, refs)
+    uploads += 1
+    if refs[0] is not None and refs[1] is not None:
+        with _CACHE_LOCK:
+            for stale in [k for k, v in _CACHE.items() if v.refs[0]() is None or v.refs[1]() is None]:
+                del _CACHE[stale]
+            while len(_CACHE) >= _CACHE_SIZE:
+                del _CACHE[next(iter(_CACHE))]
+            _CACHE[key] = csr
+    return csr
 
 
 def neighbour_union(selected: torch.Tensor, wmat_indices: Any, wmat_indptr: Any) -> torch.Tensor:
     """Sorted unique ``selected ∪ {neighbours of each selected neuron}`` as a long tensor.
 
     ``wmat_indices`` and ``wmat_indptr`` are the CSR arrays (numpy or torch);
-    the result lives on ``selected``'s device.
+    the result lives on ``selected``'s device. One host sync (the result's size).
     """
     selected = torch.as_tensor(selected)
     device = selected.device
     selected = selected.to(torch.long).reshape(-1)
-    indices = _as_long(wmat_indices, device)
-    indptr = _as_long(wmat_indptr, device)
     if selected.numel() == 0:
         return selected.clone()
-    rows = indptr.numel() - 1
-    if rows < 1:
-        raise ConfigError.bad("wmat_indptr", f"{indptr.numel()} entries", "at least 2 (CSR)")
-    begin = indptr[selected]
-    counts = indptr[selected + 1] - begin
-    total = int(counts.sum())  # sizes the result: the one host sync
-    if total == 0:
-        return torch.unique(selected, sorted=True)
-    # Flat positions into `indices`: each row's begin, repeated, plus 0..count-1.
-    offsets = torch.cumsum(counts, 0) - counts
-    row_begin = torch.repeat_interleave(begin - offsets, counts, output_size=total)
-    flat = row_begin + torch.arange(total, device=device)
-    return torch.unique(torch.cat([selected, indices[flat]]), sorted=True)
+    csr = _device_csr(wmat_indices, wmat_indptr, device)
+    if csr.indptr.numel() < 2:
+        raise ConfigError.bad("wmat_indptr", f"{csr.indptr.numel()} entries", "at least 2 (CSR)")
+    # A mask over the neurons: the union and its sorting come from one nonzero().
+    mask = torch.zeros(csr.width, dtype=torch.bool, device=device)
+    mask[selected] = True
+    if csr.max_degree > 0:
+        begin = csr.indptr[selected]
+        counts = csr.indptr[selected + 1] - begin
+        offsets = torch.arange(csr.max_degree, device=device)
+        flat = begin[:, None] + offsets  # (k, max_degree) positions into `indices`
+        valid = offsets < counts[:, None]
+        # Padding positions read index 0 of `indices`, then point at a selected neuron
+        # (already in the union), so no entry is filtered out with a sync.
+        flat = torch.where(valid, flat, torch.zeros_like(flat))
+        neighbours = torch.where(valid, csr.indices[flat], selected[:, None])
+        mask[neighbours.reshape(-1)] = True
+    return torch.nonzero(mask).reshape(-1)  # the one host sync: the union's size
 
 
 def zero_neurons_with_neighbours(

@@ -4,13 +4,25 @@ A *buffer set* holds one array per field, ``chunk_size`` rows long; a reader
 fills the first ``stop - start`` rows of each in place.
 
 Ownership, CUDA (:class:`PinnedSlotPool`)
-    ``slots`` buffer sets of page-locked memory are allocated once, at start, so
-    pinned bytes are exactly ``slots * chunk_bytes`` for the loader's life. A
-    slot is owned by the pool (free), then by one reader (filling), then by the
+    ``slots`` buffer sets are carved out of one page-locked *arena* allocated
+    once, at start, and released at :meth:`PinnedSlotPool.close`. A slot is
+    owned by the pool (free), then by one reader (filling), then by the
     transfer stage (copying); the transfer stage gives it back with
-    :meth:`PinnedSlotPool.release_after` and the event recorded after its copy,
-    and the slot is handed out again only once that event has completed.
-    User tensors never alias a slot: they get device copies.
+    :meth:`PinnedSlotPool.release_after` and the event recorded after its copy
+    (after a failed copy too: an event recorded after whatever was queued), and
+    the slot is handed out again only once that event has completed. User
+    tensors never alias a slot: they get device copies.
+
+Pinned bytes, CUDA
+    The arena is anonymous ``mmap`` memory page-locked with ``cudaHostRegister``,
+    so ``PinnedSlotPool.nbytes`` (``slots * chunk_bytes``, each field's offset
+    aligned to 256 B, the total rounded up to a page) is what is really pinned.
+    It bypasses torch's caching host allocator on purpose: that allocator
+    (``pin_memory=True``) rounds every block up to a power of two (up to 2x:
+    4 slots of 4.06 GB would pin 32 GB) and keeps blocks cached after they are
+    freed. Only if registration fails does the pool fall back to one
+    ``pin_memory=True`` arena, report its rounded size, warn, and empty torch's
+    host cache at close so the memory goes back to the system.
 
 Ownership, CPU (:class:`HostBufferPool`)
     The consumer's tensors are zero-copy views of the buffer set, so a set
@@ -24,9 +36,11 @@ Ownership, CPU (:class:`HostBufferPool`)
 
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 
@@ -108,32 +122,115 @@ class HostBufferPool:
             self._sets.clear()
 
 
-class PinnedSlotPool:
-    """A fixed pool of page-locked buffer sets reused across chunks (see module docs)."""
+_ALIGN = 256  # each field's offset in the arena: aligned for any dtype and for DMA
+_PAGE = mmap.PAGESIZE
 
-    def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, slots: int) -> None:
+
+def _power_of_two_ceil(n: int) -> int:
+    """What torch's caching host allocator rounds a pinned block up to."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _register(ptr: int, nbytes: int, device: torch.device) -> int:
+    """``cudaHostRegister(ptr, nbytes, Portable)`` in a helper thread; returns the error code.
+
+    A failed CUDA runtime call also sets the calling thread's "last error",
+    which torch's next kernel-launch check in that thread would report as its
+    own failure; calling from a throwaway thread keeps a failure's state out
+    of the caller's thread. The thread sets ``device`` first so the call runs
+    in that device's context (no context is created on GPU 0).
+    """
+    result: list[int] = []
+
+    def run() -> None:
+        try:
+            torch.cuda.set_device(device)
+            # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as
+            # torch's pinned memory is.
+            result.append(int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)))
+        except Exception:  # a thread boundary: the caller falls back
+            result.append(-1)
+
+    thread = threading.Thread(target=run, name="chunkstream-pin-0", daemon=True)
+    thread.start()
+    thread.join()
+    return result[0] if result else -1
+
+
+class PinnedSlotPool:
+    """A fixed pool of page-locked buffer sets reused across chunks (see module docs).
+
+    ``nbytes`` is the page-locked memory the pool holds (the arena's true
+    size); ``requested_nbytes`` what its slots use; ``registered`` says whether
+    the arena is registered (``True``) or a torch pinned block (fallback).
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[str, FieldSpec],
+        rows: int,
+        *,
+        slots: int,
+        device: torch.device | None = None,
+    ) -> None:
         self.slots = int(slots)
+        # An explicit index: the pool's CUDA calls run in other threads (module docs).
+        self.device = (
+            torch.device(device) if device is not None
+            else torch.device("cuda", torch.cuda.current_device())
+        )  # fmt: skip
         self._cond = threading.Condition()
         self._free: deque[BufferSet] = deque()
         self._pending: deque[tuple[torch.cuda.Event, BufferSet]] = deque()
         self._closed = False
+        self._released: bool | None = None  # what close() returned, once it ran
+        self._kept: object = None  # an arena left pinned at close, kept alive on purpose
+        layout: list[tuple[str, int, int, np.dtype, tuple[int, ...]]] = []
+        offset = 0
         for _ in range(self.slots):
-            tensors = {
-                name: torch.empty(
-                    (rows, *spec.shape),
-                    dtype=torch.from_numpy(np.empty(0, dtype=spec.dtype)).dtype,
-                    pin_memory=True,
-                )
-                for name, spec in fields.items()
-            }
-            arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
+            for name, spec in fields.items():
+                dtype = np.dtype(spec.dtype)
+                size = int(rows) * int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+                layout.append((name, offset, size, dtype, (int(rows), *spec.shape)))
+                offset += -(-max(size, 1) // _ALIGN) * _ALIGN
+        self.requested_nbytes = offset
+        size = max(_PAGE, -(-offset // _PAGE) * _PAGE)
+        self._mmap: mmap.mmap | None = mmap.mmap(-1, size)
+        arena = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._ptr: int | None = arena.ctypes.data
+        self._torch_arena: torch.Tensor | None = None
+        error = _register(self._ptr, size, self.device)
+        if error == 0:
+            self.registered, self.nbytes = True, size
+        else:
+            # The arena goes back to the OS when its views die; pin through torch instead.
+            del arena
+            self._mmap, self._ptr = None, None
+            self._torch_arena = torch.empty(offset, dtype=torch.uint8, pin_memory=True)
+            arena = self._torch_arena.numpy()
+            self.registered, self.nbytes = False, _power_of_two_ceil(offset)
+            warnings.warn(
+                f"chunkstream: cudaHostRegister of the {size / 1e9:.2f} GB pinned arena failed "
+                f"(cudaError {error}); pinned it with torch instead, which rounds it up to "
+                f"{self.nbytes / 1e9:.2f} GB. Lower host_slots or chunk_size if that is too much.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        per_slot = len(fields)
+        for k in range(self.slots):
+            arrays, tensors = {}, {}
+            for name, begin, length, dtype, shape in layout[k * per_slot : (k + 1) * per_slot]:
+                array = arena[begin : begin + length].view(dtype).reshape(shape)
+                arrays[name], tensors[name] = array, torch.from_numpy(array)
             self._free.append(BufferSet(arrays, tensors))
-        self.nbytes = sum(
-            t.numel() * t.element_size() for b in self._free for t in (b.tensors or {}).values()
-        )
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
-        """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is."""
+        """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is.
+
+        Runs in reader threads; ``Event.query()`` has no device guard in torch,
+        so the calling thread must have set the pool's device (the loader's
+        reader threads do, at start).
+        """
         while True:
             with self._cond:
                 if self._closed:
@@ -163,7 +260,49 @@ class PinnedSlotPool:
     def release(self, buffers: BufferSet) -> None:
         self.release_after(buffers, None)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0, *, unpin: bool = True) -> bool:
+        """Stop handing out slots; once every queued copy has finished, unpin the arena.
+
+        ``unpin=False`` (a transfer thread may still be issuing copies) or a
+        copy that does not finish within ``timeout`` leaves the memory pinned
+        until the process ends, rather than unpinning under a DMA. Returns
+        whether the arena was released. Idempotent.
+        """
         with self._cond:
+            if self._released is not None:
+                return self._released
             self._closed = True
+            pending = [event for event, _ in self._pending]
+            self._pending.clear()
+            self._free.clear()
             self._cond.notify_all()
+        # Often called from the main thread, whose current device may be another
+        # GPU (or none yet): query() and the unregister have no device guard.
+        with torch.cuda.device(self.device):
+            self._released = self._release(pending, timeout, unpin)
+        return self._released
+
+    def _release(self, pending: list[torch.cuda.Event], timeout: float, unpin: bool) -> bool:
+        deadline = time.monotonic() + timeout
+        while unpin and pending and not all(event.query() for event in pending):
+            if time.monotonic() >= deadline:
+                unpin = False
+            time.sleep(0.001)
+        ptr, self._ptr = self._ptr, None
+        torch_arena, self._torch_arena = self._torch_arena, None
+        if not unpin:
+            # Keep the arena referenced, so it is never unmapped under a copy.
+            self._kept = (torch_arena, self._mmap)
+            return False
+        if ptr is not None:
+            # A reader stuck past close may still write into its slot: that is plain
+            # host memory after this, and the mmap lives until its last view dies.
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+        elif torch_arena is not None:
+            del torch_arena  # its slots' views were dropped above: the block is free now
+            torch.cuda.synchronize(self.device)  # the allocator's free-time events complete
+            empty = getattr(torch._C, "_host_emptyCache", None)
+            if empty is not None:  # hands every *free* cached pinned block back to the OS
+                empty()
+        self._mmap = None
+        return True

@@ -15,17 +15,41 @@ class Chunk(Mapping[str, torch.Tensor]):
     ``chunk["voltage"]`` has shape ``(stop - start, *field_shape)``. ``epoch`` and
     ``index`` (the position within the epoch on this rank) say where it came from.
     A tensor handed out here is never overwritten by the loader while the user
-    still holds it. On CUDA the tensors are ready to use on the stream that was
-    current when the chunk was received (the loader made that stream wait for
-    the copy); use them on another stream only after ``tensor.record_stream``.
+    still holds it.
+
+    Consuming on another stream (CUDA): the tensors are ready on the stream
+    that was current when the chunk was received (the loader made that stream
+    wait for the copy, on the device, and told the caching allocator about it).
+    To use them on another stream ``s``, two things are needed: ``s`` must wait
+    for the copy, and the allocator must know ``s`` uses the memory, or it may
+    hand the memory to a new tensor while ``s`` still reads it.
+    :meth:`use_on` does both::
+
+        side = torch.cuda.Stream()
+        for chunk in loader.epoch(n):
+            chunk.use_on(side)                 # side waits for the copy (no host sync)
+            with torch.cuda.stream(side):
+                loss = model(chunk["voltage"])  # ...
+
+    By hand that is ``side.wait_stream(torch.cuda.current_stream())`` right
+    after receiving the chunk, and ``t.record_stream(side)`` for each tensor.
+    Receiving inside ``with torch.cuda.stream(side):`` needs neither.
     """
 
-    __slots__ = ("_tensors", "epoch", "index", "start", "stop")
+    __slots__ = ("_ready", "_tensors", "epoch", "index", "start", "stop")
 
     def __init__(
-        self, tensors: dict[str, torch.Tensor], *, start: int, stop: int, epoch: int, index: int
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        start: int,
+        stop: int,
+        epoch: int,
+        index: int,
+        ready: torch.cuda.Event | None = None,
     ) -> None:
         self._tensors = tensors
+        self._ready = ready  # the event recorded after the copy (CUDA), else None
         self.start = int(start)
         self.stop = int(stop)
         self.epoch = int(epoch)
@@ -44,6 +68,29 @@ class Chunk(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+    def use_on(self, stream: torch.cuda.Stream | None = None) -> Chunk:
+        """Make the tensors safe to use on ``stream`` (default: the current one); returns self.
+
+        ``stream`` waits (on the device, the host never blocks) for the event
+        recorded after this chunk's copy, and each tensor is recorded as used
+        on ``stream`` (``Tensor.record_stream``) so the caching allocator keeps
+        its memory until the work queued there so far has finished. On the CPU
+        it does nothing. Call it once per stream, before queueing work there.
+        """
+        tensors = list(self._tensors.values())
+        if not tensors or not tensors[0].is_cuda:
+            return self
+        device = tensors[0].device
+        if stream is None:
+            stream = torch.cuda.current_stream(device)
+        if self._ready is not None:
+            stream.wait_event(self._ready)
+        else:  # built by hand: wait for whatever the current stream has queued
+            stream.wait_stream(torch.cuda.current_stream(device))
+        for tensor in tensors:
+            tensor.record_stream(stream)
+        return self
 
     @property
     def length(self) -> int:

@@ -18,9 +18,17 @@ def _positive_int(name: str, value: object, fix: str = "", minimum: int = 1) -> 
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` means CUDA when present, else CPU; asking for a missing CUDA is an error."""
+    """The device to run on, with its index resolved: ``"cuda"`` becomes ``cuda:<k>``.
+
+    ``None`` means CUDA when present, else CPU; asking for a missing CUDA, or a
+    CUDA index this machine lacks, is an error. A bare ``"cuda"`` is fixed to
+    the caller's current device *now*, in the caller's thread: background
+    threads start on device 0, so an index left open would be resolved there
+    (a second CUDA context on GPU 0, ~500 MB, and copies to the wrong GPU
+    under torchrun).
+    """
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -34,6 +42,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             "a device this machine has (torch.cuda.is_available() is False)",
             "Pass device='cpu' (or None to pick CUDA when present), or install a CUDA build of torch.",
         )
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if resolved.index is None else resolved.index
+        if not 0 <= index < count:
+            raise ConfigError.bad(
+                "device",
+                device,
+                f"a CUDA index in [0, {count}) (this machine has {count} visible GPUs)",
+                "Pass 'cuda:<k>' for a visible GPU, or check CUDA_VISIBLE_DEVICES.",
+            )
+        resolved = torch.device("cuda", index)
     return resolved
 
 

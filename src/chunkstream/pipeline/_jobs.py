@@ -8,7 +8,13 @@ Buffer ownership along the way: :func:`read_job` takes a buffer set from the
 pool and either hands it on inside a :class:`Loaded` or gives it back when the
 read fails; :func:`transfer_job` gives the slot back with the event recorded
 after its copy (``PinnedSlotPool.release_after``), so the slot is refilled only
-once the copy has finished.
+once the copy has finished. A copy that fails part-way gives its slot back the
+same way, behind an event recorded after whatever copies it had queued.
+
+Threads: both jobs run in stage threads that set the loader's CUDA device at
+start (``OrderedStage(thread_init=...)``), so their CUDA calls (an event's
+``query()`` while waiting for a slot, allocations, copies) run in the right
+device's context.
 """
 
 from __future__ import annotations
@@ -72,7 +78,18 @@ def read_job(
     retries: int,
 ) -> Loaded:
     start, stop = windows[job]
-    buffers = pool.acquire(ticket.cancelled)
+    try:
+        buffers = pool.acquire(ticket.cancelled)
+    except BaseException as exc:
+        # Waiting for a pinned slot queries CUDA events, which can fail (a sticky
+        # error from the user's kernels); the consumer must get a ChunkLoadError,
+        # which shuts the pipeline down, not a bare RuntimeError. A cancelled wait
+        # is dropped by the stage as stale, wrapped or not.
+        raise ChunkLoadError(
+            f"waiting for a free host buffer for window [{start}, {stop}) failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(start, stop),
+        ) from exc
     begin = time.perf_counter()
     try:
         for attempt in range(retries + 1):
@@ -158,8 +175,9 @@ def transfer_job(
             return OnDevice(loaded, tensors, None, None, issued)
         host = loaded.buffers.tensors
         assert host is not None  # CUDA always runs with pinned slots (internal invariant)
-        # This thread's current device is not the consumer's: name it explicitly.
-        with torch.cuda.device(device), torch.cuda.stream(stream):
+        # The thread's current device is ``device`` (set at thread start, with an
+        # index the loader resolved), so no device guard is needed here.
+        with torch.cuda.stream(stream):
             begin = torch.cuda.Event(enable_timing=True)
             done = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
@@ -172,7 +190,7 @@ def transfer_job(
             }
             done.record(stream)
     except BaseException as exc:
-        pool.release(loaded.buffers)
+        _release_after_failed_copy(pool, loaded.buffers, stream)
         raise ChunkLoadError(
             f"copying window [{loaded.start}, {loaded.stop}) to {device} failed: "
             f"{type(exc).__name__}: {exc}",
@@ -180,6 +198,26 @@ def transfer_job(
         ) from exc
     pool.release_after(loaded.buffers, done)
     return OnDevice(loaded, tensors, begin, done, issued)
+
+
+def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> None:
+    """Give back a slot whose copy failed part-way, behind the copies it had queued.
+
+    Copies of earlier fields may still be reading the slot; handing it out at
+    once would let a reader overwrite memory under a DMA. If no event can be
+    recorded either (the context is broken), the slot is kept out of the pool:
+    the loader shuts down after this error anyway.
+    """
+    if stream is None:
+        pool.release(buffers)
+        return
+    try:
+        fence = torch.cuda.Event()
+        fence.record(stream)
+    except Exception:  # the original error is what the consumer must see
+        _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
+        return
+    pool.release_after(buffers, fence)
 
 
 def discard_loaded(value: Loaded, pool: Any) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -176,13 +176,16 @@ class ChunkLoader:
         self._windows: list[tuple[int, int]] = []
         if on_cuda:
             self._pool: HostBufferPool | PinnedSlotPool = PinnedSlotPool(
-                source.fields, rows, slots=self.config.slots
+                source.fields, rows, slots=self.config.slots, device=self.device
             )
         else:
             self._pool = HostBufferPool(
                 source.fields, rows, max_free=self.config.reader_capacity + 1
             )
         windows, pool = self._windows, self._pool
+        # Every CUDA stage thread binds the loader's device before its first job: a new
+        # thread starts on device 0, where its first CUDA call would create a context.
+        init = _device_binder(self.device) if on_cuda else None
         self._reader = OrderedStage(
             "read",
             lambda job, ticket: read_job(
@@ -199,6 +202,7 @@ class ChunkLoader:
             if not on_cuda
             else min(self.config.reader_capacity, self.config.slots),
             discard=lambda value: discard_loaded(value, pool),
+            thread_init=init,
         )
         self._stages = [self._reader]
         self._transfer: OrderedStage | None = None
@@ -213,6 +217,7 @@ class ChunkLoader:
                     ),
                     workers=1,
                     capacity=self.config.gpu_prefetch,
+                    thread_init=init,
                 )
             except BaseException:
                 reader.close(self.config.close_timeout)  # never leak the started readers
@@ -313,13 +318,14 @@ class ChunkLoader:
         received = time.perf_counter()
         if isinstance(value, OnDevice):
             loaded, tensors = value.loaded, value.tensors
+            ready = value.done
             if value.done is not None:
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(value.done)  # the consumer's stream waits, not the host
                 for tensor in tensors.values():
                     tensor.record_stream(consumer)
         else:
-            loaded = value
+            loaded, ready = value, None
             rows = loaded.stop - loaded.start
             tensors = {
                 name: torch.from_numpy(array) for name, array in loaded.buffers.views(rows).items()
@@ -345,8 +351,9 @@ class ChunkLoader:
                 record._events = (value.begin, value.done)
         self.stats.record_chunk(record)
         return Chunk(
-            tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index
-        )
+            tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index,
+            ready=ready,
+        )  # fmt: skip
 
     def _check_stalled(self, asked: float) -> None:
         self._check_open()
@@ -470,7 +477,13 @@ class ChunkLoader:
         # The transfer thread reads from the readers, so stop it first.
         for stage in reversed(self._stages):
             alive += stage.close(deadline_s)
-        self._pool.close()
+        if isinstance(self._pool, PinnedSlotPool):
+            # Unpinning under a copy would be a use-after-free: only once the transfer
+            # thread has stopped and every queued copy has finished.
+            transfer_alive = any(name.startswith("chunkstream-transfer") for name in alive)
+            self._pool.close(max(deadline_s, 1.0), unpin=not transfer_alive)
+        else:
+            self._pool.close()
         if alive and warn:
             warnings.warn(
                 f"chunkstream: threads {alive} did not stop within "
@@ -519,6 +532,22 @@ class ChunkLoader:
             f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )
+
+
+def _device_binder(device: torch.device) -> Callable[[], None]:
+    """A stage thread's start hook: make ``device`` the thread's current CUDA device."""
+
+    def bind() -> None:
+        try:
+            torch.cuda.set_device(device)
+        except Exception as exc:  # the consumer's next call raises this (OrderedStage)
+            raise ChunkLoadError(
+                f"setting the CUDA device {device} in thread "
+                f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
+                "Check that the device is visible (CUDA_VISIBLE_DEVICES) and healthy."
+            ) from exc
+
+    return bind
 
 
 class _EpochIterator:

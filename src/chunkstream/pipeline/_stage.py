@@ -17,6 +17,13 @@ Errors
     :meth:`get` (or the one already waiting, within one 0.1 s poll) raises it.
     The stage then takes no more jobs for that generation.
 
+Thread set-up
+    ``thread_init`` runs once at the start of every worker thread, before its
+    first job (the CUDA stages set the thread's device there: a new thread
+    starts on device 0). If it raises, the thread ends and every later
+    :meth:`get`, in any generation, raises that error: a stage short of a
+    worker must not look healthy.
+
 Generations
     :meth:`reset` starts a new job list without stopping the threads, so an
     abandoned epoch costs no thread churn. Results of an older generation are
@@ -82,6 +89,7 @@ class OrderedStage(Generic[T]):
         workers: int,
         capacity: int,
         discard: Callable[[T], None] | None = None,
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
         if workers < 1 or capacity < 1:
             raise ValueError(f"stage {name!r}: workers and capacity must be >= 1")
@@ -97,6 +105,8 @@ class OrderedStage(Generic[T]):
         self._returned = 0
         self._results: dict[int, T] = {}
         self._failure: BaseException | None = None
+        self._thread_init = thread_init
+        self._fatal: BaseException | None = None  # a thread_init error: outlives reset()
         self._busy: dict[int, int] = {}  # thread ident -> job number, for the watchdog
         self.last_progress = time.monotonic()
         self.completed = 0  # jobs finished without error, over all generations
@@ -110,6 +120,15 @@ class OrderedStage(Generic[T]):
     # -- producer side -----------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._thread_init is not None:
+            try:
+                self._thread_init()
+            except BaseException as exc:  # a thread boundary: hand it to the consumer
+                with self._cond:
+                    if self._fatal is None:
+                        self._fatal = exc
+                    self._cond.notify_all()
+                return
         while True:
             with self._cond:
                 while not self._closed and not self._admissible():
@@ -191,6 +210,8 @@ class OrderedStage(Generic[T]):
             while True:
                 if self._closed or generation < self._generation:
                     raise StageClosed(self.name)
+                if self._fatal is not None:
+                    raise self._fatal
                 if generation > self._generation:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise TimeoutError(self.name)

@@ -78,6 +78,26 @@ def _describe(values: list[float]) -> dict[str, float]:
     }
 
 
+def _completed(events: tuple) -> bool:
+    """Whether every event has completed (``elapsed_time`` raises on one that has not).
+
+    Each event is queried, not only the last: events complete in order only on
+    one stream, and a batch's marks follow the current stream, which the loop
+    may switch between marks. ``query()`` has no device guard in torch, so it
+    runs under the event's own device (no context on another GPU).
+    """
+    for event in events:
+        device = getattr(event, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            with torch.cuda.device(device):
+                done = event.query()
+        else:
+            done = event.query()
+        if not done:
+            return False
+    return True
+
+
 class LatencyStats:
     """Per-chunk and per-batch latency records with summaries (see module docs)."""
 
@@ -159,7 +179,7 @@ class LatencyStats:
             pending = [r for r in self.chunks if r._events is not None]
         for record in pending:
             begin, end = record._events
-            if end.query():
+            if _completed((begin, end)):
                 record.transfer_s = begin.elapsed_time(end) / 1e3
                 if record.transfer_begin is not None:
                     record.transfer_end = record.transfer_begin + record.transfer_s
@@ -172,7 +192,7 @@ class LatencyStats:
             pending, self._pending_batches = self._pending_batches, []
         keep = []
         for begin, events in pending:
-            if events[-1].query():
+            if _completed(events):
                 start, fwd, bwd, step = events
                 times = (start.elapsed_time(fwd), fwd.elapsed_time(bwd), bwd.elapsed_time(step))
                 self.record_batch(*(t / 1e3 for t in times), begin=begin)

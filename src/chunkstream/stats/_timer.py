@@ -2,10 +2,13 @@
 
 CUDA kernels run asynchronously: a host clock read around ``model(x)`` measures
 the launch, not the work. So on CUDA every mark is a ``torch.cuda.Event``
-recorded on the current stream, and the stats read ``elapsed_time`` only after
-the last event has completed (``LatencyStats.resolve_pending``, which polls
-with ``query()`` and never blocks). On CPU (and other synchronous devices) the
-marks read ``time.perf_counter``.
+recorded on the current stream *of the timer's device* (``cuda:k``, resolved
+when the timer is made: the thread's current device may be another GPU, whose
+idle stream would time nothing and gain a context), and the stats read
+``elapsed_time`` only after every event of the batch has completed
+(``LatencyStats.resolve_pending``, which polls with ``query()`` and never
+blocks). On CPU (and other synchronous devices) the marks read
+``time.perf_counter``.
 
 Only every ``every``-th batch is timed, so the events cost nothing measurable.
 """
@@ -48,18 +51,18 @@ _NULL = _NullBatch()
 class _TimedBatch:
     """One sampled batch: ``mark("forward")``, ``mark("backward")``; leaving the block is "step"."""
 
-    __slots__ = ("_begin", "_cuda", "_marks", "_stats")
+    __slots__ = ("_begin", "_device", "_marks", "_stats")
 
-    def __init__(self, stats: LatencyStats, cuda: bool) -> None:
+    def __init__(self, stats: LatencyStats, device: torch.device | None) -> None:
         self._stats = stats
-        self._cuda = cuda
+        self._device = device  # a CUDA device with its index, or None (host clock)
         self._marks: dict[str, Any] = {}
         self._begin = 0.0
 
     def _now(self) -> Any:
-        if self._cuda:
+        if self._device is not None:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self._device))
             return event
         return time.perf_counter()
 
@@ -83,7 +86,7 @@ class _TimedBatch:
         # A phase never marked has length 0: it ends where the previous one did.
         fwd = marks.get("forward", start)
         bwd = marks.get("backward", fwd)
-        if self._cuda:
+        if self._device is not None:
             self._stats._add_pending_batch(self._begin, (start, fwd, bwd, end))
         else:
             self._stats.record_batch(fwd - start, bwd - fwd, end - bwd, begin=self._begin)
@@ -99,6 +102,10 @@ class BatchTimer:
             raise ConfigError.bad("every", every, "an int >= 1", "Pass every=1 to time each batch.")
         device = torch.device(device if device is not None else "cpu")
         self.cuda = device.type == "cuda"
+        if self.cuda and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        #: The device whose current stream the marks are recorded on (index resolved).
+        self.device = device
         self.every = every
         self.count = 0
         self._stats = stats
@@ -107,4 +114,4 @@ class BatchTimer:
         """A context manager for one batch; timed when this is a sampled batch."""
         sampled = self.count % self.every == 0
         self.count += 1
-        return _TimedBatch(self._stats, self.cuda) if sampled else _NULL
+        return _TimedBatch(self._stats, self.device if self.cuda else None) if sampled else _NULL

@@ -11,6 +11,13 @@ moments the same way (counts summed, means count-weighted, each M2 shifted by
 ``count * (mean_r - mean)**2``), so every rank ends with the moments of all
 ranks' rows.
 
+Each chunk is merged in blocks of rows (:attr:`RunningMoments.block_bytes` of
+float64 per block), so the float64 copy and the squared deviations exist for
+one block at a time: about ``3 * block_bytes`` of temporaries whatever the
+chunk size, where converting a whole 3.6 GB float32 chunk at once would take
+~14 GB of device memory for a moment (a float64 copy plus a temporary of the
+same size) and break the streaming memory bound.
+
 :class:`LossMeter` sums loss components on the device (no host sync per batch)
 and reports means; a component with nothing accumulated has mean 0.0 and is
 left out of :meth:`LossMeter.means`, never a division by zero.
@@ -26,13 +33,27 @@ __all__ = ["LossMeter", "RunningMoments", "all_reduce_moments"]
 class RunningMoments:
     """Per-feature count, mean and M2 over rows streamed in with :meth:`update`."""
 
+    #: Bytes of float64 per block of rows merged at once (module docs).
+    block_bytes = 32 << 20
+
     def __init__(self, features: int, device: str | torch.device = "cpu") -> None:
         self.count = 0
         self.mean = torch.zeros(features, dtype=torch.float64, device=device)
         self.m2 = torch.zeros(features, dtype=torch.float64, device=device)
 
+    def block_rows(self, features: int | None = None) -> int:
+        """Rows per block: ``block_bytes`` of float64 (at least one row)."""
+        width = max(1, self.mean.numel() if features is None else features)
+        return max(1, self.block_bytes // (8 * width))
+
     def update(self, x: torch.Tensor) -> None:
-        """Merge rows ``x`` of shape ``(T, features)``."""
+        """Merge rows ``x`` of shape ``(T, features)``, one block of rows at a time."""
+        n = int(x.shape[0])
+        step = self.block_rows(int(x[0].numel()) if n else None)
+        for begin in range(0, n, step):
+            self._merge_rows(x[begin : begin + step])
+
+    def _merge_rows(self, x: torch.Tensor) -> None:
         n = int(x.shape[0])
         if n == 0:
             return

@@ -24,7 +24,16 @@ checkpoint, TensorBoard logs and progress bars; every rank restores the
 checkpoint on resume (from another world size, the interrupted epoch is padded
 with ``uneven="pad"``, so that every rank trains as many chunks and DDP's
 collectives stay in step). Every checkpoint and validation is a collective
-call: all ranks make them at the same chunks.
+call: all ranks make them at the same chunks. Each rank runs on its own GPU:
+``device=None`` or ``"cuda"`` becomes ``cuda:{LOCAL_RANK}``, the trainer calls
+``torch.cuda.set_device`` on it and gives DDP ``device_ids=[LOCAL_RANK]``
+(NCCL refuses two ranks on one GPU: "Duplicate GPU detected").
+
+Host syncs: none per batch. Per chunk, only the progress bar's loss text, and
+only while the bar is shown (a terminal); checkpoints, validation and the
+moments' all-reduce sync at their own boundaries. A resumed run loads the
+checkpoint to the CPU first, so Adam's ``step`` counters stay on the host as in
+a fresh run (on the GPU every step would read each of them back).
 """
 
 from __future__ import annotations
@@ -62,6 +71,36 @@ def _batch_seed(seed: int, epoch: int, index: int, rank: int = 0) -> int:
     # A pure function of (seed, epoch, chunk index, rank): resumed runs draw the same
     # batches; ranks (whose chunk indices coincide) draw different ones.
     return (seed * 1_000_003 + epoch * 65_537 + index + rank * 4_294_967_311) % (2**63 - 1)
+
+
+def trainer_device(
+    requested: str | torch.device | None, *, distributed: bool, env: Any = None
+) -> torch.device:
+    """The trainer's device: under torch.distributed a CUDA request without an index
+    (or ``None`` with CUDA present) becomes ``cuda:{LOCAL_RANK}``, one GPU per rank.
+
+    An explicit ``cuda:k`` is kept. Without ``LOCAL_RANK`` in the environment (a
+    launcher other than torchrun) the current device is used, as outside DDP.
+    """
+    env = os.environ if env is None else env
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        asked = torch.device(requested)
+    except (RuntimeError, TypeError):
+        return resolve_device(requested)  # raises the standard ConfigError
+    if distributed and asked.type == "cuda" and asked.index is None and "LOCAL_RANK" in env:
+        local = int(env["LOCAL_RANK"])
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not 0 <= local < count:
+            raise ConfigError.bad(
+                "device", f"cuda (LOCAL_RANK={local})",
+                f"a GPU per rank on this node ({count} visible)",
+                "Start at most one rank per visible GPU (torchrun --nproc_per_node), "
+                "or pass device='cpu' with the gloo backend.",
+            )  # fmt: skip
+        asked = torch.device("cuda", local)
+    return resolve_device(asked)
 
 
 def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -103,7 +142,10 @@ class Trainer:
                 "fields", {n: s.shape for n, s in fields.items()}, "(T, N) data and (T, S) stimulus"
             )
         self.neurons = int(data_spec.shape[0])
-        self.device = resolve_device(c.device)
+        self.device = trainer_device(c.device, distributed=is_distributed())
+        if is_distributed() and self.device.type == "cuda":
+            # NCCL and every CUDA call without an explicit device use the current one.
+            torch.cuda.set_device(self.device)
         self.rank, self.world_size = resolve_rank()
         self.is_main = self.rank == 0
         total = len(source)
@@ -228,7 +270,10 @@ class Trainer:
         os.replace(tmp, path)
 
     def _load_checkpoint(self, path: Path, loader: ChunkLoader) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=True)
+        # To the CPU: load_state_dict moves each tensor to its parameter's device,
+        # except Adam's `step`, which stays where it was loaded, and on the GPU it
+        # costs a host sync per parameter per step (Adam reads it with .item()).
+        state = torch.load(path, map_location="cpu", weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.moments.load_state_dict(state["moments"])
@@ -321,11 +366,14 @@ class Trainer:
             del x_chunk, s_chunk  # drop references, so the loader can reuse the buffer
             if c.checkpoint_every and chunks % c.checkpoint_every == 0:
                 self.save_checkpoint()
-            if bar is not None:
+            if bar is not None:  # only a shown bar: reading the loss is a host sync
                 bar.update(1)
                 bar.set_postfix(loss=f"{meter.mean('loss'):.4f}")
             if self.on_chunk is not None:
                 self.on_chunk(self, chunk)
+            # Dropped before asking for the next chunk, so the loader's device bound is
+            # gpu_prefetch + 1 chunks (a loop still holding it while next() runs: + 1).
+            del chunk
         if bar is not None:
             bar.close()
         self.sync_moments()
@@ -384,5 +432,10 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    # disable=None: a bar on a terminal, nothing when output goes to a log file.
-    return tqdm(total=total, desc=desc, unit="chunk", leave=False, disable=None)
+    # disable=None: a bar on a terminal, nothing when output goes to a log file. A
+    # disabled bar is returned as None, so nothing computes its text (a host sync).
+    bar = tqdm(total=total, desc=desc, unit="chunk", leave=False, disable=None)
+    if bar.disable:
+        bar.close()
+        return None
+    return bar
