@@ -1,4 +1,5 @@
-"""Sources for timing and failure-injection tests (real threads, in-memory bytes).
+"""Sources for timing and failure-injection tests (real threads, in-memory bytes), and a
+fault hook in front of real HTTP and S3 servers on 127.0.0.1.
 
 Everything else in the suite reads real zarr stores; these exist because a test
 about a reader that raises, sleeps or hangs needs to control exactly when.
@@ -6,9 +7,17 @@ about a reader that raises, sleeps or hangs needs to control exactly when.
 
 from __future__ import annotations
 
+import http.client
+import http.server
+import os
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -152,3 +161,178 @@ class Wrapped:
 
     def close(self) -> None:
         self.source.close()
+
+
+# -- a fault hook in front of real servers (used by test_remote and benchmarks/_remote) --------
+
+
+@dataclass
+class Faults:
+    """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop"),
+    ``times`` times (``None``: always). ``hits`` counts the faults served."""
+
+    match: str = ""
+    kind: str = ""
+    times: int | None = 0
+    hits: int = 0
+    requests: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set(self, match: str, kind: str, times: int | None) -> None:
+        with self.lock:
+            self.match, self.kind, self.times, self.hits = match, kind, times, 0
+
+    def take(self, path: str) -> str | None:
+        with self.lock:
+            self.requests += 1
+            if not self.kind or self.match not in path:
+                return None
+            if self.times is not None and self.hits >= self.times:
+                return None
+            self.hits += 1
+            return self.kind
+
+
+class FaultHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files from ``directory``, or forwards to ``upstream`` (host, port) when set;
+    either way after consulting ``faults``. HTTP/1.1: connections are kept alive, as an
+    object store's are, so a client's connection pool is part of what is measured."""
+
+    protocol_version = "HTTP/1.1"
+    faults: Faults
+    upstream: tuple[str, int] | None = None
+
+    def log_message(self, *args: object) -> None:  # keep test output quiet
+        pass
+
+    def _fault(self) -> bool:
+        kind = self.faults.take(self.path)
+        if kind is None:
+            return False
+        if kind == "stall":
+            self.faults.release.wait(10)  # the client times out long before
+        elif kind == "drop":
+            pass  # close the connection without a byte of response
+        else:
+            self.send_response(int(kind))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        self.close_connection = True
+        return True
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        conn = http.client.HTTPConnection(*self.upstream, timeout=10)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+            headers["Host"] = f"{self.upstream[0]}:{self.upstream[1]}"
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            self.send_response(response.status)
+            for key, value in response.getheaders():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            conn.close()
+
+    def _handle(self) -> None:
+        if self._fault():
+            return
+        if self.upstream is not None:
+            self._forward()
+        elif self.command == "HEAD":
+            super().do_HEAD()
+        else:
+            super().do_GET()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # The default accept backlog (5) drops connections when 64 requests open at once;
+    # the client would then wait out a SYN retransmit (1 s) and the figures be the kernel's.
+    request_queue_size = 256
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client closing a kept-alive connection (at exit, or after a timeout) is normal
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+@dataclass
+class Server:
+    url: str
+    faults: Faults
+
+
+def serve(directory: Path | None, upstream: tuple[str, int] | None = None) -> Iterator[Server]:
+    """An HTTP server on 127.0.0.1 behind a :class:`Faults` hook (a generator: one yield)."""
+    faults = Faults()
+    handler = type("Handler", (FaultHandler,), {"faults": faults, "upstream": upstream})
+    if directory is not None:
+        handler = partial(handler, directory=str(directory))
+    httpd = _Server(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="test-http", daemon=True)
+    thread.start()
+    try:
+        yield Server(f"http://127.0.0.1:{httpd.server_address[1]}", faults)
+    finally:
+        faults.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+#: The environment botocore would otherwise read: a region or profile set outside the test
+#: (or by another test) must not reach the moto server.
+AWS_ENV = {
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+}
+AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+             "AWS_ENDPOINT_URL_S3", "AWS_S3_ENDPOINT")  # fmt: skip
+
+
+@contextmanager
+def s3_server(directory: Path, bucket: str = "bucket") -> Iterator[tuple[Server, dict]]:
+    """moto's S3 server on 127.0.0.1 holding every file under ``directory`` in ``bucket``,
+    behind a fault proxy. Yields the proxy and the S3 settings (endpoint, region, key, secret)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    saved = {name: os.environ.get(name) for name in (*AWS_ENV, *AWS_UNSET, "AWS_CONFIG_FILE",
+                                                     "AWS_SHARED_CREDENTIALS_FILE")}  # fmt: skip
+    os.environ.update(AWS_ENV)
+    for name in AWS_UNSET:
+        os.environ.pop(name, None)
+    empty = str(directory / "no-aws-config")  # no config or credentials file is read
+    os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = empty
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    try:
+        host, port = moto.get_host_and_port()
+        client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+        client.create_bucket(Bucket=bucket)  # us-east-1 takes no LocationConstraint
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            client.upload_file(str(path), bucket, path.relative_to(directory).as_posix())
+        client.close()
+        for proxy in serve(None, upstream=(host, port)):
+            yield proxy, {"endpoint": proxy.url, "region": "us-east-1", "key": "testing",
+                          "secret": "testing"}  # fmt: skip
+    finally:
+        moto.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -3,143 +3,30 @@ each behind a fault hook that returns 500s, stalls or drops connections on deman
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import json
-import threading
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
+from zarr.storage import FsspecStore, ObjectStore
 
 import chunkstream as cs
+from chunkstream.sources import _remote
 from chunkstream.sources._remote import (
     RemoteOptions,
     RemoteStoreError,
-    RetryingStore,
+    close_store,
     compare_throughput,
-    is_transient,
 )
+from tests.faults import Server, s3_server, serve
 
 T, F, ZCHUNK, WINDOW = 400, 8, 50, 100
 FAST = RemoteOptions(timeout=0.5, retries=3, backoff=0.01, max_backoff=0.05)
-
-
-# -- the fault hook ------------------------------------------------------------------------
-
-
-@dataclass
-class Faults:
-    """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop"),
-    ``times`` times (``None``: always). ``hits`` counts the faults served."""
-
-    match: str = ""
-    kind: str = ""
-    times: int | None = 0
-    hits: int = 0
-    requests: int = 0
-    release: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def set(self, match: str, kind: str, times: int | None) -> None:
-        with self.lock:
-            self.match, self.kind, self.times, self.hits = match, kind, times, 0
-
-    def take(self, path: str) -> str | None:
-        with self.lock:
-            self.requests += 1
-            if not self.kind or self.match not in path:
-                return None
-            if self.times is not None and self.hits >= self.times:
-                return None
-            self.hits += 1
-            return self.kind
-
-
-class FaultHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves files from ``directory``, or forwards to ``upstream`` (host, port) when set;
-    either way after consulting ``faults``."""
-
-    faults: Faults
-    upstream: tuple[str, int] | None = None
-
-    def log_message(self, *args: object) -> None:  # keep test output quiet
-        pass
-
-    def _fault(self) -> bool:
-        kind = self.faults.take(self.path)
-        if kind is None:
-            return False
-        if kind == "stall":
-            self.faults.release.wait(10)  # the client times out long before
-        elif kind == "drop":
-            pass  # close the connection without a byte of response
-        else:
-            self.send_response(int(kind))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-        self.close_connection = True
-        return True
-
-    def _forward(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
-        conn = http.client.HTTPConnection(*self.upstream, timeout=10)
-        try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-            headers["Host"] = f"{self.upstream[0]}:{self.upstream[1]}"
-            conn.request(self.command, self.path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            self.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                    self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-        finally:
-            conn.close()
-
-    def _handle(self) -> None:
-        if self._fault():
-            return
-        if self.upstream is not None:
-            self._forward()
-        elif self.command == "HEAD":
-            super().do_HEAD()
-        else:
-            super().do_GET()
-
-    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
-
-
-@dataclass
-class Server:
-    url: str
-    faults: Faults
-
-
-def serve(directory: Path | None, upstream: tuple[str, int] | None = None) -> Iterator[Server]:
-    faults = Faults()
-    handler = type("Handler", (FaultHandler,), {"faults": faults, "upstream": upstream})
-    if directory is not None:
-        handler = partial(handler, directory=str(directory))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, name="test-http", daemon=True)
-    thread.start()
-    try:
-        yield Server(f"http://127.0.0.1:{httpd.server_address[1]}", faults)
-    finally:
-        faults.release.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(5)
 
 
 # -- data and servers -------------------------------------------------------------------
@@ -159,49 +46,13 @@ def http_server(data_dir) -> Iterator[Server]:
     yield from serve(data_dir[0])
 
 
-#: The environment botocore would otherwise read: a region or profile set outside the test
-#: (or by another test) must not reach the moto server.
-AWS_ENV = {
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-}
-AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-             "AWS_ENDPOINT_URL_S3", "AWS_S3_ENDPOINT")  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def s3_server(data_dir, tmp_path_factory) -> Iterator[tuple[Server, dict]]:
-    s3fs = pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in AWS_ENV.items():
-            env.setenv(name, value)
-        for name in AWS_UNSET:
-            env.delenv(name, raising=False)
-        empty = tmp_path_factory.mktemp("aws") / "none"  # no config or credentials file
-        env.setenv("AWS_CONFIG_FILE", str(empty))
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-        moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        moto.start()
-        try:
-            host, port = moto.get_host_and_port()
-            creds = {
-                "key": "testing",
-                "secret": "testing",
-                "client_kwargs": {"region_name": "us-east-1"},
-            }
-            fs = s3fs.S3FileSystem(
-                endpoint_url=f"http://{host}:{port}", skip_instance_cache=True, **creds
-            )
-            # us-east-1 takes no LocationConstraint (s3fs.mkdir would send one).
-            fs.call_s3("create_bucket", Bucket="bucket")
-            fs.put(str(data_dir[0] / "x.zarr"), "bucket/x.zarr", recursive=True)
-            for proxy in serve(None, upstream=(host, port)):
-                yield proxy, {**creds, "endpoint_url": proxy.url}
-        finally:
-            moto.stop()
+def s3_fixture(data_dir) -> Iterator[tuple[Server, dict]]:
+    pytest.importorskip("moto.server")
+    with s3_server(data_dir[0]) as (proxy, s3):
+        # obstore's names for the S3 settings
+        yield proxy, {"endpoint": s3["endpoint"], "region": s3["region"],
+                      "access_key_id": s3["key"], "secret_access_key": s3["secret"]}  # fmt: skip
 
 
 @pytest.fixture
@@ -211,9 +62,9 @@ def http_faults(http_server) -> Iterator[Server]:
 
 
 @pytest.fixture
-def s3(s3_server) -> Iterator[tuple[Server, dict]]:
-    yield s3_server
-    s3_server[0].faults.set("", "", 0)
+def s3(s3_fixture) -> Iterator[tuple[Server, dict]]:
+    yield s3_fixture
+    s3_fixture[0].faults.set("", "", 0)
 
 
 def read_all(url: str, options: dict) -> np.ndarray:
@@ -224,7 +75,7 @@ def read_all(url: str, options: dict) -> np.ndarray:
             source, WINDOW, device="cpu", workers=2, sampling="sequential", read_retries=0
         ) as loader,
     ):
-        assert isinstance(source.array.store, RetryingStore)
+        assert isinstance(source.array.store, ObjectStore)  # obstore, no wrapper of ours
         return np.concatenate([c["x"].numpy() for c in loader.epoch(T // WINDOW)])
 
 
@@ -244,7 +95,7 @@ def test_http_transient_faults_are_survived(http_faults, data_dir, kind):
     np.testing.assert_array_equal(got, data_dir[1])
 
 
-@pytest.mark.parametrize("kind", ["500", "stall"])
+@pytest.mark.parametrize("kind", ["500", "stall", "drop"])
 def test_http_persistent_fault_names_the_url_and_window(http_faults, kind):
     http_faults.faults.set("/c/3/0", kind, times=None)  # zarr chunk 3: timesteps [150, 200)
     url = f"{http_faults.url}/x.zarr"
@@ -252,8 +103,9 @@ def test_http_persistent_fault_names_the_url_and_window(http_faults, kind):
         read_all(url, {"chunkstream": FAST})
     message = str(info.value)
     assert f"{url}/c/3/0" in message and "[100, 200)" in message
-    assert ("timed out" if kind == "stall" else "failed") + " 4 times" in message
+    assert f"after {FAST.retries} retries" in message  # obstore's account of the attempts
     assert isinstance(info.value.__cause__, RemoteStoreError)
+    assert "Debug source" not in message  # obstore's Rust dump stays out of the message
     assert http_faults.faults.hits == 1 + FAST.retries
 
 
@@ -301,29 +153,63 @@ def test_bench_on_a_url_reports_throughput_against_the_local_copy(http_faults, d
     assert remote["ratio"] == pytest.approx(remote["remote_gbps"] / remote["local_gbps"])
 
 
-def test_closing_a_url_source_closes_its_http_session(http_faults, data_dir):
+def test_closing_a_url_source_closes_its_store(http_faults, data_dir):
     source = cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST})
     out = {"data": np.empty((WINDOW, F), np.float32)}
     source.read_into(0, WINDOW, out)
     np.testing.assert_array_equal(out["data"], data_dir[1][:WINDOW])
-    fs = source.array.store._store.fs
-    session = fs._session  # aiohttp's, opened by the read
-    assert session is not None and not session.closed
+    store = source.array.store
+    assert store._is_open
     source.close()
     source.close()  # idempotent
+    assert not store._is_open
+    with cs.ZarrSource(data_dir[0] / "x.zarr") as local:  # a local store is not the source's
+        assert local._close_store is None
+
+
+def test_closing_an_fsspec_store_closes_its_http_session(http_faults, data_dir):
+    # fsspec still opens the schemes obstore does not; its aiohttp session is closed with it
+    store = FsspecStore.from_url(f"{http_faults.url}/x.zarr", read_only=True,
+                                 storage_options={"skip_instance_cache": True})  # fmt: skip
+    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[:], data_dir[1])
+    session = store.fs._session  # opened by the read
+    assert session is not None and not session.closed
+    close_store(store)
+    close_store(store)  # idempotent
     assert session.closed
-    with cs.ZarrSource(data_dir[0] / "x.zarr") as local:  # a local source has no session
-        assert local._owned_store is None
 
 
 @pytest.mark.parametrize("bad", [{"array": "x"}, {"fields": {"x": (9,)}}])
 def test_a_failed_open_closes_the_store(http_faults, monkeypatch, bad):
-    closed = []
-    close = RetryingStore.close
-    monkeypatch.setattr(RetryingStore, "close", lambda self: (closed.append(self), close(self)))
+    opened = []
+    open_store = _remote.open_remote_store
+    monkeypatch.setattr("chunkstream.sources._zarr.open_remote_store",
+                        lambda *a, **k: opened.append(open_store(*a, **k)) or opened[-1])  # fmt: skip
     with pytest.raises(cs.SourceError if "fields" in bad else cs.ConfigError):
         cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST}, **bad)
-    assert len(closed) == 1 and not closed[0].owns_filesystem  # closed, session included
+    assert len(opened) == 1 and not opened[0]._is_open
+
+
+def test_fsspec_style_storage_options_get_an_error_naming_obstore_settings(http_faults):
+    with pytest.raises(cs.ConfigError, match=r"storage_options.*obstore.*access_key_id"):
+        cs.ZarrSource("s3://bucket/x.zarr", storage_options={"key": "k", "secret": "s"})
+
+
+def test_a_source_is_a_context_manager_that_closes_its_store(http_faults, data_dir):
+    with cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST}) as src:
+        store = src.array.store
+        assert store._is_open
+    assert not store._is_open
+
+
+def test_a_collected_source_closes_its_store(http_faults):
+    import gc
+
+    source = cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST})
+    store = source.array.store
+    del source
+    gc.collect()
+    assert not store._is_open
 
 
 # -- S3 (moto server) -------------------------------------------------------------------
@@ -344,15 +230,15 @@ def test_s3_transient_faults_are_survived(s3, data_dir, kind):
     np.testing.assert_array_equal(got, data_dir[1])
 
 
-def test_closing_an_s3_source_closes_its_client(s3, data_dir):
-    _proxy, options = s3
-    source = cs.ZarrSource("s3://bucket/x.zarr", storage_options={**options, "chunkstream": FAST})
-    out = {"data": np.empty((WINDOW, F), np.float32)}
-    source.read_into(0, WINDOW, out)
-    fs = source.array.store._store.fs
-    assert fs._s3 is not None
-    source.close()
-    assert fs._s3 is None  # the botocore client and its connection pool are gone
+@pytest.mark.parametrize("kind", ["stall", "drop"])
+def test_s3_persistent_stall_or_drop_names_the_url_and_window(s3, kind):
+    proxy, options = s3
+    proxy.faults.set("/c/2/0", kind, times=None)  # timesteps [100, 150)
+    with pytest.raises(cs.ChunkLoadError) as info:
+        read_all("s3://bucket/x.zarr", {**options, "chunkstream": FAST})
+    assert "bucket/x.zarr/c/2/0" in str(info.value) and "[100, 200)" in str(info.value)
+    assert isinstance(info.value.__cause__, RemoteStoreError)
+    assert proxy.faults.hits == 1 + FAST.retries
 
 
 def test_s3_persistent_fault_names_the_url_and_window(s3):
@@ -364,10 +250,13 @@ def test_s3_persistent_fault_names_the_url_and_window(s3):
     assert isinstance(info.value.__cause__, RemoteStoreError)
 
 
-# -- classification ----------------------------------------------------------------------
+# -- the benchmark's fsspec baseline ---------------------------------------------------
 
 
-def test_transient_classification():
+def test_baseline_transient_classification():
+    # what benchmarks/_fsspec_baseline.py (the store obstore was raced against) retries
+    from benchmarks._fsspec_baseline import is_transient
+
     assert is_transient(TimeoutError()) and is_transient(ConnectionResetError())
     assert not is_transient(FileNotFoundError()) and not is_transient(PermissionError())
     assert not is_transient(ValueError()) and not is_transient(cs.ConfigError("x"))
@@ -384,3 +273,80 @@ def test_remote_options_are_validated():
         RemoteOptions(timeout=0)
     with pytest.raises(cs.ConfigError, match="retries"):
         RemoteOptions(retries=-1)
+
+
+# -- closing without being asked (issue 12) ---------------------------------------------
+
+#: Streams a URL through a ChunkLoader ("loader") or reads it on the main thread ("read",
+#: which is what left fsspec's session unclosed before), then exits closing nothing.
+STREAM_AND_EXIT = """
+import sys, numpy as np, chunkstream as cs
+options = {"chunkstream": cs.RemoteOptions(timeout=5, retries=1)}
+options.update(dict(arg.split("=", 1) for arg in sys.argv[3:]))
+src = cs.ZarrSource(sys.argv[1], storage_options=options)
+if sys.argv[2] == "loader":
+    loader = cs.ChunkLoader(src, 100, device="cpu", workers=2, sampling="sequential")
+    for chunk in loader.epoch(4):
+        pass
+else:
+    src.read_into(0, 100, {"data": np.empty((100, 8), np.float32)})
+"""
+
+#: A read through zarr's fsspec store (what opens the schemes obstore does not), tied to
+#: the source as ZarrSource ties a store it opens; ``own=0`` leaves it untied.
+FSSPEC_STREAM_AND_EXIT = """
+import sys, numpy as np, zarr, chunkstream as cs
+from zarr.storage import FsspecStore
+from chunkstream.sources._remote import own_store
+store = FsspecStore.from_url(sys.argv[1], read_only=True,
+                             storage_options={"skip_instance_cache": True})
+src = cs.ZarrSource(zarr.open_array(store, mode="r"))
+if sys.argv[2] == "own=1":
+    own_store(src, store)
+out = {"data": np.empty((100, 8), np.float32)}
+src.read_into(0, 100, out)  # a read on the main thread is what leaves the session behind
+"""
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["loader", "read"])
+def test_streaming_over_http_and_exiting_without_closing_prints_nothing(http_faults, how):
+    done = _run(STREAM_AND_EXIT, f"{http_faults.url}/x.zarr", how)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize("how", ["loader", "read"])
+def test_streaming_over_s3_and_exiting_without_closing_prints_nothing(s3, how):
+    _proxy, options = s3  # the subprocess inherits the moto environment the fixture set
+    settings = (f"{k}={v}" for k, v in options.items())
+    done = _run(STREAM_AND_EXIT, "s3://bucket/x.zarr", how, *settings)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+def test_an_fsspec_store_tied_to_its_source_is_closed_at_exit(http_faults):
+    url = f"{http_faults.url}/x.zarr"
+    untied = _run(FSSPEC_STREAM_AND_EXIT, url, "own=0")
+    assert untied.returncode == 0 and "Unclosed client session" in untied.stderr  # the bug
+    tied = _run(FSSPEC_STREAM_AND_EXIT, url, "own=1")
+    assert tied.returncode == 0, tied.stderr
+    assert tied.stderr == ""
+
+
+def test_a_loader_closes_its_source_only_when_it_owns_it(http_faults, data_dir):
+    url = f"{http_faults.url}/x.zarr"
+    options = {"chunkstream": FAST}
+    with cs.ZarrSource(url, storage_options=options) as shared:
+        for _ in range(2):  # a shared source outlives the loaders
+            with cs.ChunkLoader(shared, WINDOW, device="cpu", sampling="sequential") as loader:
+                next(iter(loader.epoch(1)))
+        assert shared.array.store._is_open
+    owned = cs.ZarrSource(url, storage_options=options)
+    with cs.ChunkLoader(owned, WINDOW, device="cpu", close_source=True) as loader:
+        next(iter(loader.epoch(1)))
+    assert not owned.array.store._is_open

@@ -83,6 +83,11 @@ class ChunkLoader:
     read_retries:
         Retries (with exponential backoff from 50 ms) of a read that failed with a
         transient I/O or network error; bad data and missing paths fail at once.
+    close_source:
+        Whether the loader owns ``source``: ``True`` closes it (a ``ZarrSource``'s
+        remote store with it) when the loader closes. ``False`` (the default) leaves
+        it open, since one source may feed several loaders; a ``ZarrSource`` opened
+        from a URL still closes its store when collected or at interpreter exit.
 
     Notes
     -----
@@ -112,8 +117,12 @@ class ChunkLoader:
         check_finite: bool = False,
         read_retries: int = 2,
         stats: LatencyStats | None = None,
+        close_source: bool = False,
     ) -> None:
         self._closed = True  # until fully built, so __del__ and close() are safe
+        if not isinstance(close_source, bool):
+            raise ConfigError.bad("close_source", close_source, "True or False", "Pass a bool.")
+        self._close_source = close_source
         self._stages: list[OrderedStage] = []
         if not isinstance(source, Source):
             raise ConfigError.bad(
@@ -484,6 +493,8 @@ class ChunkLoader:
             self._pool.close(max(deadline_s, 1.0), unpin=not transfer_alive)
         else:
             self._pool.close()
+        if self._close_source:
+            self.source.close()
         if alive and warn:
             warnings.warn(
                 f"chunkstream: threads {alive} did not stop within "

@@ -19,6 +19,7 @@ import zarr
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._base import FieldSpec, check_lengths, window_nbytes
+from ._remote import close_store, open_remote_store, store_errors
 from ._zarr import ZarrSource, is_url
 
 __all__ = ["ZarrGroupSource"]
@@ -109,15 +110,18 @@ class ZarrGroupSource:
 
 
 def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    """The arrays of the group at ``path`` (a URL goes through the retrying remote store)."""
+    """The arrays of the group at ``path`` (a URL goes through the remote store).
+
+    Over plain HTTP there is no listing (obstore's HTTPStore lists with WebDAV), so a
+    group there needs consolidated metadata (``zarr.consolidate_metadata``).
+    """
     store: Any = path
     if is_url(path):
-        from ._remote import open_remote_store
-
         store = open_remote_store(path, storage_options)
     try:
-        group = zarr.open_group(store, mode="r")
-        return sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
+        with store_errors(path, "the group's members (over HTTP: consolidate its metadata)"):
+            group = zarr.open_group(store, mode="r")
+            return sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise NotZarrError(
             f"{path!r} is not a zarr group ({type(exc).__name__}: {exc}); for a "
@@ -125,4 +129,4 @@ def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[s
         ) from exc
     finally:
         if store is not path:
-            store.close()  # each array's ZarrSource opens (and closes) its own store
+            close_store(store)  # each array's ZarrSource opens (and closes) its own store

@@ -1,60 +1,84 @@
-"""Remote zarr stores (``http(s)://``, ``s3://``, ``gs://``, ... or any zarr ``Store``):
-latency-tuned, every request under a timeout, transient failures retried with backoff.
+"""Remote zarr stores: ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` URLs through obstore.
 
-:func:`open_remote_store` builds zarr's fsspec store for a URL (or takes a store
-you built, e.g. ``zarr.storage.ObjectStore`` over obstore) and wraps it in a
-:class:`RetryingStore`. Every request the store makes (``get``, partial gets,
-``exists``, listings) then:
+:func:`open_remote_store` builds zarr's ``ObjectStore`` over obstore's store for the
+URL (``obstore.store.from_url``), with no wrapper: obstore's Rust client does the
+timeouts and retries, which :class:`RemoteOptions` sets as obstore's own
+``ClientConfig`` and ``RetryConfig``:
 
-* runs under ``asyncio.wait_for(..., options.timeout)``, so a stalled server
-  cannot hang a reader; the backend's own socket timeouts are set to the same
-  value where the backend has them (aiohttp for HTTP, botocore for S3, gcsfs);
-* is retried up to ``options.retries`` times after a *transient* failure
-  (a timeout, a reset or dropped connection, HTTP 5xx, 408 or 429), waiting
-  ``backoff * 2**attempt`` seconds (capped at ``max_backoff``, with jitter so
-  many ranks do not retry in step). Missing keys (404), permission errors and
-  bad data are not retried;
-* after the last retry raises :class:`RemoteStoreError` naming the URL, the
-  number of attempts and the last error. Inside a :class:`ChunkLoader` it
-  arrives wrapped in ``ChunkLoadError`` naming the window and field; being a
-  ``ChunkstreamError`` it is not retried again by the loader.
+* ``timeout`` bounds every request attempt (``timeout`` and ``connect_timeout``),
+  so a stalled server cannot hang a reader;
+* after a *transient* failure (a timeout, a reset or dropped connection, HTTP 5xx)
+  a request is retried up to ``retries`` times, the waits growing from ``backoff``
+  to ``max_backoff`` seconds with jitter; missing keys (404) and permission errors
+  are not retried;
+* after the last retry obstore raises; :func:`store_errors` turns that into
+  :class:`RemoteStoreError` naming what was read (the window and field, or the
+  listing), the URL and obstore's account of the attempts. Inside a
+  :class:`ChunkLoader` it arrives wrapped in ``ChunkLoadError`` naming the window;
+  being a ``ChunkstreamError`` it is not retried again by the loader.
+
+``benchmarks/_remote.py`` raced this against the store chunkstream used before
+(fsspec's, inside a retrying wrapper of ours) on the same local servers and faults;
+BENCHMARKS.md ("remote stores") has the figures and the decision.
+
+Other schemes fsspec knows (``memory://``, ``hf://``, ...) open as zarr's
+``FsspecStore`` with fsspec's own behaviour: no timeouts or retries of ours.
 
 Latency: a window needs many zarr chunks, and zarr fetches them concurrently up
 to its ``async.concurrency`` setting (10 by default). Opening a remote store
-raises that process-wide setting to ``options.concurrency`` (64 by default)
-when it is lower, and sizes the S3 connection pool to match, so a window's
-chunk requests are in flight together instead of ten at a time.
+raises that process-wide setting to ``concurrency`` (64 by default) when it is
+lower, so a window's chunk requests are in flight together.
+
+Closing: a store opened here belongs to the source that opened it
+(:func:`own_store`), which closes it on ``close()``, when it is collected, or at
+interpreter exit, whichever comes first. An fsspec filesystem's HTTP session is
+closed then, on zarr's event loop (exit hooks run before zarr stops that loop), so
+aiohttp never warns about an unclosed session; obstore holds no Python session.
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
+import contextlib
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from zarr.storage import WrapperStore
+import zarr.core.sync  # registers zarr's exit hook (stopping its loop) before ours below
 
-from .._errors import ChunkstreamError, ConfigError, RemoteStoreError
+from .._errors import ConfigError, RemoteStoreError
+
+try:
+    from obstore.exceptions import BaseError as _ObstoreError
+except ImportError:  # the ``remote`` extra is not installed: no obstore errors to map
+    _ObstoreError = None
 
 __all__ = [
+    "OBSTORE_SCHEMES",
     "RemoteOptions",
     "RemoteStoreError",
-    "RetryingStore",
     "ThroughputReport",
+    "close_store",
     "compare_throughput",
-    "is_transient",
     "open_remote_store",
+    "own_store",
+    "store_errors",
 ]
 
 _log = logging.getLogger("chunkstream.sources.remote")
-_R = TypeVar("_R")
 #: The ``storage_options`` key that carries :class:`RemoteOptions` through ``ZarrSource``.
 OPTIONS_KEY = "chunkstream"
+#: URL schemes opened with obstore; any other goes to fsspec.
+OBSTORE_SCHEMES = frozenset(
+    {"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "http", "https"}
+)
+#: What a store raises for a request that failed for good (nothing when obstore is absent).
+STORE_ERRORS: tuple[type[BaseException], ...] = () if _ObstoreError is None else (_ObstoreError,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +86,7 @@ class RemoteOptions:
     """Timeouts, retries and concurrency for a remote store.
 
     ``timeout``: seconds per request attempt. ``retries``: attempts after the
-    first. ``backoff``/``max_backoff``: the first retry delay in seconds, doubled
+    first. ``backoff``/``max_backoff``: the first retry delay in seconds, growing
     per attempt up to the cap. ``concurrency``: chunk requests in flight per read.
     """
 
@@ -82,227 +106,79 @@ class RemoteOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError.bad(name, value, f"an int >= {low}")
 
+    def client_config(self) -> dict[str, Any]:
+        """obstore's ``ClientConfig`` for these bounds."""
+        return {"timeout": timedelta(seconds=self.timeout),
+                "connect_timeout": timedelta(seconds=self.timeout)}  # fmt: skip
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth retrying: timeouts, dropped connections, HTTP 5xx/408/429."""
-    if isinstance(exc, ChunkstreamError):
-        return False
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    status = _status(exc)
-    if status is not None:
-        return status >= 500 or status in (408, 429)
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
+    def retry_config(self) -> dict[str, Any]:
+        """obstore's ``RetryConfig`` for these bounds."""
+        # retry_timeout stops further retries once it has passed since the first attempt:
+        # room for every attempt and every wait, so ``retries`` is the bound that acts.
+        budget = (self.retries + 1) * (self.timeout + self.max_backoff)
+        return {"max_retries": self.retries, "retry_timeout": timedelta(seconds=budget),
+                "backoff": {"init_backoff": timedelta(seconds=self.backoff),
+                            "max_backoff": timedelta(seconds=self.max_backoff)}}  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    # obstore appends a multi-line "Debug source:" dump of its Rust error to the message
+    return str(exc).split("\n\nDebug source:", 1)[0].strip()
+
+
+@contextlib.contextmanager
+def store_errors(url: str, what: str) -> Iterator[None]:
+    """Turn a store's failed request inside the block into :class:`RemoteStoreError`
+    naming ``what`` was read (e.g. a window and field) and ``url``."""
     try:
-        import aiohttp
-    except ImportError:  # only the HTTP backend needs it
-        aiohttp = None
-    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
-        return True  # connection refused/reset, server disconnected, truncated payload
-    if type(exc).__module__.split(".")[0] in ("botocore", "aiobotocore", "urllib3"):
-        name = type(exc).__name__
-        return any(word in name for word in ("Timeout", "Connection", "Endpoint", "Read"))
-    # s3fs and gcsfs turn unknown service errors into plain OSError (EIO).
-    return isinstance(exc, OSError)
+        yield
+    except STORE_ERRORS as exc:
+        raise RemoteStoreError(
+            f"reading {what} from {url!r} failed: {_first_line(exc)}. Check the server, "
+            "network and credentials, or raise retries/timeout with "
+            f"storage_options={{{OPTIONS_KEY!r}: cs.RemoteOptions(...)}}."
+        ) from exc
 
 
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of an aiohttp, botocore or requests-style error, if it has one."""
-    for attr in ("status", "status_code", "code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(status, int):
-            return status
-    return None
-
-
-class RetryingStore(WrapperStore):
-    """A zarr ``Store`` wrapper: every request under a timeout, transient failures retried.
-
-    ``url`` names the store in error messages. Thread-safe as the wrapped store
-    is (zarr runs all requests on its own event loop). ``owns_filesystem``: the
-    wrapped store's fsspec filesystem was made for this store alone (as
-    :func:`open_remote_store` does for a URL), so :meth:`close` also closes its
-    HTTP session; a filesystem shared with others is left open.
-    """
-
-    def __init__(
-        self,
-        store: Any,
-        *,
-        url: str,
-        options: RemoteOptions | None = None,
-        owns_filesystem: bool = False,
-    ) -> None:
-        super().__init__(store)
-        self.url = url.rstrip("/")
-        self.options = options or RemoteOptions()
-        self.owns_filesystem = owns_filesystem
-
-    def _with_store(self, store: Any) -> RetryingStore:
-        # A derived store (e.g. read-only) shares the filesystem: closing it must not close that.
-        return type(self)(store, url=self.url, options=self.options)
-
-    def close(self) -> None:
-        """Close the wrapped store and, when owned, its filesystem's sessions; idempotent.
-
-        Closing the session here, on zarr's event loop, is what keeps aiohttp from
-        warning about an unclosed client session when the process exits.
-        """
-        super().close()
-        fs = getattr(self._store, "fs", None)
-        if self.owns_filesystem and fs is not None:
-            self.owns_filesystem = False
-            _close_filesystem(fs, self.options.timeout)
-
-    def __str__(self) -> str:
-        return self.url
-
-    def __repr__(self) -> str:
-        return f"RetryingStore({self.url!r}, {self.options})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RetryingStore) and other._store == self._store
-
-    __hash__ = None  # type: ignore[assignment]  # mutable wrapper, like zarr's stores
-
-    async def _retry(self, what: str, call: Callable[[], Awaitable[_R]]) -> _R:
-        opts = self.options
-        for attempt in range(opts.retries + 1):
-            try:
-                return await asyncio.wait_for(call(), opts.timeout)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                if attempt == opts.retries:
-                    kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
-                    raise RemoteStoreError(
-                        f"request for {self.url}/{what} {kind} {attempt + 1} times "
-                        f"(timeout {opts.timeout:g} s each; last error {type(exc).__name__}: "
-                        f"{exc}). Check the server and network, or raise retries/timeout "
-                        f"with storage_options={{{OPTIONS_KEY!r}: RemoteOptions(...)}}."
-                    ) from exc
-                delay = min(opts.max_backoff, opts.backoff * 2**attempt)
-                delay *= 0.5 + random.random() / 2
-                _log.warning(
-                    "chunkstream: %s/%s: %s: %s; retry %d/%d in %.2f s",
-                    self.url, what, type(exc).__name__, exc, attempt + 1, opts.retries, delay,
-                )  # fmt: skip
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # the loop returns or raises
-
-    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        return await self._retry(key, lambda: self._store.get(key, prototype, byte_range))
-
-    async def get_partial_values(
-        self, prototype: Any, key_ranges: Iterable[tuple[str, Any]]
-    ) -> list[Any]:
-        key_ranges = list(key_ranges)
-        what = key_ranges[0][0] if len(key_ranges) == 1 else f"{{{len(key_ranges)} ranges}}"
-        return await self._retry(
-            what, lambda: self._store.get_partial_values(prototype, key_ranges)
-        )
-
-    async def exists(self, key: str) -> bool:
-        return await self._retry(key, lambda: self._store.exists(key))
-
-    async def _collect(self, what: str, listing: Callable[[], AsyncIterator[str]]) -> list[str]:
-        async def collect() -> list[str]:
-            return [key async for key in listing()]
-
-        return await self._retry(what, collect)
-
-    async def list(self) -> AsyncIterator[str]:
-        for key in await self._collect("(list)", self._store.list):
-            yield key
-
-    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        for key in await self._collect(prefix, lambda: self._store.list_prefix(prefix)):
-            yield key
-
-    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        for key in await self._collect(prefix, lambda: self._store.list_dir(prefix)):
-            yield key
-
-
-def _close_filesystem(fs: Any, timeout: float) -> None:
-    """Close the aiohttp session (http, gcsfs) or botocore client (s3fs) of an async fsspec
-    filesystem on zarr's event loop; the next request on ``fs`` would open a new one."""
-    from zarr.core.sync import sync
-
-    async def close() -> None:
-        # Private attributes of the backends: fsspec offers no public async close.
-        session = getattr(fs, "_session", None)
-        if session is not None and not getattr(session, "closed", True):
-            await session.close()
-        creator = getattr(fs, "_s3creator", None)
-        if creator is not None:
-            await creator.__aexit__(None, None, None)
-            fs._s3, fs._s3creator = None, None
-
+def _obstore_store(url: str, given: dict[str, Any], opts: RemoteOptions) -> Any:
     try:
-        sync(close(), timeout=timeout)
-    except (OSError, RuntimeError, TimeoutError) as exc:  # a dead loop or network at exit
-        _log.debug("chunkstream: closing the session of %r failed: %s", fs, exc)
-
-
-def _backend_options(scheme: str, given: Mapping[str, Any], opts: RemoteOptions) -> dict:
-    """fsspec options with timeouts (and pool sizes) set where the user did not set them."""
-    out = dict(given)
-    # A filesystem of this store's own (not fsspec's shared instance), so closing the
-    # store can close its session without breaking another store's requests.
-    out.setdefault("skip_instance_cache", True)
-    if scheme in ("http", "https"):
-        import aiohttp
-
-        client = dict(out.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(sock_connect=opts.timeout, sock_read=opts.timeout)
-        )
-        out["client_kwargs"] = client
-    elif scheme in ("s3", "s3a"):
-        config = dict(out.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", opts.timeout)
-        config.setdefault("read_timeout", opts.timeout)
-        config.setdefault("max_pool_connections", opts.concurrency)
-        # botocore's own retries would multiply ours; the bounds are ours alone.
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-        out["config_kwargs"] = config
-    elif scheme in ("gs", "gcs"):
-        out.setdefault("requests_timeout", opts.timeout)
-    return out
-
-
-def _raise_concurrency(concurrency: int) -> None:
-    import zarr
-
-    current = zarr.config.get("async.concurrency")
-    if current is None or current < concurrency:
-        zarr.config.set({"async.concurrency": concurrency})
-        _log.info("chunkstream: zarr async.concurrency %s -> %d", current, concurrency)
+        from obstore.store import from_url
+        from zarr.storage import ObjectStore
+    except ImportError as exc:
+        raise ImportError(
+            f"opening {url!r} needs obstore: pip install 'chunkstream[remote]'"
+        ) from exc
+    client = {**opts.client_config(), **(given.pop("client_options", None) or {})}
+    retry = {**opts.retry_config(), **(given.pop("retry_config", None) or {})}
+    endpoint = str(given.get("endpoint") or given.get("endpoint_url") or "")
+    if url.startswith("http://") or endpoint.startswith("http://"):
+        client.setdefault("allow_http", True)  # the URL itself asks for plain HTTP
+    try:
+        store = from_url(url, client_options=client, retry_config=retry, **given)
+    except (*STORE_ERRORS, TypeError, ValueError) as exc:
+        raise ConfigError.bad(
+            "storage_options", sorted(given), f"obstore's options for {url!r}",
+            f"These are obstore's store settings (e.g. for S3: access_key_id, "
+            f"secret_access_key, endpoint, region, skip_signature), plus client_options "
+            f"and retry_config; obstore said: {_first_line(exc)}",
+        ) from exc  # fmt: skip
+    return ObjectStore(store, read_only=True)
 
 
 def open_remote_store(
-    url_or_store: str | Any,
+    url: str,
     storage_options: Mapping[str, Any] | None = None,
     *,
     options: RemoteOptions | None = None,
-    url: str | None = None,
-) -> RetryingStore:
-    """A read-only :class:`RetryingStore` for ``url_or_store``.
+) -> Any:
+    """A read-only zarr store for ``url`` (see the module docs); the caller closes it
+    with :func:`close_store`, or hands it to :func:`own_store`.
 
-    A URL string goes through ``zarr.storage.FsspecStore.from_url`` with
-    ``storage_options`` (credentials, endpoint, ...); the options may also hold
-    :class:`RemoteOptions` under the key ``"chunkstream"``. The fsspec filesystem
-    is the store's own (``skip_instance_cache=True`` unless given), so closing the
-    store closes its session. A zarr ``Store``
-    (for instance ``zarr.storage.ObjectStore`` over obstore) is wrapped as it is;
-    ``url`` then names it in errors.
+    ``storage_options`` go to ``obstore.store.from_url`` for the schemes in
+    :data:`OBSTORE_SCHEMES` (store settings such as ``region`` or ``endpoint``,
+    and ``client_options`` / ``retry_config`` over the ones :class:`RemoteOptions`
+    gives) and to fsspec for any other. :class:`RemoteOptions` may also come under
+    the key ``"chunkstream"``.
     """
     given = dict(storage_options or {})
     extra = given.pop(OPTIONS_KEY, None)
@@ -311,17 +187,80 @@ def open_remote_store(
             f"storage_options[{OPTIONS_KEY!r}]", extra, "a chunkstream RemoteOptions"
         )
     opts = options or extra or RemoteOptions()
-    if isinstance(url_or_store, str):
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in OBSTORE_SCHEMES:
+        store = _obstore_store(url, given, opts)
+    else:
         from zarr.storage import FsspecStore
 
-        scheme = url_or_store.split("://", 1)[0].lower()
-        backend = _backend_options(scheme, given, opts)
-        store = FsspecStore.from_url(url_or_store, storage_options=backend, read_only=True)
-        name, owned = url_or_store, bool(backend["skip_instance_cache"])
-    else:
-        store, name, owned = url_or_store, url or str(url_or_store), False
+        # a filesystem of the store's own, so closing it closes no one else's session
+        given.setdefault("skip_instance_cache", True)
+        store = FsspecStore.from_url(url, storage_options=given, read_only=True)
     _raise_concurrency(opts.concurrency)
-    return RetryingStore(store, url=name, options=opts, owns_filesystem=owned)
+    return store
+
+
+def close_store(store: Any) -> None:
+    """Close a store from :func:`open_remote_store` and, for fsspec's, its filesystem's
+    session; idempotent, and safe at interpreter exit."""
+    store.close()
+    fs = getattr(store, "fs", None)
+    if fs is not None:
+        _close_filesystem(fs)
+
+
+def _close_filesystem(fs: Any) -> None:
+    """Close the aiohttp session (http, gcsfs) or botocore client (s3fs) of an async fsspec
+    filesystem on zarr's event loop; the next request on ``fs`` would open a new one."""
+
+    async def close() -> None:
+        # Private attributes of the backends: fsspec offers no public async close.
+        session = getattr(fs, "_session", None)
+        if session is not None and not getattr(session, "closed", True):
+            await session.close()
+        creator = getattr(fs, "_s3creator", None)
+        if creator is not None:
+            fs._s3, fs._s3creator = None, None
+            await creator.__aexit__(None, None, None)
+
+    try:
+        zarr.core.sync.sync(close(), timeout=10)
+    except (OSError, RuntimeError, TimeoutError) as exc:  # a dead loop or network at exit
+        _log.debug("chunkstream: closing the session of %r failed: %s", fs, exc)
+
+
+#: The stores :func:`own_store` tracks, by id, until they are closed.
+_owned: dict[int, weakref.finalize] = {}
+
+
+def own_store(owner: object, store: Any) -> weakref.finalize:
+    """Tie ``store`` to ``owner``: the returned finalizer closes it once, when called
+    (the owner's ``close()``), when ``owner`` is collected, or at interpreter exit."""
+    key = id(store)
+    finalizer = weakref.finalize(owner, _close_owned, key, store)
+    # our own exit hook (below) closes it, while zarr's event loop still runs
+    finalizer.atexit = False
+    _owned[key] = finalizer
+    return finalizer
+
+
+def _close_owned(key: int, store: Any) -> None:
+    _owned.pop(key, None)
+    close_store(store)
+
+
+@atexit.register
+def _close_owned_at_exit() -> None:
+    # atexit runs hooks last-registered first: this one before zarr's, which stops its loop
+    for finalizer in list(_owned.values()):
+        finalizer()
+
+
+def _raise_concurrency(concurrency: int) -> None:
+    current = zarr.config.get("async.concurrency")
+    if current is None or current < concurrency:
+        zarr.config.set({"async.concurrency": concurrency})
+        _log.info("chunkstream: zarr async.concurrency %s -> %d", current, concurrency)
 
 
 # -- throughput against a local copy (used by the ``bench`` command) -----------------

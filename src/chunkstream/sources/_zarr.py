@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from gzip import BadGzipFile
 from pathlib import Path
@@ -44,6 +44,7 @@ from .._errors import (
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
 from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
+from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
     Selection,
     chunk_ranges,
@@ -74,20 +75,20 @@ def open_zarr_array(
     """Open the zarr array at ``path`` (or member ``array`` of the group there), read-only.
 
     Local paths are checked first so that the errors say what is wrong; URLs go
-    through zarr's fsspec store. This is the one place a store is opened, so
-    retries and timeouts for remote stores belong here. A URL's store (and its
-    HTTP session) belongs to the caller, who closes it with ``array.store.close()``;
-    when opening fails it is closed here.
+    through :func:`~chunkstream.sources._remote.open_remote_store` (obstore for
+    object stores and HTTP). This is the one place a store is opened, so retries
+    and timeouts for remote stores belong here. A URL's store belongs to the
+    caller, who closes it with ``_remote.close_store(array.store)``; when opening
+    fails it is closed here.
     """
     text = str(path)
     if not is_url(text):
         return _select_array(_open_local(text), array, text)
-    from ._remote import open_remote_store  # timeouts, retries, concurrency
-
     store = open_remote_store(text, storage_options)
     try:
         try:
-            node = zarr.open(store, mode="r")
+            with store_errors(text, "the zarr metadata"):
+                node = zarr.open(store, mode="r")
         except FileNotFoundError as exc:
             raise SourceNotFoundError(
                 f"no zarr array or group at {text!r}. Check the URL and credentials "
@@ -95,7 +96,7 @@ def open_zarr_array(
             ) from exc
         return _select_array(node, array, text)
     except BaseException:
-        store.close()
+        close_store(store)
         raise
 
 
@@ -172,8 +173,9 @@ class ZarrSource:
             raise ConfigError.bad("read_threads", read_threads, "a positive int or None")
         self._closed = False
         self._pool: ThreadPoolExecutor | None = None
-        #: The store opened here from a URL, closed with the source; never a caller's array's.
-        self._owned_store: Any = None
+        #: Closes the store opened here from a URL (on close(), collection or exit);
+        #: a caller's array's store is the caller's.
+        self._close_store: Callable[[], Any] | None = None
         if isinstance(path_or_array, zarr.Array):
             self.array = path_or_array
             self.path = str(path_or_array.store_path)
@@ -181,7 +183,7 @@ class ZarrSource:
             self.array = open_zarr_array(path_or_array, array, storage_options)
             self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
             if is_url(str(path_or_array)):
-                self._owned_store = self.array.store
+                self._close_store = own_store(self, self.array.store)
         try:
             self._setup(fields, check_missing, read_threads, engine)
         except BaseException:
@@ -281,9 +283,10 @@ class ZarrSource:
                 view = out[name][: stop - start]
                 try:
                     # zarr writes into the wrapped array in place: no intermediate copy
-                    self.array.get_basic_selection(
-                        sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
-                    )
+                    with store_errors(self.path, f"timesteps [{start}, {stop}) of field {name!r}"):
+                        self.array.get_basic_selection(
+                            sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
+                        )
                 except self._decode_errors as exc:
                     raise CorruptChunkError(
                         f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
@@ -292,15 +295,17 @@ class ZarrSource:
                     ) from exc
 
     def close(self) -> None:
-        """Stop the decode pool and close a store opened from a URL (its HTTP session);
-        idempotent. A local store, or an array the caller passed, is left as it is."""
+        """Stop the decode pool and close a store opened from a URL (with any HTTP
+        session); idempotent. A local store, or an array the caller passed, is left
+        as it is. A source never closed closes its URL's store when it is collected
+        or at interpreter exit."""
         if self._closed:
             return
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._owned_store is not None:
-            self._owned_store.close()
+        if self._close_store is not None:
+            self._close_store()
 
     def __enter__(self) -> ZarrSource:
         return self
@@ -356,7 +361,8 @@ class ZarrSource:
 
         prefix = self.array.store_path.path
         # collect_aiterator runs the listing on zarr's loop itself (wrapping it in sync() failed)
-        keys = collect_aiterator(self.array.store.list_prefix(prefix))
+        with store_errors(self.path, "the list of chunk keys"):
+            keys = collect_aiterator(self.array.store.list_prefix(prefix))
         cut = len(prefix) + 1 if prefix else 0
         return {k[cut:] for k in keys}
 
@@ -371,7 +377,8 @@ class ZarrSource:
             if self._root is not None:
                 present = os.path.exists(self._root / key)
             else:
-                present = sync(store.exists(full))
+                with store_errors(self.path, f"whether chunk {key!r} exists"):
+                    present = sync(store.exists(full))
             if not present:
                 name = next(n for n, s in self._selections.items() if s is sel)
                 raise self._missing_error(name, key, f"{self.path!r}")
