@@ -144,9 +144,10 @@ def engine_section(results_dir: Path) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in mc["versions"].items() if v),
         f"- 1-minute load: {mc['load_1min_before']:.2f} before, before each store {loads}, "
         f"{res['load_1min_after']:.2f} after",
-        f"- each repeat reads the same {e['windows']} random windows of "
-        f"{e['window_nbytes'] / 2**20:.0f} MiB (voltage + stimulus) into the same buffers, one "
-        f"window at a time; {e['repeats']} repeats, engines in turn",
+        f"- each repeat reads {e['windows']} random windows of "
+        f"{e['window_nbytes'] / 2**20:.0f} MiB (voltage + stimulus; other windows in each "
+        "repeat, the same for every engine) into the same buffers, one window at a time; "
+        f"{e['repeats']} repeats, engines in turn; CPU seconds from getrusage (all threads)",
         "",
         *_table(e),
         "",
