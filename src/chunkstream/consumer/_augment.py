@@ -96,7 +96,9 @@ def neighbour_union(selected: torch.Tensor, wmat_indices: Any, wmat_indptr: Any)
         raise ConfigError.bad("wmat_indptr", f"{csr.indptr.numel()} entries", "at least 2 (CSR)")
     # A mask over the neurons: the union and its sorting come from one nonzero().
     mask = torch.zeros(csr.width, dtype=torch.bool, device=device)
-    mask[selected] = True
+    # index_fill_ takes its value as a kernel argument; `mask[idx] = True` would first
+    # copy a CPU scalar tensor to the device, a synchronous copy per call.
+    mask.index_fill_(0, selected, True)
     if csr.max_degree > 0:
         begin = csr.indptr[selected]
         counts = csr.indptr[selected + 1] - begin
@@ -107,7 +109,7 @@ def neighbour_union(selected: torch.Tensor, wmat_indices: Any, wmat_indptr: Any)
         # (already in the union), so no entry is filtered out with a sync.
         flat = torch.where(valid, flat, torch.zeros_like(flat))
         neighbours = torch.where(valid, csr.indices[flat], selected[:, None])
-        mask[neighbours.reshape(-1)] = True
+        mask.index_fill_(0, neighbours.reshape(-1), True)
     return torch.nonzero(mask).reshape(-1)  # the one host sync: the union's size
 
 

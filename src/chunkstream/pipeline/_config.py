@@ -62,8 +62,11 @@ class LoaderConfig:
 
     Memory bounds that follow from it (``chunk_bytes`` is one window of every field):
 
-    * CUDA: pinned host bytes = ``host_slots * chunk_bytes``, fixed at start;
-      loader device bytes = ``gpu_prefetch * chunk_bytes`` plus chunks the user holds.
+    * CUDA: pinned host bytes = ``host_slots * chunk_bytes``, fixed at start (one
+      registered arena, see ``_buffers``); loader device bytes =
+      ``gpu_prefetch * chunk_bytes`` plus chunks the user holds: ``gpu_prefetch + 1``
+      chunks for a loop that drops each chunk before asking for the next, one
+      more for a plain ``for`` loop (it holds the previous chunk during ``next()``).
     * CPU: bytes held by the pipeline <= ``(prefetch + workers) * chunk_bytes``,
       plus the chunks the user holds.
     """

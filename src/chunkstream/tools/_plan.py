@@ -6,9 +6,13 @@ Memory model (the bounds the loader documents, see ``pipeline._config``), with
 * **full dataset on the device**: ``T * step_bytes`` on the device (and, while
   loading, the same again staged on the host);
 * **streaming, CUDA**: device bytes ``(gpu_prefetch + 1) * chunk_bytes``, the
-  chunks kept ready plus the one the user trains on, plus validation data kept
-  on the device (``val_fraction * T`` timesteps); pinned host bytes
-  ``host_slots * chunk_bytes`` (default ``host_slots = prefetch + workers``);
+  chunks kept ready plus the one the user trains on (a loop that drops each
+  chunk before asking for the next, as the trainer does; a plain ``for`` loop
+  holds the previous one during ``next()``: one chunk more), plus validation
+  data kept on the device (``val_fraction * T`` timesteps); the model's
+  activations come on top; pinned host bytes ``host_slots * chunk_bytes``
+  (default ``host_slots = prefetch + workers``; the loader pins exactly this,
+  one registered arena);
   other host bytes: the decode scratch of the fast zarr reader, about two zarr
   chunks per decode thread (known only for a store);
 * **streaming, CPU**: no device; host bytes ``(prefetch + workers + 1) *
