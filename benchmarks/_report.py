@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from ._engines_report import engine_section
+from ._remote_report import remote_section
 
 __all__ = ["RESULTS_DIR", "targets", "write_markdown"]
 
@@ -279,6 +280,7 @@ def write_markdown(results_dir: Path = RESULTS_DIR, markdown: Path = MARKDOWN) -
             body += ["### cuda run", "", "Not run: no NVIDIA GPU was available when these "
                      "figures were taken. `benchmarks/gpu.sh` is ready for one.", ""]  # fmt: skip
     body += engine_section(results_dir)
+    body += remote_section(results_dir)
     text = markdown.read_text() if markdown.exists() else f"# Benchmarks\n\n{_BEGIN}\n{_END}\n"
     head, _, rest = text.partition(_BEGIN)
     _, _, tail = rest.partition(_END)

@@ -4,6 +4,7 @@
     python -m benchmarks.run                  # the full run (<= 30 min on 2 cores)
     python -m benchmarks.run --device cuda    # the GPU mode (benchmarks/gpu.sh)
     python -m benchmarks.run --only engines   # only the decode-engine race (results/engines.json)
+    python -m benchmarks.run --only remote    # only the remote-store race (results/remote.json)
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -25,6 +26,7 @@ from pathlib import Path
 from . import _measure as m
 from . import _overlap
 from ._engines import run_engines
+from ._remote import RemoteGeometry, run_remote
 from ._report import RESULTS_DIR, targets, write_markdown
 from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
 
@@ -45,6 +47,7 @@ class Reps:
     rss_epochs: int = 200
     engine_windows: int = 6  # windows per repeat of the decode-engine race
     engine_repeats: int = 5
+    remote: str = "full"  # the remote-store race's RemoteGeometry: "full", "quick" or "tiny"
     dl_workers: tuple[int, ...] = (0, 2)
     job_stores: tuple[str, ...] = (
         "percol-blosc",
@@ -57,7 +60,7 @@ class Reps:
     def quick() -> Reps:
         return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
                     overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"),
-                    engine_windows=4, engine_repeats=3)  # fmt: skip
+                    engine_windows=4, engine_repeats=3, remote="quick")  # fmt: skip
 
     @staticmethod
     def full() -> Reps:
@@ -68,7 +71,8 @@ class Reps:
     def smoke() -> Reps:
         return Reps(ceiling_windows=2, chunks=3, runs=1, job_chunks=1, dl_batches=1,
                     overlap_chunks=3, abandon=2, rss_epochs=22, dl_workers=(0,),
-                    job_stores=("percol-blosc",), engine_windows=2, engine_repeats=1)  # fmt: skip
+                    job_stores=("percol-blosc",), engine_windows=2, engine_repeats=1,
+                    remote="tiny")  # fmt: skip
 
 
 def machine() -> dict:
@@ -164,7 +168,14 @@ def run_cpu(geo: Geometry, reps: Reps, *, data_dir: Path = DATA_DIR) -> dict:
     _log("overlap, stall, abandon, RSS (percol-blosc)")
     res["overlap"] = run_overlap(spec, geo, reps)
     res["engines"] = engines(geo, reps, data_dir)
+    res["remote"] = remote(reps, data_dir)
     return res
+
+
+def remote(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
+    """The remote-store race (benchmarks/_remote.py) at ``reps``' size."""
+    _log(f"remote stores: obstore vs fsspec + RetryingStore ({reps.remote} geometry)")
+    return run_remote(getattr(RemoteGeometry, reps.remote)(), data_dir)
 
 
 def engines(geo: Geometry, reps: Reps, data_dir: Path = DATA_DIR) -> dict:
@@ -204,12 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines",), help="engines: only the decode-engine race (CPU)"
-    )
+        "--only", choices=("engines", "remote"),
+        help="engines: only the decode-engine race (CPU); remote: only the remote-store race",
+    )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
     if args.only == "engines":
         mode = "engines-quick" if args.quick else "engines"
+    if args.only == "remote":
+        mode = "remote-quick" if args.quick else "remote"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -220,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "engines":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"geometry": asdict(geo), "engines": engines(geo, reps)}
+    elif args.only == "remote":
+        reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
+        results = {"remote": remote(reps)}
     else:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = run_cpu(geo, reps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import logging
 import os
 import sys
 import threading
@@ -316,6 +317,8 @@ def s3_server(directory: Path, bucket: str = "bucket") -> Iterator[tuple[Server,
         os.environ.pop(name, None)
     empty = str(directory / "no-aws-config")  # no config or credentials file is read
     os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = empty
+    # werkzeug (under moto) logs every request to stderr unless its logger is set
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     try:

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _engines, _report, run
+from benchmarks import _engines, _remote, _report, run
 from benchmarks._stores import Geometry
 
 
@@ -69,6 +69,20 @@ def test_engine_race_figures(results: dict) -> None:
     assert e["stores"]["sharded-blosc"]["store"]["shards"]
 
 
+def test_remote_race_figures(results: dict) -> None:
+    # run_cpu ran benchmarks._remote.run_remote on RemoteGeometry.tiny()
+    r = results["remote"]
+    assert set(r["throughput"]) == set(r["faults"]) == {"http", "s3"}
+    for server in ("http", "s3"):
+        for store in _remote.STORES:
+            assert r["throughput"][server][store]["min"] > 0
+            for kind in _remote.KINDS:
+                row = r["faults"][server][store][kind]
+                assert row["transient_hits"] == 2 and row["persistent_hits"] >= 1
+                assert row["seconds_to_error"] > 0
+    assert set(r["decision"]["contract_met"]) == set(_remote.STORES)
+
+
 def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     whats = [t["what"] for t in results["targets"]]
     assert any("thread-pool reader" in w for w in whats)
@@ -87,3 +101,5 @@ def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     # the race in quick.json renders the decode-engines table and the decision under it
     assert "### decode engines" in text and "**Decision:" in text
     assert "| sharded-blosc | ours: not eligible" in text
+    # and the remote-store table with its decision
+    assert "### remote stores" in text and "| S3 (moto server) | zarr `ObjectStore`" in text
