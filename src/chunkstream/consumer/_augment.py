@@ -72,7 +72,9 @@ def _device_csr(indices: Any, indptr: Any, device: torch.device) -> _DeviceCSR:
     uploads += 1
     if refs[0] is not None and refs[1] is not None:
         with _CACHE_LOCK:
-            for stale in [k for k, v in _CACHE.items() if v.refs[0]() is None or v.refs[1]() is None]:
+            for stale in [
+                k for k, v in _CACHE.items() if v.refs[0]() is None or v.refs[1]() is None
+            ]:
                 del _CACHE[stale]
             while len(_CACHE) >= _CACHE_SIZE:
                 del _CACHE[next(iter(_CACHE))]

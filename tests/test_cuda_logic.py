@@ -1,0 +1,333 @@
+"""The CUDA review's fixes (issue 13) whose logic needs no GPU: checked here on the CPU.
+
+The GPU halves (copies, streams, pinned memory, host syncs) are in test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from chunkstream import ChunkLoadError, ConfigError
+from chunkstream.pipeline._config import LoaderConfig, resolve_device
+from chunkstream.pipeline._stage import OrderedStage, Ticket
+from chunkstream.stats._latency import LatencyStats, _completed
+from chunkstream.train import RunningMoments, TrainConfig, Trainer
+from chunkstream.train._trainer import _progress, trainer_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as a two-GPU machine whose current device is 1 (no CUDA is touched)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+
+
+# -- 1. device index resolved at construction; stage threads bind it; errors wrapped --------
+
+
+def test_bare_cuda_is_resolved_to_the_current_index(fake_cuda):
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device(None) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match=r"device='cuda:2'.*\[0, 2\).*CUDA_VISIBLE_DEVICES"):
+        resolve_device("cuda:2")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_batch_timer_gets_the_device_index(fake_cuda):
+    stats = LatencyStats()
+    assert stats.batch_timer("cuda").device == torch.device("cuda", 1)
+    assert stats.batch_timer("cuda:0").device == torch.device("cuda", 0)
+    assert stats.batch_timer("cpu").device == torch.device("cpu")
+
+
+def test_thread_init_runs_in_every_worker_and_its_failure_outlives_reset():
+    names = []
+    stage = OrderedStage(
+        "probe", lambda job, ticket: job, workers=3, capacity=2,
+        thread_init=lambda: names.append(threading.current_thread().name),
+    )  # fmt: skip
+    try:
+        stage.reset(4)
+        assert [stage.get(timeout=5) for _ in range(4)] == [0, 1, 2, 3]
+        assert sorted(names) == [f"chunkstream-probe-{k}" for k in range(3)]
+    finally:
+        stage.close()
+
+    def broken():
+        raise ChunkLoadError("setting the CUDA device cuda:1 failed")
+
+    stage = OrderedStage("probe", lambda job, ticket: job, workers=1, capacity=1,
+                         thread_init=broken)  # fmt: skip
+    try:
+        for _ in range(2):  # a new epoch does not hide the dead worker
+            stage.reset(2)
+            with pytest.raises(ChunkLoadError, match="cuda:1"):
+                stage.get(timeout=5)
+    finally:
+        stage.close()
+
+
+def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
+    from chunkstream.pipeline._jobs import read_job
+
+    class BrokenPool:
+        def acquire(self, cancelled=None):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    live = types.SimpleNamespace(_closed=False, _generation=1)
+    with pytest.raises(ChunkLoadError, match=r"free host buffer for window \[10, 20\)") as info:
+        read_job(0, Ticket(live, 1), windows=[(10, 20)], source=None, pool=BrokenPool(),
+                 check_finite=False, retries=0)  # fmt: skip
+    assert info.value.window == (10, 20)
+    assert "illegal memory access" in str(info.value.__cause__)
+
+
+def test_a_failed_copy_without_a_working_stream_retires_its_slot():
+    from chunkstream.pipeline._jobs import _release_after_failed_copy
+
+    class Pool:
+        def __init__(self):
+            self.released, self.fenced = [], []
+
+        def release(self, buffers):
+            self.released.append(buffers)
+
+        def release_after(self, buffers, event):
+            self.fenced.append((buffers, event))
+
+    pool = Pool()
+    _release_after_failed_copy(pool, "slot", None)  # a synchronous device: free at once
+    assert pool.released == ["slot"]
+    _release_after_failed_copy(pool, "slot", object())  # no event can be recorded
+    assert pool.released == ["slot"] and pool.fenced == []  # kept out of the pool
+
+
+def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
+    from chunkstream.pipeline import _buffers
+    from chunkstream.sources._base import FieldSpec
+
+    calls = []
+    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: calls.append(n) or 0)
+    fields = {"a": FieldSpec((13,), np.dtype("float32")), "b": FieldSpec((3, 2), np.dtype("int16"))}
+    pool = _buffers.PinnedSlotPool(fields, 37, slots=3, device=torch.device("cuda", 1))
+    per_slot = 37 * 13 * 4 + 37 * 6 * 2
+    assert pool.registered and calls == [pool.nbytes]
+    assert per_slot * 3 <= pool.requested_nbytes <= per_slot * 3 + 2 * 3 * 256
+    assert pool.nbytes % _buffers._PAGE == 0 and pool.nbytes - pool.requested_nbytes < 4096
+    spans = []
+    for buffers in pool._free:
+        for name, array in buffers.arrays.items():
+            assert array.shape == (37, *fields[name].shape) and array.dtype == fields[name].dtype
+            assert array.ctypes.data % 256 == 0
+            assert buffers.tensors[name].data_ptr() == array.ctypes.data  # the same memory
+            spans.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+    spans.sort()
+    assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))
+    assert _buffers._power_of_two_ceil(3 * per_slot) == 8192  # what pin_memory would take
+
+
+# -- 2, 3. the trainer: one GPU per rank; checkpoints loaded to the CPU --------------------
+
+
+def test_ranks_bind_cuda_local_rank(fake_cuda):
+    env = {"LOCAL_RANK": "0"}
+    assert trainer_device("cuda", distributed=True, env=env) == torch.device("cuda", 0)
+    assert trainer_device(None, distributed=True, env={"LOCAL_RANK": "1"}) == torch.device(
+        "cuda", 1
+    )
+    # An explicit index is the user's choice; outside DDP the current device is used.
+    assert trainer_device("cuda:0", distributed=True, env={"LOCAL_RANK": "1"}).index == 0
+    assert trainer_device("cuda", distributed=False, env=env) == torch.device("cuda", 1)
+    assert trainer_device("cuda", distributed=True, env={}) == torch.device("cuda", 1)
+    assert trainer_device("cpu", distributed=True, env=env) == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=2.*nproc_per_node"):
+        trainer_device("cuda", distributed=True, env={"LOCAL_RANK": "2"})
+
+
+def _source(timesteps=1500, neurons=8, stim=3):
+    rng = np.random.default_rng(1)
+    return cs.NumpySource({
+        "voltage": rng.standard_normal((timesteps, neurons), dtype=np.float32),
+        "stimulus": rng.standard_normal((timesteps, stim), dtype=np.float32),
+    })  # fmt: skip
+
+
+def _config(**kw) -> TrainConfig:
+    base = dict(chunk_size=256, batch_size=16, epochs=2, hidden_dim=16, latent_dim=8,
+                device="cpu", progress=False, tensorboard=False, workers=1, seed=3)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def test_resume_loads_the_checkpoint_to_the_cpu(tmp_path, monkeypatch):
+    Trainer(_source(), _config(epochs=1), out_dir=tmp_path).fit()
+    seen = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("map_location"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    resumed = Trainer(_source(), _config(epochs=2), out_dir=tmp_path)
+    assert len(resumed.fit(resume=True).history) == 2
+    assert seen == ["cpu"]
+    assert all(s["step"].device.type == "cpu" for s in resumed.optimizer.state.values())
+
+
+# -- 5. the epoch-0 moments: row blocks, equal to the whole-chunk float64 result ------------
+
+
+def test_moments_merge_in_row_blocks_equal_to_the_whole_float64_result(monkeypatch):
+    x = torch.randn(1000, 7) * 5 + 3
+    monkeypatch.setattr(RunningMoments, "block_bytes", 8 * 7 * 64)  # 64 rows per block
+    blocks = []
+    real = RunningMoments._merge_rows
+
+    def spy(self, rows):
+        blocks.append(int(rows.shape[0]))
+        real(self, rows)
+
+    monkeypatch.setattr(RunningMoments, "_merge_rows", spy)
+    moments = RunningMoments(7)
+    moments.update(x[:600])
+    moments.update(x[600:])
+    assert max(blocks) == 64 and sum(blocks) == 1000  # the float64 copy is one block at most
+    reference = x.double()
+    torch.testing.assert_close(moments.mean, reference.mean(0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        moments.var, reference.var(0, unbiased=False), rtol=1e-12, atol=1e-12
+    )
+    assert moments.count == 1000
+    # The users' width: 305 rows (32 MiB of float64) per block of a 65,536-row chunk.
+    monkeypatch.undo()
+    assert RunningMoments(13741).block_rows() == (32 << 20) // (8 * 13741) == 305
+
+
+# -- 6. host syncs: no loss text for a bar nobody sees; the CSR uploaded once ---------------
+
+
+def test_no_loss_text_is_computed_while_the_bar_is_off(monkeypatch):
+    from chunkstream.train import _metrics
+
+    calls = []
+    real = _metrics.LossMeter.mean
+    monkeypatch.setattr(_metrics.LossMeter, "mean", lambda self, name: calls.append(name) or
+                        real(self, name))  # fmt: skip
+    # progress=True, but stderr is not a terminal under pytest: tqdm's bar is disabled.
+    assert _progress(3, "epoch 0", True) is None
+    result = Trainer(_source(), _config(progress=True)).fit()
+    # Only the epoch summaries read the means (one read per component), no chunk does.
+    assert len(calls) == sum(len(r.losses) for r in result.history)
+    assert sum(r.chunks for r in result.history) > len(calls) // 2
+
+
+def test_the_csr_is_uploaded_once_per_array():
+    from chunkstream.consumer import _augment
+
+    indptr = np.array([0, 2, 3, 3, 5])
+    indices = np.array([1, 2, 0, 3, 6])  # a column beyond the rows: the union holds it
+    before = _augment.uploads
+    for _ in range(5):
+        got = _augment.neighbour_union(torch.tensor([3, 0]), indices, indptr)
+        assert got.tolist() == [0, 1, 2, 3, 6]
+    assert _augment.uploads == before + 1
+    other = indices.copy()
+    _augment.neighbour_union(torch.tensor([1]), other, indptr)
+    assert _augment.uploads == before + 2  # another array: its own upload
+    _augment.neighbour_union(torch.tensor([1]), list(indices), list(indptr))  # not cacheable
+    _augment.neighbour_union(torch.tensor([1]), list(indices), list(indptr))
+    assert _augment.uploads == before + 4
+
+
+# -- 7. events: every one queried; bounds worded the same everywhere ------------------------
+
+
+class _Event:
+    def __init__(self, done: bool, t: float = 0.0):
+        self.done, self.t = done, t
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) * 1e3
+
+
+def test_batch_events_resolve_only_when_every_one_completed():
+    stats = LatencyStats()
+    # The last event completed but an earlier one, on another stream, has not.
+    events = (_Event(True, 0.0), _Event(False, 1.0), _Event(True, 2.0), _Event(True, 3.0))
+    assert not _completed(events)
+    stats._add_pending_batch(0.0, events)
+    stats.resolve_pending()
+    assert stats.pending_batches == 1 and not stats.batches
+    events[1].done = True
+    stats.resolve_pending()
+    assert stats.pending_batches == 0
+    assert [round(v, 6) for v in vars(stats.batches[0]).values()][:3] == [1.0, 1.0, 1.0]
+
+
+def test_device_bounds_are_worded_alike_everywhere():
+    from chunkstream.tools import _plan
+
+    readme = (ROOT / "README.md").read_text()
+    guarantees = (ROOT / "docs/_guarantees.md").read_text()
+    tuning = (ROOT / "docs/guide/tuning.md").read_text()
+    phrase = "`gpu_prefetch + 1` chunks for a loop that drops each chunk before asking"
+    assert phrase in readme.replace("\n  ", " ") and phrase in guarantees.replace("\n  ", " ")
+    assert "del chunk" in tuning and "one chunk more" in tuning
+    for doc in (_plan.__doc__, LoaderConfig.__doc__):
+        flat = " ".join(doc.split())
+        assert "gpu_prefetch + 1" in flat and "drops each chunk" in flat, flat
+    # What plan and the trainer report, and what the GPU test asserts, agree with that.
+    cb = 10
+    assert _plan._streaming_bytes(cb, on_cuda=True, prefetch=2, gpu_prefetch=1, workers=2,
+                                  host_slots=4, val_bytes=0)[0] == 2 * cb  # fmt: skip
+    gpu_tests = (ROOT / "tests/test_gpu.py").read_text()
+    assert "<= (gp + 1) * cb" in gpu_tests and "<= (gp + 2) * cb" in gpu_tests
+    trainer = (ROOT / "src/chunkstream/train/_trainer.py").read_text()
+    assert '"loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes' in trainer
+    assert "            del chunk\n" in trainer
+
+
+# -- 8. consuming on another stream: use_on is documented, and a no-op on the CPU ----------
+
+
+def test_use_on_is_documented_and_does_nothing_on_the_cpu():
+    chunk = cs.Chunk({"x": torch.zeros(4, 2)}, start=0, stop=4, epoch=0, index=0)
+    assert chunk.use_on() is chunk and chunk.use_on(object()) is chunk
+    doc = " ".join(cs.Chunk.__doc__.split())
+    assert "use_on" in doc and "wait_stream" in doc and "record_stream" in doc
+    assert "## Consuming on another CUDA stream" in (ROOT / "docs/guide/tuning.md").read_text()
+
+
+# -- 9. CHUNKSTREAM_REQUIRE_GPU=1 turns a GPU skip into a failure ------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the switch where CUDA is absent")
+def test_require_gpu_turns_the_skip_into_a_failure():
+    test = "tests/test_gpu.py::test_device_chunks_equal_the_stored_bytes"
+    env = {k: v for k, v in os.environ.items() if k != "CHUNKSTREAM_REQUIRE_GPU"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    skipped = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
+    failed = subprocess.run(command, cwd=ROOT, env={**env, "CHUNKSTREAM_REQUIRE_GPU": "1"},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert failed.returncode != 0, failed.stdout
+    assert "CHUNKSTREAM_REQUIRE_GPU=1 but" in failed.stdout and "1 error" in failed.stdout
