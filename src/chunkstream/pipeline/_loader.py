@@ -505,6 +505,11 @@ class ChunkLoader:
             )
 
     @property
+    def pinned_bytes(self) -> int:
+        """Page-locked host bytes the loader holds: its pinned arena's true size (0 on CPU)."""
+        return self._pool.nbytes if isinstance(self._pool, PinnedSlotPool) else 0
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` has run (or the loader shut down after an error)."""
         return self._closed
