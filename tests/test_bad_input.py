@@ -121,6 +121,16 @@ def _lengths(_tmp):
     cs.NumpySource({"a": np.zeros((10, 2), np.float32), "b": np.zeros((9, 2), np.float32)})
 
 
+def _stream(sampling="shuffled", **kwargs):
+    with _loader(sampling=sampling) as loader:
+        cs.BatchStream(loader, **{"window": 5, "batch_size": 4, "batches_per_chunk": 2, **kwargs})
+
+
+def _stream_state(state):
+    with _loader() as loader:
+        cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2).load_state_dict(state)
+
+
 def _load(_start, stop):
     return np.zeros((stop - _start, 2), np.float32), np.zeros((stop - _start, 1), np.float32)
 
@@ -264,6 +274,35 @@ CASES = [
      cs.ConfigError, ValueError, ["passes_per_epoch=0", "Pass a positive passes_per_epoch"]),
     ("plan_epoch.world_size", lambda t: cs.plan_epoch(1000, 100, 10, world_size=11),
      cs.ConfigError, ValueError, ["world_size=11", "Lower world_size"]),
+    ("BatchStream.loader", lambda t: cs.BatchStream(_src(), window=5, batch_size=4),
+     cs.ConfigError, ValueError, ["loader='ArraySource'", "cs.ChunkLoader"]),
+    ("BatchStream.window", lambda t: _stream(window=0),
+     cs.ConfigError, ValueError, ["window=0", "an int >= 1"]),
+    ("BatchStream.window", lambda t: _stream(window=51),
+     cs.ConfigError, ValueError, ["window=51", "chunk length 50", "larger chunk_size"]),
+    ("BatchStream.batch_size", lambda t: _stream(batch_size=0),
+     cs.ConfigError, ValueError, ["batch_size=0", "plan=cs.plan_epoch"]),
+    ("BatchStream.batch_size", lambda t: _stream(batch_size=None),
+     cs.ConfigError, ValueError, ["batch_size=None", "an int >= 1"]),
+    ("BatchStream.batches_per_chunk", lambda t: _stream(batches_per_chunk=0),
+     cs.ConfigError, ValueError, ["batches_per_chunk=0", "plan.batches_per_chunk"]),
+    ("BatchStream.chunks_per_epoch", lambda t: _stream(chunks_per_epoch=-1),
+     cs.ConfigError, ValueError, ["chunks_per_epoch=-1", "plan.chunks_per_epoch"]),
+    ("BatchStream.chunks_per_epoch", lambda t: _stream("random"),
+     cs.ConfigError, ValueError, ["chunks_per_epoch=None", "sampling='random'"]),
+    ("BatchStream.plan", lambda t: _stream(plan={"batch_size": 4}),
+     cs.ConfigError, ValueError, ["plan='dict'", "cs.plan_epoch"]),
+    ("BatchStream.fields", lambda t: _stream(fields="nope"),
+     cs.ConfigError, ValueError, ["fields='nope'", "Name fields"]),
+    ("BatchStream.fields", lambda t: _stream(fields=[]),
+     cs.ConfigError, ValueError, ["fields=[]", "list of names"]),
+    ("BatchStream.seed", lambda t: _stream(seed=-1),
+     cs.ConfigError, ValueError, ["seed=-1", "non-negative seed"]),
+    ("BatchStream.load_state_dict.state", lambda t: _stream_state({}),
+     cs.ConfigError, ValueError, ["state={}", "BatchStream.state_dict()"]),
+    ("BatchStream.load_state_dict.state",
+     lambda t: _stream_state({"loader": {"epoch": 0, "step": 0}, "batch": 2}),
+     cs.ConfigError, ValueError, ["state=", "'batch' in [0, batches_per_chunk=2)"]),
 ]  # fmt: skip
 
 
