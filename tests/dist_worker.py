@@ -16,11 +16,16 @@ rank and world size come from torch.distributed, then:
 
 Writes ``rank<k>.json`` into the output folder (argv[2]) and exits non-zero on any
 failed check, so the test sees the reason in the file or in stderr.
+
+``CHUNKSTREAM_DIST_BACKEND=nccl`` runs the same checks with NCCL and the trainer on
+CUDA (``device="cuda"``, which the trainer turns into ``cuda:{LOCAL_RANK}``); the
+loaders of checks 1 and 3 stay on the CPU, as the gathers only need the process group.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,13 +51,22 @@ def params_of(trainer: Trainer) -> list[float]:
     return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]).tolist()
 
 
+BACKEND = os.environ.get("CHUNKSTREAM_DIST_BACKEND", "gloo")
+
+
 def train(source: cs.ZarrSource, out: Path, rank: int, world: int) -> dict[str, object]:
+    device = "cuda" if BACKEND == "nccl" else "cpu"
     config = TrainConfig(
         data_field="x", stim_field=None, chunk_size=64, batch_size=8, evolve_multiple_steps=2,
-        latent_dim=4, hidden_dim=8, epochs=2, warmup_epochs=1, workers=2, device="cpu",
+        latent_dim=4, hidden_dim=8, epochs=2, warmup_epochs=1, workers=2, device=device,
         tensorboard=None, progress=False, seed=1,
     )  # fmt: skip
     trainer = Trainer(source, config, out_dir=out)
+    if BACKEND == "nccl":
+        local = int(os.environ["LOCAL_RANK"])
+        check(trainer.device == torch.device("cuda", local), f"rank on {trainer.device}")
+        check(torch.cuda.current_device() == local, "set_device was not called")
+        check(trainer.net.device_ids == [local], f"DDP device_ids {trainer.net.device_ids}")
     check(trainer.plan.world_size == world, "the trainer's plan is not per rank")
     check(isinstance(trainer.net, torch.nn.parallel.DistributedDataParallel), "no DDP wrapper")
     result = trainer.fit()
@@ -87,12 +101,16 @@ def train(source: cs.ZarrSource, out: Path, rank: int, world: int) -> dict[str, 
         "param_norm": float(torch.tensor(params[0]).norm()),
         "events": events,
         "resumed_epochs": len(again.history),
+        "device": str(trainer.device),
     }
 
 
 def main() -> None:
     store, outdir, elastic = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    dist.init_process_group("gloo")
+    if BACKEND == "nccl":
+        # Before the first collective: NCCL's object gathers use the current device.
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(BACKEND)
     rank, world = dist.get_rank(), dist.get_world_size()
     chunk, batch = 64, 8
     report: dict[str, object] = {"rank": rank, "world_size": world}

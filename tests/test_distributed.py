@@ -184,11 +184,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def nccl_ready() -> str | None:
+    """Why the two-rank NCCL run cannot happen here, or None when it can."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return "needs 2 GPUs, one per rank (the lent H200 machine has one: skipped there)"
+    if not (torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        return "torch.distributed with the NCCL backend is not available"
+    return None
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-def test_torchrun_two_ranks(tmp_path: Path):
-    if not gloo_available():
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.gpu)])
+def test_torchrun_two_ranks(tmp_path: Path, backend: str):
+    # gloo: ranks on the CPU. nccl: the same run with the trainer on cuda:{LOCAL_RANK}
+    # (NCCL fails with "Duplicate GPU detected" if both ranks pick one GPU).
+    if backend == "gloo" and not gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available")
+    if backend == "nccl" and (why := nccl_ready()) is not None:
+        pytest.skip(why)
     total, chunk = 1030, 64  # 16 tiles and a phase
     rng = np.random.default_rng(0)
     data = rng.standard_normal((total, 6)).astype(np.float32)
@@ -206,7 +220,8 @@ def test_torchrun_two_ranks(tmp_path: Path):
     remaining = [list(plan.window(0, i)) for i in range(5, 16)]
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "CHUNKSTREAM_DIST_BACKEND": backend}  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(cs.__file__).parents[1]), env.get("PYTHONPATH", "")]
     )
@@ -234,6 +249,8 @@ def test_torchrun_two_ranks(tmp_path: Path):
     if reports[0]["events"]:  # tensorboard is installed: one writer, rank 0's
         assert reports[0]["events"] == reports[1]["events"] and len(reports[0]["events"]) == 1
     assert [len(r["resumed"]) for r in reports] == [6, 5]  # 11 left, split 6 + 5
+    expected = ["cuda:0", "cuda:1"] if backend == "nccl" else ["cpu", "cpu"]
+    assert [r["device"] for r in reports] == expected
 
 
 def test_running_moments_merge_like_one_stream():

@@ -378,10 +378,16 @@ print("context-on-0", has(0) if has is not None else "unknown", has(1) if has el
 
 @pytest.mark.skipif(not _two_gpus(), reason="needs 2 GPUs (the lent H200 machine has one)")
 def test_cuda_1_creates_no_context_on_gpu_0():
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    # A fresh process: this one may already hold a context on GPU 0 from other tests.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(cs.__file__).parents[1]),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
     done = subprocess.run([sys.executable, "-c", _CUDA1_SCRIPT], capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+                          text=True, timeout=240, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "context-on-0 False True" in done.stdout, done.stdout + done.stderr[-2000:]
