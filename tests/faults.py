@@ -7,15 +7,16 @@ about a reader that raises, sleeps or hangs needs to control exactly when.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import logging
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -261,6 +262,35 @@ class _Server(http.server.ThreadingHTTPServer):
     # the client would then wait out a SYN retransmit (1 s) and the figures be the kernel's.
     request_queue_size = 256
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # kept-alive connections, each with its handler thread, so closing ends them all
+        self.connections: dict[socket.socket, threading.Thread] = {}
+        self.lock = threading.Lock()
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:
+        thread = threading.Thread(target=self.process_request_thread, name="test-http-conn",
+                                  args=(request, client_address), daemon=True)  # fmt: skip
+        with self.lock:
+            self.connections[request] = thread
+        thread.start()
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        with self.lock:
+            self.connections.pop(request, None)
+        super().shutdown_request(request)
+
+    def close_connections(self, timeout: float = 5.0) -> None:
+        """End every kept-alive connection and wait for its thread (a test counting
+        threads must not see this server's idle connections come and go)."""
+        with self.lock:
+            open_now = dict(self.connections)
+        for sock in open_now:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in open_now.values():
+            thread.join(timeout)
+
     def handle_error(self, request: object, client_address: object) -> None:
         # a client closing a kept-alive connection (at exit, or after a timeout) is normal
         if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
@@ -287,6 +317,7 @@ def serve(directory: Path | None, upstream: tuple[str, int] | None = None) -> It
     finally:
         faults.release.set()
         httpd.shutdown()
+        httpd.close_connections()
         httpd.server_close()
         thread.join(5)
 
@@ -303,7 +334,7 @@ AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_END
              "AWS_ENDPOINT_URL_S3", "AWS_S3_ENDPOINT")  # fmt: skip
 
 
-@contextmanager
+@contextlib.contextmanager
 def s3_server(directory: Path, bucket: str = "bucket") -> Iterator[tuple[Server, dict]]:
     """moto's S3 server on 127.0.0.1 holding every file under ``directory`` in ``bucket``,
     behind a fault proxy. Yields the proxy and the S3 settings (endpoint, region, key, secret)."""
