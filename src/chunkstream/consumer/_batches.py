@@ -68,11 +68,12 @@ class BatchStream:
     seed:
         Seeds the batch starts; ``None`` takes the loader's plan seed.
 
+    Notes
+    -----
     ``len(stream)`` is ``chunks_per_epoch * batches_per_chunk``, the batches of
-    a whole epoch (with a plan's counts: what the chunk loop
-    ``for chunk in loader.epoch(plan.chunks_per_epoch): for _ in
-    range(plan.batches_per_chunk)`` draws). An epoch resumed from a mid-epoch
-    state yields only its remaining batches.
+    a whole epoch (with a plan's counts, what the chunk loop draws:
+    ``batches_per_chunk`` from each of ``loader.epoch(plan.chunks_per_epoch)``).
+    An epoch resumed from a mid-epoch state yields only its remaining batches.
 
     Batches are fresh tensors (gathered copies), so holding one never pins a
     chunk; the chunk itself is released once its last batch was drawn.
