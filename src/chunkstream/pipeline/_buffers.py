@@ -195,7 +195,10 @@ class PinnedSlotPool:
                 offset += -(-max(size, 1) // _ALIGN) * _ALIGN
         self.requested_nbytes = offset
         size = max(_PAGE, -(-offset // _PAGE) * _PAGE)
-        self._mmap: mmap.mmap | None = mmap.mmap(-1, size)
+        # Private anonymous pages, as malloc would give (a shared mapping would be
+        # shmem-backed); page-aligned and exactly `size` long.
+        private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+        self._mmap: mmap.mmap | None = mmap.mmap(-1, size, **private)
         arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self._ptr: int | None = arena.ctypes.data
         self._torch_arena: torch.Tensor | None = None
@@ -296,7 +299,8 @@ class PinnedSlotPool:
             return False
         if ptr is not None:
             # A reader stuck past close may still write into its slot: that is plain
-            # host memory after this, and the mmap lives until its last view dies.
+            # host memory after this, and the mmap lives until its last view dies. An
+            # error here (a broken context) changes nothing the caller could act on.
             torch.cuda.cudart().cudaHostUnregister(ptr)
         elif torch_arena is not None:
             del torch_arena  # its slots' views were dropped above: the block is free now
