@@ -212,6 +212,22 @@ def test_a_collected_source_closes_its_store(http_faults):
     assert not store._is_open
 
 
+def test_a_group_over_http_needs_consolidated_metadata(tmp_path):
+    group = zarr.open_group(tmp_path / "g.zarr", mode="w", zarr_format=2)
+    for name, width in (("v", 8), ("s", 3)):
+        group.create_array(name, shape=(T, width), chunks=(ZCHUNK, width), dtype="f4")[:] = width
+    options = {"chunkstream": FAST}
+    for server in serve(tmp_path):
+        url = f"{server.url}/g.zarr"
+        with pytest.raises(RemoteStoreError, match="consolidate_metadata"):
+            cs.ZarrGroupSource(url, storage_options=options)  # HTTP has no listing
+        zarr.consolidate_metadata(tmp_path / "g.zarr", zarr_format=2)
+        with cs.ZarrGroupSource(url, storage_options=options) as source:
+            out = {"v": np.empty((WINDOW, 8), np.float32), "s": np.empty((WINDOW, 3), np.float32)}
+            source.read_into(0, WINDOW, out)
+        assert (out["v"] == 8).all() and (out["s"] == 3).all()
+
+
 # -- S3 (moto server) -------------------------------------------------------------------
 
 

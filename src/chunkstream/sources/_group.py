@@ -119,7 +119,9 @@ def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[s
     if is_url(path):
         store = open_remote_store(path, storage_options)
     try:
-        with store_errors(path, "the group's members (over HTTP: consolidate its metadata)"):
+        # plain HTTP cannot list: say what fixes it
+        what = "the group's member list (over HTTP, write it with zarr.consolidate_metadata)"
+        with store_errors(path, what):
             group = zarr.open_group(store, mode="r")
             return sorted(k for k, v in group.members() if isinstance(v, zarr.Array))
     except (FileNotFoundError, ValueError, TypeError) as exc:
