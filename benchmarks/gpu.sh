@@ -163,7 +163,19 @@ cp BENCHMARKS.md "$OUT_DIR/BENCHMARKS.md" 2>/dev/null || true
     echo
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$TESTS" | tail -n 40
     grep -iE "validation loss|device peak|stall fraction" "$DEMO" | head -n 5
-    grep -iE "h2d|overlap|memory|blocked" "$BENCH" | tail -n 8
+    if [ -f "$OUT_DIR/cuda.json" ]; then
+        "$PYTHON" - "$OUT_DIR/cuda.json" <<'EOF' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+o, h, m, b = r.get("overlap", {}), r.get("h2d", {}), r.get("memory", {}), r.get("host_blocking", {})
+print(f"bench: overlap ratio {o.get('ratio', float('nan')):.3f} (elapsed over bound); "
+      f"H2D {h.get('loader_gbps_median', 0):.1f} GB/s loader vs {h.get('peak_gbps_median', 0):.1f} "
+      f"pinned peak; host blocked on a copy: {b.get('blocked')}")
+print(f"bench: device peak {m.get('peak_loader_bytes', 0) / 2**20:.0f} MiB vs bound "
+      f"{m.get('bound_bytes', 0) / 2**20:.0f} MiB (step's own {m.get('step_bytes', 0) / 2**20:.0f})")
+EOF
+    fi
+    grep -iE "error|Traceback" "$BENCH" | tail -n 3
     echo
     echo "total $((SECONDS - START)) s of a ${BUDGET} s budget; logs in $OUT_DIR"
 } >>"$SUMMARY"
