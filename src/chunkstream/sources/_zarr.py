@@ -144,14 +144,14 @@ class ZarrSource:
 
     ``fields`` maps a name to an index tuple on the non-time axes (ints and
     step-1 slices), e.g. ``{"voltage": (slice(None), 0)}``; ``None`` is one
-    field ``"data"``, the whole array. ``read_threads`` sizes the decode pool
-    (default ``os.cpu_count()``). ``engine`` picks who decodes (see
-    :data:`ENGINES`): ``"auto"`` is chunkstream's reader where the array suits
-    it, else zarr's pipeline; ``"chunkstream"`` insists on our reader;
-    ``"zarrs"`` is zarr with the zarrs Rust codec pipeline (the ``zarrs``
-    extra); ``"zarr"`` is zarr's default pipeline. Every engine keeps the
-    missing-chunk check; the engine in use is :attr:`engine`. Thread-safe for
-    distinct ``out``.
+    field ``"data"``, the whole array. ``engine`` picks who decodes: ``"auto"``
+    is chunkstream's reader where the array suits it, else zarr's pipeline;
+    ``"chunkstream"`` insists on our reader; ``"zarrs"`` is zarr with the zarrs
+    Rust codec pipeline (the ``zarrs`` extra); ``"zarr"`` is zarr's default
+    pipeline. Every engine keeps the missing-chunk check; the engine in use is
+    :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
+    threads zarrs decodes on (default: all cores). Thread-safe for distinct
+    ``out``.
     """
 
     def __init__(

@@ -40,7 +40,8 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
     }
     if threads is not None:
         settings["threading.max_workers"] = threads
-    # The config is process-wide while set; only the pipeline made here reads it.
+    # zarr's config is process-wide: while it is set, an array another thread makes gets
+    # zarrs as well (same data, other decoder). No I/O happens inside, so the window is short.
     with zarr.config.set(settings):
         try:
             inner = AsyncArray(metadata=arr.metadata, store_path=arr.store_path, config=arr.config)
