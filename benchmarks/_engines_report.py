@@ -95,6 +95,16 @@ def _decision(e: dict) -> list[str]:
         + ", ".join(f"{n} {v}" for n, v in check.items())
         + "."
     )
+    for n, r in stores.items():
+        if not r["fast_path"]:  # `auto` and `zarr` run the same code here: the noise floor
+            same = (
+                r["engines"]["zarr"]["gbps"]["median"]
+                / r["engines"]["chunkstream"]["gbps"]["median"]
+            )
+            lines.append(
+                f'- noise: on {n} `auto` and `engine="zarr"` run the same code; their medians '
+                f"differ by {abs(1 - same):.0%}."
+            )
     lines.append("")
     if d["qualifies"]:
         lines.append(
