@@ -73,14 +73,42 @@ def test_len_is_every_epoch_and_a_plan_fills_the_counts():
     with loader() as ld:
         s = cs.BatchStream(ld, window=WINDOW, plan=plan)
         assert (s.batch_size, s.batches_per_chunk, s.chunks_per_epoch) == (50, 4, 10)
-        assert len(s) == 40 == plan.chunks_per_epoch * plan.batches_per_chunk
+        assert len(s) == 40 == plan.batches_per_epoch
         for _epoch in range(2):
             assert sum(1 for _ in s) == 40
-        # an explicit count wins over the plan's
-        assert len(cs.BatchStream(ld, window=WINDOW, plan=plan, batches_per_chunk=1)) == 10
+        # an explicit count wins over the plan's: chunks, or batches per chunk
+        assert len(cs.BatchStream(ld, window=WINDOW, plan=plan, chunks_per_epoch=3)) == 12
+        assert len(cs.BatchStream(ld, window=WINDOW, plan=plan, batches_per_chunk=1)) == 40
         # without a count, one pass of the shuffled plan
         one_pass = cs.BatchStream(ld, window=WINDOW, batch_size=4, batches_per_chunk=2)
         assert one_pass.chunks_per_epoch == 10
+
+
+def test_an_epoch_is_the_plans_batch_count_the_last_chunk_feeding_the_rest():
+    # T=2000, chunk 300, batch 40: 50 batches per pass, 7 per chunk -> 7 chunks (the
+    # chunk loop's 49 batches) and one more chunk for the 50th
+    plan = cs.plan_epoch(T, chunk_size=300, batch_size=40)
+    assert (plan.batches_per_epoch, plan.chunks_per_epoch, plan.batches_per_chunk) == (50, 7, 7)
+    with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        assert (len(s), s.chunks_per_epoch) == (50, 8)
+        batches = list(s)
+        assert len(batches) == 50 and len(list(s)) == 50  # every epoch
+        windows = [ld.plan.window(0, i) for i in range(8)]
+        for b, batch in enumerate(batches):  # 7 from each chunk, the 8th chunk feeds one
+            start, stop = windows[b // 7]
+            starts = batch["x"][:, 0, 0]
+            assert start <= int(starts.min()) and int(starts.max()) <= stop - WINDOW
+        # resume inside the short last chunk's epoch tail: the rest is unchanged
+        reference = [digest(b) for b in batches]
+    with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        seen = [digest(b) for b in itertools.islice(iter(s), 45)]
+        state = s.state_dict()
+    with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        s.load_state_dict(state)
+        assert seen + [digest(b) for b in s] == reference
 
 
 def test_same_seed_same_batches_whatever_the_worker_count():

@@ -2,9 +2,13 @@
 
 For loops that want batches, not chunks (a Lightning ``train_dataloader``, a
 plain ``for batch in stream``): each ``iter(stream)`` runs one epoch of the
-:class:`~chunkstream.ChunkLoader`, ``chunks_per_epoch`` chunks, and draws
-``batches_per_chunk`` batches of ``batch_size`` windows from each, on the
-chunk's device (:func:`sample_windows` + :func:`gather_windows`).
+:class:`~chunkstream.ChunkLoader` and yields ``batches_per_epoch`` batches of
+``batch_size`` windows, ``batches_per_chunk`` from each chunk (the last chunk
+of an epoch gives only what is left), on the chunk's device
+(:func:`sample_windows` + :func:`gather_windows`). With a plan, an epoch is the
+plan's ``batches_per_epoch``: one pass over the data counted in batches, which
+is up to one chunk more than the chunk loop's ``chunks_per_epoch *
+batches_per_chunk``.
 
 Resume is exact because nothing is hidden RNG state: batch ``b`` of the chunk
 at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
@@ -55,11 +59,17 @@ class BatchStream:
     window:
         Timesteps per sample (``time_units * evolve_multiple_steps``), at most
         the loader's chunk length.
-    batch_size, batches_per_chunk, chunks_per_epoch:
-        Windows per batch, batches drawn from each chunk, chunks per epoch (on
-        this rank). With ``plan=`` (a :func:`~chunkstream.plan_epoch` result)
-        each one left ``None`` comes from the plan. ``chunks_per_epoch=None``
-        without a plan means one pass of the loader's plan (``shuffled`` /
+    batch_size, batches_per_chunk:
+        Windows per batch, batches drawn from each chunk; ``None`` takes the
+        plan's (``plan=``, a :func:`~chunkstream.plan_epoch` result).
+    batches_per_epoch, chunks_per_epoch:
+        An epoch's length on this rank, in batches or in whole chunks (give at
+        most one). ``batches_per_epoch`` reads ``ceil(batches_per_epoch /
+        batches_per_chunk)`` chunks, the last one feeding the remainder;
+        ``chunks_per_epoch=n`` means ``n * batches_per_chunk`` batches. With
+        neither, a plan gives ``plan.batches_per_epoch // plan.world_size``
+        (the issue's per-epoch batch count, split over the ranks); without a
+        plan, one pass of the loader's plan in chunks (``shuffled`` /
         ``sequential``; ``random`` needs a number).
     fields:
         ``None``: every field, each batch a dict ``{name: (batch_size, window,
@@ -70,10 +80,10 @@ class BatchStream:
 
     Notes
     -----
-    ``len(stream)`` is ``chunks_per_epoch * batches_per_chunk``, the batches of
-    a whole epoch (with a plan's counts, what the chunk loop draws:
-    ``batches_per_chunk`` from each of ``loader.epoch(plan.chunks_per_epoch)``).
-    An epoch resumed from a mid-epoch state yields only its remaining batches.
+    ``len(stream)`` is ``batches_per_epoch``, the batches of a whole epoch
+    (``plan.batches_per_epoch`` on one rank); the epoch reads
+    ``chunks_per_epoch`` chunks. An epoch resumed from a mid-epoch state
+    yields only its remaining batches.
 
     Batches are fresh tensors (gathered copies), so holding one never pins a
     chunk; the chunk itself is released once its last batch was drawn.
@@ -89,6 +99,7 @@ class BatchStream:
         batch_size: int | None = None,
         batches_per_chunk: int | None = None,
         chunks_per_epoch: int | None = None,
+        batches_per_epoch: int | None = None,
         plan: EpochPlan | None = None,
         fields: str | Sequence[str] | None = None,
         seed: int | None = None,
@@ -106,8 +117,8 @@ class BatchStream:
             batch_size = plan.batch_size if batch_size is None else batch_size
             if batches_per_chunk is None:
                 batches_per_chunk = plan.batches_per_chunk
-            if chunks_per_epoch is None:
-                chunks_per_epoch = plan.chunks_per_epoch
+            if chunks_per_epoch is None and batches_per_epoch is None:
+                batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
         self.loader = loader
         length = loader.rows  # every chunk's length: min(chunk_size, len(source))
         self.window = _count("window", window, 1, "Pass the timesteps one sample needs.")
@@ -123,7 +134,18 @@ class BatchStream:
             "batches_per_chunk", batches_per_chunk, 1,
             "Pass how many batches each chunk feeds (plan.batches_per_chunk).",
         )  # fmt: skip
-        if chunks_per_epoch is None:
+        if chunks_per_epoch is not None and batches_per_epoch is not None:
+            raise ConfigError.bad(
+                "batches_per_epoch", batches_per_epoch,
+                f"None when chunks_per_epoch={chunks_per_epoch} is given (one epoch length)",
+                "Give the epoch's length once: in batches or in chunks.",
+            )  # fmt: skip
+        if batches_per_epoch is not None:
+            self.batches_per_epoch = _count(
+                "batches_per_epoch", batches_per_epoch, 0, "Use plan.batches_per_epoch."
+            )
+            chunks_per_epoch = -(-self.batches_per_epoch // self.batches_per_chunk)
+        elif chunks_per_epoch is None:
             per_pass = loader.plan.windows_per_pass
             if per_pass is None:
                 raise ConfigError.bad(
@@ -135,6 +157,8 @@ class BatchStream:
         self.chunks_per_epoch = _count(
             "chunks_per_epoch", chunks_per_epoch, 0, "Use plan.chunks_per_epoch."
         )
+        if batches_per_epoch is None:
+            self.batches_per_epoch = self.chunks_per_epoch * self.batches_per_chunk
         names = list(loader.source.fields)
         if fields is None:
             self.fields: tuple[str, ...] = tuple(names)
@@ -161,8 +185,12 @@ class BatchStream:
         self._generation = 0
 
     def __len__(self) -> int:
-        """Batches per epoch: ``chunks_per_epoch * batches_per_chunk``."""
-        return self.chunks_per_epoch * self.batches_per_chunk
+        """Batches per epoch: ``batches_per_epoch``."""
+        return self.batches_per_epoch
+
+    def _batches_in(self, index: int) -> int:
+        """Batches drawn from the epoch's chunk at ``index``: the last one feeds the rest."""
+        return min(self.batches_per_chunk, self.batches_per_epoch - index * self.batches_per_chunk)
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch of batches (the rest of an interrupted one after :meth:`load_state_dict`)."""
@@ -181,10 +209,11 @@ class BatchStream:
             if chunk is None or generation != self._generation:
                 return
             self._before, self._drawn = before, skip
-            for b in range(skip, self.batches_per_chunk):
+            count = self._batches_in(chunk.index)
+            for b in range(skip, count):
                 batch = self._draw(chunk, b)
                 self._drawn = b + 1
-                if b + 1 == self.batches_per_chunk:
+                if b + 1 == count:
                     self._before = None  # the chunk is done: the loader's own state is exact
                 yield batch
                 if generation != self._generation:
@@ -255,5 +284,6 @@ class BatchStream:
         return (
             f"BatchStream(window={self.window}, batch_size={self.batch_size}, "
             f"batches_per_chunk={self.batches_per_chunk}, "
+            f"batches_per_epoch={self.batches_per_epoch}, "
             f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)})"
         )
