@@ -5,8 +5,9 @@ same random windows into the same caller-given buffers, one window at a time
 (each engine parallelises inside a read, on all cores):
 
 * ``chunkstream``: ``ZarrSource`` as shipped (the thread-pool reader of
-  ``sources/_fastzarr.py`` where the array suits it; on a sharded array it
-  falls back to zarr's pipeline, and the results say so);
+  ``sources/_fastzarr.py`` where the array suits it, the sharded store
+  included; on an array it does not suit, zarr's pipeline, and the results
+  say so);
 * ``zarrs``: ``ZarrSource(..., engine="zarrs")``, zarr-python with the zarrs
   Rust codec pipeline, through the general path, missing-chunk check kept
   (one existence check per chunk file per read), its own settings at their

@@ -50,7 +50,7 @@ def _table(e: dict) -> list[str]:
         for engine, f in r["engines"].items():
             label = _LABELS.get(engine, engine)
             if engine == "chunkstream" and not r["fast_path"]:
-                label = "ours: not eligible (sharded), so zarr's pipeline"
+                label = "ours: not eligible, so zarr's pipeline"
             ratio = f["gbps"]["median"] / ours
             lines.append(
                 f"| {name} | {label} | {_fmt(f['gbps'])} | {_fmt(f['cpu_s_per_gb'])} | "

@@ -16,7 +16,7 @@ import numpy as np
 
 from chunkstream import flyvis
 
-__all__ = ["chunk_files", "make_array", "make_flyvis", "random_data"]
+__all__ = ["chunk_files", "make_array", "make_flyvis", "make_sharded", "random_data"]
 
 
 def random_data(shape: tuple[int, ...], dtype: str = "float32", seed: int = 0) -> np.ndarray:
@@ -36,6 +36,37 @@ def make_array(
 ) -> np.ndarray:
     """Write ``data`` as a zarr array at ``path`` with ``chunks``; return ``data``."""
     flyvis.write_array(path, data, chunks, zarr_format=zarr_format, codec=codec)
+    return data
+
+
+def make_sharded(
+    path: str | Path,
+    data: np.ndarray,
+    chunks: tuple[int, ...],
+    shards: tuple[int, ...],
+    codec: str | None = "blosc-zstd",
+    *,
+    index_location: str = "end",
+    checksum: bool = True,
+    write_empty_chunks: bool = True,
+) -> np.ndarray:
+    """Write ``data`` as a sharded zarr v3 array (inner ``chunks``, ``shards``); return ``data``.
+
+    ``checksum=False`` writes the shard index without zarr's default crc32c;
+    ``write_empty_chunks=False`` (zarr's default) leaves out inner chunks that
+    equal the fill value (0), so their index entries read as empty.
+    """
+    import zarr
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    inner = [BytesCodec()] + ([] if codec is None else [flyvis._compressors(codec, 3)])
+    sharding = ShardingCodec(chunk_shape=chunks, codecs=inner, index_location=index_location,
+                             index_codecs=[BytesCodec()] + [Crc32cCodec()] * checksum)  # fmt: skip
+    arr = zarr.create_array(
+        str(path), shape=data.shape, dtype=data.dtype, chunks=shards, serializer=sharding,
+        compressors=None, config={"write_empty_chunks": write_empty_chunks},
+    )  # fmt: skip
+    arr[...] = data
     return data
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import chunkstream as cs
 from chunkstream.plans import make_plan
 from tests.faults import wait_for_no_threads
-from tests.stores import chunk_files, make_array, random_data
+from tests.stores import chunk_files, make_array, make_sharded, random_data
 
 CODECS = [None, "blosc-zstd", "zstd", "gzip"]
 
@@ -303,3 +303,169 @@ def test_a_well_formed_chunk_of_the_wrong_size_is_corrupt_not_stale_bytes(
         source.read_into(50, 100, out)
     assert str(victim) in str(info.value)
     source.close()
+
+
+# -- sharded arrays: the fast path reads each shard's index itself ------------------------
+
+
+def _sharded(path: Path, **layout) -> np.ndarray:
+    """200 x 5 float32 in 4 shards of 50 timesteps, each 2 inner chunks of 25 (zstd)."""
+    return make_sharded(path, random_data((200, 5)), (25, 5), (50, 5), "zstd", **layout)
+
+
+def _read(source: cs.ZarrSource, start: int, stop: int) -> np.ndarray:
+    out = {"data": np.full((stop - start, 5), np.nan, np.float32)}
+    source.read_into(start, stop, out)
+    return out["data"]
+
+
+def test_a_deleted_shard_is_missing_at_open_and_at_read_unless_allowed(tmp_path):
+    path = tmp_path / "x.zarr"
+    data = _sharded(path)
+    source = cs.ZarrSource(path)
+    assert source.uses_fast_path
+    (path / "c" / "1" / "0").unlink()
+    np.testing.assert_array_equal(_read(source, 0, 50), data[:50])
+    with pytest.raises(cs.MissingChunkError, match="shard 'c/1/0' is missing") as info:
+        _read(source, 40, 60)
+    assert str(path / "c" / "1" / "0") in str(info.value)
+    source.close()
+    with pytest.raises(cs.MissingChunkError, match="c/1/0"):
+        cs.ZarrSource(path)
+    with cs.ZarrSource(path, check_missing=False) as allowed:
+        got = _read(allowed, 40, 110)
+    assert (got[10:60] == 0).all()
+    np.testing.assert_array_equal(got[:10], data[40:50])
+    np.testing.assert_array_equal(got[60:], data[100:110])
+
+
+def test_an_inner_chunk_its_shard_left_out_is_missing_unless_allowed(tmp_path):
+    # zarr's default (write_empty_chunks=False) leaves out an inner chunk equal to the fill
+    # value and marks it empty in the index: the same rule as an unwritten chunk file
+    path = tmp_path / "x.zarr"
+    data = random_data((200, 5))
+    data[75:100] = 0  # inner chunk 1 of shard 1
+    make_sharded(path, data, (25, 5), (50, 5), "zstd", write_empty_chunks=False)
+    source = cs.ZarrSource(path)  # every shard file is there: the open-time listing passes
+    np.testing.assert_array_equal(_read(source, 0, 75), data[:75])
+    with pytest.raises(cs.MissingChunkError) as info:
+        _read(source, 60, 110)
+    message = str(info.value)
+    assert "inner chunk (1, 0)" in message and "'c/1/0'" in message
+    assert "index marks it empty" in message and "write_empty_chunks=True" in message
+    source.close()
+    with cs.ZarrSource(path, check_missing=False) as allowed:
+        np.testing.assert_array_equal(_read(allowed, 60, 110), data[60:110])
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize(
+    "how, match",
+    [
+        ("truncated", "checksum fails"),  # the index is read from the wrong bytes
+        ("empty", "fewer than its 36-byte index"),
+        ("garbage", "checksum fails"),
+        ("index-bit-flip", "checksum fails"),
+    ],
+)
+def test_a_damaged_shard_is_corrupt_naming_the_file_and_window(tmp_path, location, how, match):
+    path = tmp_path / "x.zarr"
+    _sharded(path, index_location=location)
+    victim = path / "c" / "1" / "0"
+    raw = bytearray(victim.read_bytes())
+    if how == "truncated":
+        raw = raw[:-7] if location == "end" else raw[7:]
+    elif how == "empty":
+        raw = bytearray()
+    elif how == "garbage":
+        raw = bytearray(np.random.default_rng(1).bytes(len(raw)))
+    else:  # an offset byte of the index's second entry (36 bytes: 2 x 16, then the crc32c)
+        raw[16 if location == "start" else -20] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    source = cs.ZarrSource(path)
+    with pytest.raises(cs.CorruptChunkError, match=match) as info:
+        _read(source, 50, 100)
+    assert isinstance(info.value, ValueError)
+    assert str(victim) in str(info.value) and "timesteps [50, 100)" in str(info.value)
+    source.close()
+
+
+def test_a_shard_index_without_checksum_is_still_checked_against_the_file(tmp_path):
+    import struct
+
+    path = tmp_path / "x.zarr"
+    data = _sharded(path, checksum=False)
+    victim = path / "c" / "1" / "0"
+    raw = bytearray(victim.read_bytes())
+    good = bytes(raw)
+    offset, _ = struct.unpack_from("<QQ", raw, len(raw) - 16)  # inner chunk (1, 0)
+    struct.pack_into("<QQ", raw, len(raw) - 16, offset, len(raw))  # runs past the file
+    victim.write_bytes(bytes(raw))
+    with cs.ZarrSource(path) as source:
+        np.testing.assert_array_equal(_read(source, 50, 75), data[50:75])  # entry 0 is intact
+        with pytest.raises(cs.CorruptChunkError, match=r"inner chunk \(1, 0\).*outside") as info:
+            _read(source, 50, 100)
+    assert str(victim) in str(info.value)
+    victim.write_bytes(good)
+
+
+def test_an_inner_chunk_of_the_wrong_size_is_corrupt_not_stale_bytes(tmp_path):
+    # a hand-made shard, laid out as zarr's sharding codec writes it (no index checksum):
+    # inner chunk 0 a well-formed zstd frame of 10 rows instead of 25, then the index
+    import numcodecs
+
+    path = tmp_path / "x.zarr"
+    data = _sharded(path, checksum=False)
+    frames = [numcodecs.Zstd().encode(data[50:60].tobytes()),
+              numcodecs.Zstd().encode(data[75:100].tobytes())]  # fmt: skip
+    index = np.array([[0, len(frames[0])], [len(frames[0]), len(frames[1])]], "<u8")
+    victim = path / "c" / "1" / "0"
+    victim.write_bytes(frames[0] + frames[1] + index.tobytes())
+    with cs.ZarrSource(path) as source:
+        np.testing.assert_array_equal(_read(source, 75, 100), data[75:100])  # the good one
+        with pytest.raises(cs.CorruptChunkError, match="decodes to 200 bytes, expected 500"):
+            _read(source, 50, 100)
+
+
+@st.composite
+def _sharded_case(draw):
+    total, columns = draw(st.integers(5, 120)), draw(st.integers(1, 6))
+    chunks = (draw(st.integers(1, 30)), draw(st.integers(1, columns)))
+    shards = (chunks[0] * draw(st.integers(1, 4)), chunks[1] * draw(st.integers(1, 3)))
+    window = st.integers(0, total - 1).flatmap(lambda a: st.tuples(st.just(a),
+                                                                   st.integers(a + 1, total)))  # fmt: skip
+    return {
+        "total": total, "columns": columns, "chunks": chunks, "shards": shards,
+        "dtype": draw(st.sampled_from(["float32", "int16", "float64"])),
+        "codec": draw(st.sampled_from(CODECS)),
+        "index_location": draw(st.sampled_from(["end", "start"])),
+        "checksum": draw(st.booleans()),
+        "field": draw(st.sampled_from(["all", "last", "part"])),
+        "windows": draw(st.lists(window, min_size=1, max_size=6)),
+        "seed": draw(st.integers(0, 999)),
+    }  # fmt: skip
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(case=_sharded_case())
+def test_sharded_reads_equal_zarrs_own_read(case):
+    columns = case["columns"]
+    index = {"all": (slice(None),), "last": (columns - 1,),
+             "part": (slice(columns // 2, columns),)}[case["field"]]  # fmt: skip
+    data = random_data((case["total"], columns), dtype=case["dtype"], seed=case["seed"])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.zarr"
+        make_sharded(path, data, case["chunks"], case["shards"], case["codec"],
+                     index_location=case["index_location"], checksum=case["checksum"])  # fmt: skip
+        reference = zarr.open_array(path, mode="r")
+        with warnings.catch_warnings():  # chunks wider than the field, on purpose
+            warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
+            source = cs.ZarrSource(path, {"x": index}, read_threads=2)
+        assert source.uses_fast_path
+        with source:
+            for start, stop in case["windows"]:
+                out = {"x": np.zeros((stop - start, *source.fields["x"].shape), data.dtype)}
+                source.read_into(start, stop, out)
+                np.testing.assert_array_equal(out["x"], reference[(slice(start, stop), *index)])

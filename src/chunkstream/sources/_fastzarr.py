@@ -11,10 +11,19 @@ the needed sub-block is copied out.
 
 Eligible arrays (:func:`fast_decoder` returns ``None`` otherwise): a local
 store; zarr v3 with a ``bytes`` codec (little endian) and at most one of
-blosc / zstd / gzip, no transpose or sharding; zarr v2 with C order, no
-filters and any numcodecs compressor (or none); a little-endian or one-byte
-dtype. Every chunk's decoded size is checked, so a truncated file raises
-``CorruptChunkError`` instead of leaving stale bytes in ``out``.
+blosc / zstd / gzip, no transpose; zarr v3 sharded (``sharding_indexed`` the
+only codec) with such a chain inside the shards and an index of ``bytes``
+(+ zarr's default ``crc32c``) at either end (:mod:`._shards`); zarr v2 with C
+order, no filters and any numcodecs compressor (or none); a little-endian or
+one-byte dtype. Every chunk's decoded size is checked, so a truncated file
+raises ``CorruptChunkError`` instead of leaving stale bytes in ``out``.
+
+Sharded arrays: the chunks are the inner chunks. Each shard file a window
+needs is mapped once per read and its index checked (checksum, bounds); the
+inner chunks are then decoded on the pool like chunk files, straight from the
+map, into ``out`` where whole. A missing shard file, or an inner chunk its
+index marks empty (zarr leaves out inner chunks equal to the fill value unless
+``write_empty_chunks=True``), is a missing chunk, as an absent chunk file is.
 
 Why our own reader and not a library's (issue 11; BENCHMARKS.md "decode engines",
 ``python -m benchmarks.run --only engines``, 2 cores, windows of 80 MiB): on the
@@ -43,6 +52,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import NamedTuple
 
 import numcodecs
 import numpy as np
@@ -51,6 +61,7 @@ import zarr
 from .._errors import CorruptChunkError, MissingChunkError
 from ._base import field_context
 from ._select import Selection, chunk_ranges, iter_chunk_coords
+from ._shards import Shard, ShardLayout, corrupt_error, open_shard, shard_layout
 
 __all__ = ["FastChunkReader", "decode_pool", "fast_decoder"]
 
@@ -66,9 +77,12 @@ def decode_pool(threads: int | None) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1, initializer=_name_thread)
 
 
-def fast_decoder(arr: zarr.Array) -> tuple[numcodecs.abc.Codec | None] | None:
-    """``(codec,)`` (``codec`` may be ``None``: raw bytes) if ``arr`` suits the fast path, else ``None``."""
-    from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+def fast_decoder(arr: zarr.Array) -> tuple[numcodecs.abc.Codec | None, ShardLayout | None] | None:
+    """``(codec, shards)`` if ``arr`` suits the fast path, else ``None``.
+
+    ``codec`` decodes one (inner) chunk, ``None`` meaning raw bytes; ``shards`` is the
+    shard layout of a sharded array, else ``None``.
+    """
     from zarr.storage import LocalStore
 
     if not isinstance(arr.store, LocalStore):
@@ -80,8 +94,23 @@ def fast_decoder(arr: zarr.Array) -> tuple[numcodecs.abc.Codec | None] | None:
     if meta.zarr_format == 2:
         if meta.order != "C" or meta.filters:
             return None
-        return (meta.compressor,)
+        return meta.compressor, None
     codecs = list(meta.codecs)
+    layout = None
+    if arr.shards is not None:
+        sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
+        if sharded is None:
+            return None
+        layout, codecs = sharded[0], list(sharded[1])
+    codec = _plain_codec(codecs, dtype)
+    return None if codec is None else (codec[0], layout)
+
+
+def _plain_codec(codecs: list, dtype: np.dtype) -> tuple[numcodecs.abc.Codec | None] | None:
+    """``(codec,)`` for a v3 chain of ``bytes`` (little endian) and at most one of
+    blosc / zstd / gzip; ``None`` for any other chain."""
+    from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return None
     endian = codecs[0].endian
@@ -102,7 +131,9 @@ class FastChunkReader:
     """Reads windows of ``selections`` of a local zarr array (see module docs).
 
     ``fill_missing``: an absent chunk file is the fill value (zarr's behaviour)
-    instead of raising ``MissingChunkError``.
+    instead of raising ``MissingChunkError``; so are an absent shard file and an
+    inner chunk its shard's index marks empty. ``shards``: the layout of a sharded
+    array (chunks are then its inner chunks), from :func:`fast_decoder`.
     """
 
     def __init__(
@@ -113,8 +144,10 @@ class FastChunkReader:
         *,
         fill_missing: bool,
         pool: ThreadPoolExecutor,
+        shards: ShardLayout | None = None,
     ) -> None:
         self._meta = arr.metadata
+        self._layout = shards
         self._root = Path(arr.store.root) / arr.store_path.path
         self._codec = codec
         self._is_blosc = isinstance(codec, numcodecs.Blosc)
@@ -128,7 +161,7 @@ class FastChunkReader:
         self._local = threading.local()
 
     def chunk_path(self, coords: tuple[int, ...]) -> Path:
-        """The file holding chunk ``coords``."""
+        """The file holding chunk ``coords`` (shard ``coords``, if sharded)."""
         return self._root / self._meta.encode_chunk_key(coords)
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
@@ -147,7 +180,7 @@ class FastChunkReader:
     def _plan(
         self, start: int, stop: int, out: Mapping[str, np.ndarray]
     ) -> list[Callable[[], None]]:
-        """One task per chunk file; a chunk that several fields need is decoded once."""
+        """One task per (inner) chunk; a chunk that several fields need is decoded once."""
         uses: dict[tuple[int, ...], list[tuple[str, tuple, tuple, bool]]] = {}
         ct = self._chunks[0]
         for name, sel in self._selections.items():
@@ -168,33 +201,47 @@ class FastChunkReader:
                         src.append(slice(a - o, b - o))
                         whole = whole and o == item.start and o + chunk == item.stop
                 uses.setdefault(coords, []).append((name, tuple(dest), tuple(src), whole))
+        read = _Read((start, stop), self._open_shards(uses, (start, stop)))
         tasks = []
         for coords, targets in uses.items():
             if len(targets) == 1 and targets[0][3]:
                 name, dest, _, _ = targets[0]
                 # the chunk's decoded C-order bytes are exactly these rows of out[name]
-                tasks.append(self._direct_task(coords, name, out[name][dest[0]]))
+                tasks.append(self._direct_task(coords, name, out[name][dest[0]], read))
             else:
-                tasks.append(self._copy_task(coords, targets, out))
+                tasks.append(self._copy_task(coords, targets, out, read))
         return tasks
 
+    def _open_shards(
+        self, uses: Mapping[tuple[int, ...], object], window: tuple[int, int]
+    ) -> dict[tuple[int, ...], Shard | None] | None:
+        """Each shard file the window needs, mapped once (``None``: no file); unsharded: None.
+
+        Opened here, before any task runs, so a damaged index is one error and each
+        shard is mapped once however many of its inner chunks the tasks decode.
+        """
+        if self._layout is None:
+            return None
+        wanted = {self._layout.locate(coords)[0] for coords in uses}
+        return {w: open_shard(self.chunk_path(w), self._layout, window) for w in sorted(wanted)}
+
     def _direct_task(
-        self, coords: tuple[int, ...], name: str, view: np.ndarray
+        self, coords: tuple[int, ...], name: str, view: np.ndarray, read: _Read
     ) -> Callable[[], None]:
         def run() -> None:
             with field_context(name):
-                if not self._decode(coords, view.reshape(-1).view(np.uint8)):
+                if not self._decode(coords, view.reshape(-1).view(np.uint8), read):
                     view[...] = self._fill
 
         return run
 
     def _copy_task(
-        self, coords: tuple[int, ...], targets: list, out: Mapping[str, np.ndarray]
+        self, coords: tuple[int, ...], targets: list, out: Mapping[str, np.ndarray], read: _Read
     ) -> Callable[[], None]:
         def run() -> None:
             scratch = self._scratch()
             with field_context(targets[0][0]):
-                present = self._decode(coords, scratch)
+                present = self._decode(coords, scratch, read)
             block = scratch.view(self._dtype).reshape(self._chunks)
             for name, dest, src, _ in targets:
                 view = out[name][dest]
@@ -238,24 +285,29 @@ class FastChunkReader:
         finally:
             os.close(fd)
 
-    def _decode(self, coords: tuple[int, ...], target: np.ndarray) -> bool:
+    def _decode(self, coords: tuple[int, ...], target: np.ndarray, read: _Read) -> bool:
         """Decode chunk ``coords`` into ``target`` (uint8, chunk-sized); False if absent and allowed."""
-        path = self.chunk_path(coords)
-        direct = target if self._codec is None else None
-        raw = self._raw(path, into=direct)
+        if read.shards is None:
+            path = self.chunk_path(coords)
+            label = f"zarr chunk file {path}"
+            raw = self._raw(path, into=target if self._codec is None else None)
+        else:
+            where, position = self._layout.locate(coords)
+            shard = read.shards[where]
+            label = f"inner chunk {position} of zarr shard file {self.chunk_path(where)}"
+            raw = None if shard is None else shard.chunk(position)
         if raw is None:
             if self._fill_missing:
                 return False
-            key = self._meta.encode_chunk_key(coords)
-            raise MissingChunkError(
-                f"zarr chunk {key!r} is missing: no file {path}. zarr would read it as the "
-                "fill value and train on it silently. Rewrite the array (or that chunk); "
-                "pass check_missing=False only if absent chunks are meant to be fill values."
-            )
+            raise self._missing(coords, read)
+
+        def bad(what: str) -> CorruptChunkError:
+            return corrupt_error(label, what, read.window)
+
         expected = self._chunk_nbytes
         if self._codec is None:
             if len(raw) != expected:
-                raise self._corrupt(path, f"holds {len(raw)} bytes, expected {expected}")
+                raise bad(f"holds {len(raw)} bytes, expected {expected}")
             raw_array = np.frombuffer(raw, np.uint8)
             if not np.may_share_memory(raw_array, target):  # read via the scratch buffer
                 target[:] = raw_array
@@ -263,11 +315,10 @@ class FastChunkReader:
         if self._is_blosc:
             # blosc trusts its header: a truncated tail decodes without error, so check it
             if len(raw) < 16:
-                raise self._corrupt(path, f"holds {len(raw)} bytes, shorter than a blosc header")
+                raise bad(f"holds {len(raw)} bytes, shorter than a blosc header")
             nbytes, _, cbytes = struct.unpack("<III", bytes(raw[4:16]))
             if cbytes != len(raw) or nbytes != expected:
-                raise self._corrupt(
-                    path,
+                raise bad(
                     f"is {len(raw)} bytes decoding to {nbytes}; header says {cbytes} "
                     f"bytes decoding to {expected}",
                 )
@@ -277,18 +328,38 @@ class FastChunkReader:
             # the size their frames declare.
             declared = _declared_size(self._codec, raw)
             if declared is not None and declared != expected:
-                raise self._corrupt(path, f"decodes to {declared} bytes, expected {expected}")
+                raise bad(f"decodes to {declared} bytes, expected {expected}")
         try:
             self._codec.decode(raw, out=target)
         except Exception as exc:  # codecs raise assorted types (RuntimeError, EOFError, ...)
-            raise self._corrupt(path, f"does not decode ({type(exc).__name__}: {exc})") from exc
+            raise bad(f"does not decode ({type(exc).__name__}: {exc})") from exc
         return True
 
-    def _corrupt(self, path: Path, what: str) -> CorruptChunkError:
-        return CorruptChunkError(
-            f"zarr chunk file {path} {what}: it is truncated or corrupt. Rewrite the array "
-            "(or restore that chunk file) and retry."
+    def _missing(self, coords: tuple[int, ...], read: _Read) -> MissingChunkError:
+        if read.shards is None:
+            key = self._meta.encode_chunk_key(coords)
+            what = f"zarr chunk {key!r} is missing: no file {self.chunk_path(coords)}"
+        else:
+            where, position = self._layout.locate(coords)
+            key = self._meta.encode_chunk_key(where)
+            if read.shards[where] is None:
+                what = f"zarr shard {key!r} is missing: no file {self.chunk_path(where)}"
+            else:  # zarr skips an inner chunk equal to the fill value unless told otherwise
+                what = (f"inner chunk {position} of zarr shard {key!r} is missing: the "
+                        "shard's index marks it empty")  # fmt: skip
+        return MissingChunkError(
+            f"{what}. zarr would read it as the fill value and train on it silently. "
+            "Rewrite the array (or that chunk) with write_empty_chunks=True (zarr's default "
+            "skips chunks equal to the fill value); pass check_missing=False only if absent "
+            "chunks are meant to be fill values."
         )
+
+
+class _Read(NamedTuple):
+    """What the tasks of one ``read_into`` share: its window and its mapped shards."""
+
+    window: tuple[int, int]
+    shards: dict[tuple[int, ...], Shard | None] | None
 
 
 def _declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:

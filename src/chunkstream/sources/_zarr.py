@@ -6,9 +6,9 @@ tensor. Reads take one of two paths (``engine=`` picks; BENCHMARKS.md "decode
 engines" has the race that set the default):
 
 * the **fast path** (:mod:`._fastzarr`, engine ``"chunkstream"``) for local
-  stores with a plain codec chain: chunk files decoded on a thread pool
-  straight into ``out``; the default wherever the array suits it;
-* the **general path** for everything else (remote, sharded, other codecs):
+  stores with a plain codec chain, sharded or not: chunk files decoded on a
+  thread pool straight into ``out``; the default wherever the array suits it;
+* the **general path** for everything else (remote, other codecs):
   ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
   caller's buffer without an extra copy, decoded by zarr's own pipeline
   (engine ``"zarr"``) or by the zarrs Rust pipeline (engine ``"zarrs"``,
@@ -202,7 +202,8 @@ class ZarrSource:
         if arr.ndim < 1:
             raise NotZarrError(f"zarr array {self.path!r} is 0-d: it has no time axis.")
         self.chunks: tuple[int, ...] = tuple(arr.chunks)
-        # store keys follow the shard grid when sharded (absent inner chunks go unseen)
+        # store keys follow the shard grid when sharded (the fast path finds absent inner
+        # chunks at read, from the shard's index)
         self._key_grid = tuple(getattr(arr, "shards", None) or arr.chunks)
         where = f"zarr array {self.path!r} (shape {arr.shape})"
         raw_fields = {"data": ()} if fields is None else dict(fields)
@@ -231,8 +232,8 @@ class ZarrSource:
         if engine == "chunkstream" and decoder is None:
             raise ConfigError.bad(
                 "engine", engine, '"auto", "zarrs" or "zarr" for this array',
-                "chunkstream's reader takes local arrays with at most one of blosc, zstd or "
-                "gzip and no sharding, filters or transpose.",
+                "chunkstream's reader takes local arrays, sharded or not, with at most one of "
+                "blosc, zstd or gzip and no filters, transpose or checksum codecs.",
             )  # fmt: skip
         if engine == "zarrs":
             self.array = with_zarrs_pipeline(arr, read_threads)
@@ -248,8 +249,9 @@ class ZarrSource:
         if decoder is not None:
             self._pool = decode_pool(read_threads)
             self._fast = FastChunkReader(
-                arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool
-            )
+                arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool,
+                shards=decoder[1],
+            )  # fmt: skip
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:

@@ -1,0 +1,162 @@
+"""Shard files of zarr v3 ``sharding_indexed`` arrays, for the fast reader: layout and index.
+
+A shard file holds its inner chunks' encoded bytes back to back (zarr writes them
+in Morton order; the index says where each one is, so the order does not matter
+here) and an index, at the end (zarr's default) or at the start: per inner chunk,
+in C order of its position inside the shard, a little-endian uint64 pair
+``(offset, nbytes)``, both ``2**64 - 1`` for an inner chunk that was not written;
+then, with zarr's default ``index_codecs`` (``bytes`` + ``crc32c``), the crc32c
+of those pairs as 4 little-endian bytes. With the index at the start the offsets
+count from the file's first byte, index included. This is zarr 3.1's
+``zarr/codecs/sharding.py`` (``_ShardIndex``, ``_encode_shard_dict``).
+
+:func:`shard_layout` says whether an array's sharding suits the fast reader;
+:func:`open_shard` maps one shard file once and checks its index, after which
+:meth:`Shard.chunk` slices inner chunks out of the map from any thread.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._errors import CorruptChunkError
+
+try:
+    from google_crc32c import value as _crc32c  # what zarr >= 3.1.4 checks the index with
+except ImportError:  # older zarr used the crc32c package
+    from crc32c import crc32c as _crc32c
+
+__all__ = ["Shard", "ShardLayout", "corrupt_error", "open_shard", "shard_layout"]
+
+_EMPTY = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How an array's shard files are laid out (see module docs)."""
+
+    chunks_per_shard: tuple[int, ...]
+    index_at_start: bool
+    checksum: bool
+
+    @property
+    def index_nbytes(self) -> int:
+        return 16 * math.prod(self.chunks_per_shard) + (4 if self.checksum else 0)
+
+    def locate(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(shard coords, position inside the shard)`` of inner chunk ``coords``."""
+        pairs = [divmod(c, n) for c, n in zip(coords, self.chunks_per_shard, strict=True)]
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+def shard_layout(codec: object, shard_shape: tuple[int, ...]) -> tuple[ShardLayout, tuple] | None:
+    """``(layout, inner codecs)`` if ``codec`` is a ``ShardingCodec`` we read, else ``None``.
+
+    We read ``index_codecs`` of ``bytes`` (little endian) with or without ``crc32c``
+    after it, the index at either end; the caller checks the inner codecs.
+    """
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    if not isinstance(codec, ShardingCodec):
+        return None
+    index = list(codec.index_codecs)
+    if not index or not isinstance(index[0], BytesCodec):
+        return None
+    if index[0].endian is not None and index[0].endian.value != "little":
+        return None
+    if len(index) > 2 or (len(index) == 2 and not isinstance(index[1], Crc32cCodec)):
+        return None
+    # zarr validates that the inner chunks tile the shard exactly
+    cps = tuple(s // c for s, c in zip(shard_shape, codec.chunk_shape, strict=True))
+    layout = ShardLayout(cps, codec.index_location.value == "start", len(index) == 2)
+    return layout, tuple(codec.codecs)
+
+
+class Shard:
+    """One shard file, mapped for one read. Thread-safe: tasks only slice the map.
+
+    The map is not closed explicitly: it closes when the last view of it goes,
+    which may be a traceback holding a decode task's frame.
+    """
+
+    def __init__(
+        self, path: Path, data: memoryview, index: np.ndarray, shape: tuple[int, ...],
+        bounds: tuple[int, int], window: tuple[int, int],
+    ) -> None:  # fmt: skip
+        self.path = path
+        self._data = data
+        self._index = index  # (inner chunks, 2) uint64, C order of position in the shard
+        self._shape = shape  # inner chunks per shard, per axis
+        self._bounds = bounds  # where inner chunks' bytes may lie: the file less its index
+        self._window = window
+
+    def chunk(self, position: tuple[int, ...]) -> memoryview | None:
+        """The bytes of the inner chunk at ``position`` in the shard; ``None`` if it is empty."""
+        flat = 0
+        for p, n in zip(position, self._shape, strict=True):
+            flat = flat * n + p
+        offset, nbytes = int(self._index[flat, 0]), int(self._index[flat, 1])
+        if offset == _EMPTY and nbytes == _EMPTY:
+            return None
+        lo, hi = self._bounds
+        if offset < lo or offset + nbytes > hi:
+            raise corrupt_error(
+                f"zarr shard file {self.path}",
+                f"has an index entry for inner chunk {position} at bytes "
+                f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {hi})",
+                self._window,
+            )
+        return self._data[offset : offset + nbytes]
+
+
+def open_shard(path: Path, layout: ShardLayout, window: tuple[int, int]) -> Shard | None:
+    """Map the shard file at ``path`` and check its index; ``None`` if there is no file.
+
+    Raises ``CorruptChunkError`` if the file is shorter than its index or the
+    index fails its checksum (an entry pointing outside the file is found when
+    that inner chunk is read).
+    """
+    label = f"zarr shard file {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        need = layout.index_nbytes
+        if size < need:
+            raise corrupt_error(label, f"holds {size} bytes, fewer than its {need}-byte index",
+                                window)  # fmt: skip
+        data = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))  # keeps its own fd
+    finally:
+        os.close(fd)
+    at = 0 if layout.index_at_start else size - need
+    raw = data[at : at + need]
+    pairs = need - 4 if layout.checksum else need
+    if layout.checksum:
+        stored = int.from_bytes(raw[pairs:], "little")
+        computed = _crc32c(bytes(raw[:pairs]))  # its C function takes bytes, not views
+        if stored != computed:
+            raise corrupt_error(
+                label,
+                f"has a shard index whose crc32c checksum fails (stored {stored:#010x}, "
+                f"computed {computed:#010x})",
+                window,
+            )
+    index = np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
+    bounds = (need, size) if layout.index_at_start else (0, size - need)
+    return Shard(path, data, index, layout.chunks_per_shard, bounds, window)
+
+
+def corrupt_error(label: str, what: str, window: tuple[int, int]) -> CorruptChunkError:
+    """The error for a damaged chunk or shard file, naming it and the window being read."""
+    return CorruptChunkError(
+        f"{label} {what}, read for timesteps [{window[0]}, {window[1]}): it is truncated or "
+        "corrupt. Rewrite the array (or restore that file) and retry."
+    )
