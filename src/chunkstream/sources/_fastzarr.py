@@ -27,16 +27,17 @@ index marks empty (zarr leaves out inner chunks equal to the fill value unless
 
 Why our own reader and not a library's (issue 11; BENCHMARKS.md "decode engines",
 ``python -m benchmarks.run --only engines``, 2 cores, windows of 80 MiB): on the
-compressed per-column, compressed interleaved and uncompressed stores this reader
-delivered 1.95, 0.26 and 4.89 GB/s (median), with the least CPU per GB on all
-three; tensorstore with a tuned context 0.99x, 0.92x and 0.72x of that, zarrs
-0.39x, 0.18x and 0.70x, zarr's own pipeline 0.70x, 0.37x and 0.56x. No library was
-within 5% on every store, so this stays the default engine. Where the difference
-comes from: a chunk that several fields need is decoded once (field-by-field
-engines decode each interleaved chunk twice), the chunks of all fields go to one
-pool together, and whole chunks decode, and uncompressed files are read, straight
-into ``out``. Sharded arrays are left to zarr (or ``engine="zarrs"``, 1.33x zarr's
-pipeline there; ``TensorStoreSource`` reads them at 1.89x).
+compressed per-column, compressed interleaved, uncompressed and sharded (blosc
+inside the shards) stores this reader delivered 1.97, 0.29, 4.92 and 2.06 GB/s
+(median), with the least CPU per GB on all four; tensorstore with a tuned context
+0.91x, 0.80x, 0.67x and 0.93x of that, zarrs 0.55x, 0.17x, 0.64x and 0.64x, zarr's
+own pipeline 0.62x, 0.42x, 0.53x and 0.46x. No library was within 5% on every
+store, so this stays the default engine. Where the difference comes from: a chunk
+that several fields need is decoded once (field-by-field engines decode each
+interleaved chunk twice), the chunks of all fields go to one pool together, and
+whole chunks decode, and uncompressed files are read, straight into ``out``. On
+the sharded store ``auto`` used zarr's pipeline (about 1.0 GB/s) until this reader
+took sharded arrays.
 
 Concurrency: :meth:`FastChunkReader.read_into` may be called from many threads;
 each call waits for all of its own decode tasks before returning or raising, so
