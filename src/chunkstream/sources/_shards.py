@@ -82,7 +82,10 @@ class Shard:
     """One shard file, mapped for one read. Thread-safe: tasks only slice the map.
 
     The map is not closed explicitly: it closes when the last view of it goes,
-    which may be a traceback holding a decode task's frame.
+    which may be a traceback holding a decode task's frame. Mapping is safe
+    because zarr replaces a file by rename (``LocalStore``'s atomic write), so a
+    mapped file never shrinks under a read; a file truncated in place while
+    mapped would fault (SIGBUS) where ``pread`` would return short.
     """
 
     def __init__(
