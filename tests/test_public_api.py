@@ -8,7 +8,7 @@ PUBLIC = [
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "LatencyStats", "LoaderClosedError", "LoaderConfig",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
-    "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemoteStoreError", "SequentialPlan", "ShuffledPlan", "Source",
+    "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",
     "ZarrGroupSource", "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",
@@ -31,6 +31,8 @@ def test_errors_inherit_the_builtins_callers_catch():
     assert issubclass(cs.MissingChunkError, FileNotFoundError)
     assert issubclass(cs.LoaderStalledError, cs.ChunkLoadError)
     assert issubclass(cs.LoaderStalledError, TimeoutError)
+    assert issubclass(cs.RemotePermissionError, PermissionError)
+    assert issubclass(cs.RemotePermissionError, cs.RemoteStoreError)
     for name in cs.__all__:
         obj = getattr(cs, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):

@@ -366,3 +366,73 @@ def test_a_loader_closes_its_source_only_when_it_owns_it(http_faults, data_dir):
     with cs.ChunkLoader(owned, WINDOW, device="cpu", close_source=True) as loader:
         next(iter(loader.epoch(1)))
     assert not owned.array.store._is_open
+
+
+# -- refusals, permission errors, closing at exit ------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["401", "403"])
+def test_a_refused_request_is_a_permission_error(http_faults, status):
+    http_faults.faults.set("/c/1/0", status, times=None)
+    url = f"{http_faults.url}/x.zarr"
+    with pytest.raises(cs.ChunkLoadError) as info:
+        read_all(url, {"chunkstream": FAST})
+    cause = info.value.__cause__
+    assert isinstance(cause, cs.RemotePermissionError)
+    assert isinstance(cause, PermissionError) and isinstance(cause, cs.RemoteStoreError)
+    assert f"{url}/c/1/0" in str(cause) and "credentials" in str(cause)
+    assert http_faults.faults.hits == 1  # refused for good: not retried
+
+
+def test_the_zarrs_engine_refuses_a_url(http_faults):
+    # zarrs does a URL's I/O in Rust: a server's 500 would read as a corrupt chunk
+    pytest.importorskip("zarrs")
+    url = f"{http_faults.url}/x.zarr"
+    with pytest.raises(cs.ConfigError, match=r"engine='zarrs'") as info:
+        cs.ZarrSource(url, storage_options={"chunkstream": FAST}, engine="zarrs")
+    assert url in str(info.value) and 'engine="auto"' in str(info.value)
+    assert http_faults.faults.requests >= 1  # opened, refused, closed: no read happened
+
+
+def test_the_zarrs_engine_over_a_store_it_cannot_rebuild_names_the_engine():
+    pytest.importorskip("zarrs")
+    from obstore.store import MemoryStore
+
+    arr = zarr.create_array(ObjectStore(MemoryStore()), shape=(10, 4), chunks=(5, 4), dtype="f4")
+    with pytest.raises(cs.ConfigError, match=r"engine='zarrs'.*\"auto\""):
+        cs.ZarrSource(arr, engine="zarrs")
+
+
+def test_closing_a_filesystem_on_zarrs_loop_thread_only_logs(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        args[0].close()  # the coroutine never runs
+        raise zarr.core.sync.SyncError("Calling sync() from within a running loop")
+
+    monkeypatch.setattr(zarr.core.sync, "sync", refuse)
+    with caplog.at_level("DEBUG", logger="chunkstream.sources.remote"):
+        _remote._close_filesystem(object())
+    assert "closing the session" in caplog.text
+
+
+def test_the_exit_hook_closes_every_store_when_one_fails(caplog):
+    class Store:
+        def __init__(self, fails: bool) -> None:
+            self.fails, self.closed = fails, False
+
+        def close(self) -> None:
+            self.closed = True
+            if self.fails:
+                raise RuntimeError("boom")
+
+    class Owner:
+        pass
+
+    owners = [Owner() for _ in range(3)]
+    stores = [Store(fails=i == 0) for i in range(3)]
+    for owner, store in zip(owners, stores, strict=True):
+        _remote.own_store(owner, store)
+    with caplog.at_level("WARNING", logger="chunkstream.sources.remote"):
+        _remote._close_owned_at_exit()
+    assert all(store.closed for store in stores)
+    assert "closing a store at exit failed" in caplog.text
+    assert not any(id(store) in _remote._owned for store in stores)

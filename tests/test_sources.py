@@ -496,3 +496,31 @@ def test_public_names():
         sources.__all__
     )
     assert chunk_files  # helper used by other modules
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (OSError("incomplete frame"), CorruptChunkError),  # zarrs' truncated zstd frame
+        (PermissionError(13, "Permission denied"), PermissionError),
+        (FileNotFoundError(2, "No such file"), FileNotFoundError),
+        (RuntimeError("Permission denied (os error 13)"), RuntimeError),  # a Rust I/O error
+        (MissingChunkError("chunk c/0/0/0 is missing"), MissingChunkError),
+    ],
+)
+def test_zarrs_io_errors_are_not_called_corrupt(tmp_path, monkeypatch, raised, expected):
+    # root reads a chmod-000 file, so the I/O failure is injected where zarrs raises it
+    pytest.importorskip("zarrs")
+    _, path = _store(tmp_path)
+    src = ZarrSource(path, FIELDS, engine="zarrs")
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(src.array, "get_basic_selection", fail)
+    with pytest.raises(expected) as info:
+        src.read_into(0, 8, _buffers(src, 8))
+    assert (type(info.value) is CorruptChunkError) == (expected is CorruptChunkError)
+    if expected is not CorruptChunkError:
+        assert info.value is raised
+    src.close()

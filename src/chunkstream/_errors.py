@@ -14,6 +14,7 @@ each subclass also inherits the built-in a caller would naturally catch::
     │   ├── MissingChunkError(FileNotFoundError)     a zarr chunk file is absent
     │   ├── CorruptChunkError(ValueError)            a chunk file does not decode
     │   └── RemoteStoreError(ConnectionError)        a remote request kept failing
+    │       └── RemotePermissionError(PermissionError)   denied, or bad credentials
     ├── ChunkLoadError(RuntimeError)     a background read or copy failed;
     │   │                                ``__cause__`` is the original exception
     │   └── LoaderStalledError(TimeoutError)  no progress within ``stall_timeout``
@@ -42,6 +43,7 @@ __all__ = [
     "NonFiniteError",
     "NotZarrError",
     "ReadAmplificationWarning",
+    "RemotePermissionError",
     "RemoteStoreError",
     "SourceError",
     "SourceNotFoundError",
@@ -101,6 +103,11 @@ class RemoteStoreError(SourceError, ConnectionError):
 
     The message names the URL and key, the attempts and the last error.
     """
+
+
+class RemotePermissionError(RemoteStoreError, PermissionError):
+    """The store refused the request (HTTP 401/403): missing or wrong credentials, or a
+    policy that denies the read. Not retried; the message names the URL and key."""
 
 
 class ChunkLoadError(ChunkstreamError, RuntimeError):

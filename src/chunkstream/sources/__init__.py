@@ -4,7 +4,7 @@ from ._base import FieldSpec, Source
 from ._callable import CallableSource
 from ._group import ZarrGroupSource
 from ._numpy import NumpySource
-from ._remote import RemoteOptions, RemoteStoreError
+from ._remote import RemoteOptions, RemotePermissionError, RemoteStoreError
 from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource
 
@@ -13,6 +13,7 @@ __all__ = [
     "FieldSpec",
     "NumpySource",
     "RemoteOptions",
+    "RemotePermissionError",
     "RemoteStoreError",
     "Source",
     "TensorStoreSource",

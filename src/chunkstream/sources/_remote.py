@@ -12,7 +12,8 @@ timeouts and retries, which :class:`RemoteOptions` sets as obstore's own
   to ``max_backoff`` seconds with jitter; missing keys (404) and permission errors
   are not retried;
 * after the last retry obstore raises; :func:`store_errors` turns that into
-  :class:`RemoteStoreError` naming what was read (the window and field, or the
+  :class:`RemoteStoreError` (:class:`RemotePermissionError`, also a ``PermissionError``,
+  for HTTP 401/403: denied, or bad credentials) naming what was read (the window and field, or the
   listing), the URL and obstore's account of the attempts. Inside a
   :class:`ChunkLoader` it arrives wrapped in ``ChunkLoadError`` naming the window;
   being a ``ChunkstreamError`` it is not retried again by the loader.
@@ -51,16 +52,21 @@ from typing import Any
 
 import zarr.core.sync  # registers zarr's exit hook (stopping its loop) before ours below
 
-from .._errors import ConfigError, RemoteStoreError
+from .._errors import ConfigError, RemotePermissionError, RemoteStoreError
 
 try:
     from obstore.exceptions import BaseError as _ObstoreError
+    from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+
+    _DENIED: tuple[type[BaseException], ...] = (PermissionDeniedError, UnauthenticatedError)
 except ImportError:  # the ``remote`` extra is not installed: no obstore errors to map
     _ObstoreError = None
+    _DENIED = ()
 
 __all__ = [
     "OBSTORE_SCHEMES",
     "RemoteOptions",
+    "RemotePermissionError",
     "RemoteStoreError",
     "ThroughputReport",
     "close_store",
@@ -132,6 +138,12 @@ def store_errors(url: str, what: str) -> Iterator[None]:
     naming ``what`` was read (e.g. a window and field) and ``url``."""
     try:
         yield
+    except _DENIED as exc:
+        raise RemotePermissionError(
+            f"reading {what} from {url!r} was refused: {_first_line(exc)}. Check the "
+            "credentials in storage_options (or the environment) and the store's access "
+            "policy for this key."
+        ) from exc
     except STORE_ERRORS as exc:
         raise RemoteStoreError(
             f"reading {what} from {url!r} failed: {_first_line(exc)}. Check the server, "
@@ -210,22 +222,20 @@ def close_store(store: Any) -> None:
 
 
 def _close_filesystem(fs: Any) -> None:
-    """Close the aiohttp session (http, gcsfs) or botocore client (s3fs) of an async fsspec
-    filesystem on zarr's event loop; the next request on ``fs`` would open a new one."""
+    """Close the aiohttp session (http, gcsfs) of an async fsspec filesystem on zarr's
+    event loop; the next request on ``fs`` would open a new one. (s3 URLs open with
+    obstore, which holds no Python session.)"""
 
     async def close() -> None:
-        # Private attributes of the backends: fsspec offers no public async close.
+        # A private attribute of the backends: fsspec offers no public async close.
         session = getattr(fs, "_session", None)
         if session is not None and not getattr(session, "closed", True):
             await session.close()
-        creator = getattr(fs, "_s3creator", None)
-        if creator is not None:
-            fs._s3, fs._s3creator = None, None
-            await creator.__aexit__(None, None, None)
 
     try:
         zarr.core.sync.sync(close(), timeout=10)
-    except (OSError, RuntimeError, TimeoutError) as exc:  # a dead loop or network at exit
+    # a dead loop or network at exit; SyncError: a finalizer running on zarr's loop thread
+    except (OSError, RuntimeError, TimeoutError, zarr.core.sync.SyncError) as exc:
         _log.debug("chunkstream: closing the session of %r failed: %s", fs, exc)
 
 
@@ -251,9 +261,13 @@ def _close_owned(key: int, store: Any) -> None:
 
 @atexit.register
 def _close_owned_at_exit() -> None:
-    # atexit runs hooks last-registered first: this one before zarr's, which stops its loop
+    # atexit runs hooks last-registered first: this one before zarr's, which stops its loop.
+    # One store failing to close must not leave the others open.
     for finalizer in list(_owned.values()):
-        finalizer()
+        try:
+            finalizer()
+        except Exception:  # exit-hook boundary: log it and close the rest
+            _log.warning("chunkstream: closing a store at exit failed", exc_info=True)
 
 
 def _raise_concurrency(concurrency: int) -> None:

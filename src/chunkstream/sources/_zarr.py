@@ -35,6 +35,7 @@ import numpy as np
 import zarr
 
 from .._errors import (
+    ChunkstreamError,
     ConfigError,
     CorruptChunkError,
     MissingChunkError,
@@ -147,7 +148,8 @@ class ZarrSource:
     field ``"data"``, the whole array. ``engine`` picks who decodes: ``"auto"``
     is chunkstream's reader where the array suits it, else zarr's pipeline;
     ``"chunkstream"`` insists on our reader; ``"zarrs"`` is zarr with the zarrs
-    Rust codec pipeline (the ``zarrs`` extra); ``"zarr"`` is zarr's default
+    Rust codec pipeline (the ``zarrs`` extra; not for URLs, whose I/O zarrs would do
+    outside chunkstream's retries and error mapping); ``"zarr"`` is zarr's default
     pipeline. Every engine keeps the missing-chunk check; the engine in use is
     :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
     threads zarrs decodes on (default: all cores). Thread-safe for distinct
@@ -236,10 +238,18 @@ class ZarrSource:
                 "blosc, zstd or gzip and no filters, transpose or checksum codecs.",
             )  # fmt: skip
         if engine == "zarrs":
+            if local is None and _is_remote_store(arr.store):
+                # zarrs does a remote store's I/O in Rust and reports an HTTP 500 or a 403 as
+                # a RuntimeError like a bad frame's: it could not be told from a corrupt chunk
+                raise ConfigError.bad(
+                    "engine", engine, f'"auto" or "zarr" for the remote array {self.path!r}',
+                    'zarrs reads remote stores without chunkstream\'s error mapping (a server '
+                    'error would read as a corrupt chunk); use engine="auto".',
+                )  # fmt: skip
             self.array = with_zarrs_pipeline(arr, read_threads)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
-        # the codecs' errors for a bad frame; zarrs raises OSError for zstd and gzip ones
+        # the codecs' errors for a bad frame (zarrs' OSError for zstd and gzip: see _is_decode)
         self._decode_errors = _DECODE_ERRORS + ((OSError,) if self.engine == "zarrs" else ())
         # A local chunk deleted after open reads as the fill value on the general path
         # (the fast path raises itself); a local existence check per read is cheap.
@@ -289,7 +299,11 @@ class ZarrSource:
                         self.array.get_basic_selection(
                             sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
                         )
+                except ChunkstreamError:
+                    raise  # already says what failed (a RemoteStoreError is an OSError too)
                 except self._decode_errors as exc:
+                    if not _is_decode(exc):
+                        raise
                     raise CorruptChunkError(
                         f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
                         f"[{start}, {stop}) does not decode ({type(exc).__name__}: {exc}): "
@@ -384,6 +398,29 @@ class ZarrSource:
             if not present:
                 name = next(n for n, s in self._selections.items() if s is sel)
                 raise self._missing_error(name, key, f"{self.path!r}")
+
+
+def _is_decode(exc: BaseException) -> bool:
+    """Whether a codec's exception means a bad frame, not an I/O failure.
+
+    zarrs raises a bare ``OSError`` with no errno for a truncated zstd or gzip frame
+    ("incomplete frame", "unexpected end of file"); a real I/O error is an
+    ``OSError`` subclass or carries an errno (a ``PermissionError`` stays one), and
+    a Rust I/O error inside a ``RuntimeError`` names its "(os error N)".
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, BadGzipFile):
+        return type(exc) is OSError and exc.errno is None
+    return "(os error " not in str(exc)
+
+
+def _is_remote_store(store: Any) -> bool:
+    """Whether zarr's ``store`` reads over the network (fsspec, or obstore's remote stores)."""
+    from zarr.storage import FsspecStore, ObjectStore
+
+    if isinstance(store, FsspecStore):
+        return True
+    inner = type(getattr(store, "store", None)).__name__ if isinstance(store, ObjectStore) else ""
+    return inner in ("HTTPStore", "S3Store", "GCSStore", "AzureStore")
 
 
 def _list_local(root: Path) -> set[str]:

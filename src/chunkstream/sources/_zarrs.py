@@ -45,9 +45,11 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
     with zarr.config.set(settings):
         try:
             inner = AsyncArray(metadata=arr.metadata, store_path=arr.store_path, config=arr.config)
-        except UnsupportedMetadataError as exc:
+        except (UnsupportedMetadataError, TypeError, ValueError) as exc:
+            # a store zarrs cannot rebuild in Rust (e.g. obstore's MemoryStore) is a ValueError
+            # ("Expected an object store-compatible instance"), unsupported codecs the others
             raise ConfigError.bad(
                 "engine", "zarrs", f'"auto" or "zarr" for {arr.store_path}',
-                "zarrs cannot read this array's codecs or store.",
+                f"zarrs cannot read this array's codecs or store ({exc}).",
             ) from exc  # fmt: skip
     return zarr.Array(inner)
