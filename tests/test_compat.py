@@ -307,18 +307,8 @@ def test_restart_mid_epoch_calls_only_delivered_and_read_ahead_windows():
     assert all(end - start == 100 for start, end in calls)
 
 
-def test_a_restart_before_the_first_chunk_calls_nothing():
-    load_fn = CountingLoadFn(chunk_size=100)
-    loader = RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
-    try:
-        loader.start_epoch(5)
-        loader.start_epoch(5)  # epoch 0 never asked for a chunk: nothing was read for it
-        loader.get_next_chunk()
-        assert len(load_fn.calls) >= 1
-        first_call = load_fn.calls[0]
-    finally:
-        loader.cleanup()
-    # It is epoch 1's first window, as if epoch 0 had been read and abandoned.
+def test_a_restart_before_the_first_chunk_reads_at_most_the_abandoned_first_window():
+    # The reference: epoch 0's and epoch 1's first windows, each delivered.
     other = CountingLoadFn(chunk_size=100)
     loader = RandomChunkLoader(other, 3000, 100, device="cpu", seed=2)
     try:
@@ -327,7 +317,21 @@ def test_a_restart_before_the_first_chunk_calls_nothing():
             loader.get_next_chunk()
     finally:
         loader.cleanup()
-    assert first_call == other.calls[1]
+    epoch0_first, epoch1_first = other.calls[0], other.calls[1]
+
+    load_fn = CountingLoadFn(chunk_size=100)
+    loader = RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
+    try:
+        loader.start_epoch(5)  # starts reading epoch 0's first window in the background
+        loader.start_epoch(5)  # abandons it: a read begun runs to its end, is not delivered
+        data, _ = loader.get_next_chunk()
+        start = int(np.flatnonzero(load_fn.data[:, 0] == data[0, 0].item())[0])
+    finally:
+        loader.cleanup()
+    assert (start, start + 100) == epoch1_first  # epoch 1's first window is what arrives
+    calls = load_fn.calls
+    skipped = calls[:1] == [epoch0_first]  # the abandoned read, if it had begun
+    assert calls[int(skipped)] == epoch1_first and epoch0_first not in calls[1:]
 
 
 def test_bad_arguments_are_refused_at_construction():
@@ -400,3 +404,99 @@ def test_chunk_latency_stats(capsys):
     assert summary["num_chunks"] == 2 and summary["num_batches_sampled"] == 1
     stats.print_summary()
     assert "chunk_get_mean_ms" in capsys.readouterr().out
+
+
+# -- the first window, read in the background ---------------------------------------------
+
+
+def test_a_hung_first_read_raises_stalled_with_its_stack_instead_of_hanging():
+    release = threading.Event()
+
+    def load_fn(start, end):
+        release.wait(60)  # a hung network mount
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    stall = 0.3
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=stall)
+    outcome = {}
+
+    def consume():
+        begin = time.perf_counter()
+        try:
+            loader.get_next_chunk()
+        except cs.LoaderStalledError as exc:
+            outcome["error"], outcome["waited"] = exc, time.perf_counter() - begin
+
+    try:
+        loader.start_epoch(3)
+        thread = threading.Thread(target=consume)
+        thread.start()
+        thread.join(30)  # 100x the stall timeout
+        assert not thread.is_alive(), "get_next_chunk hung"
+        error = outcome["error"]
+        assert isinstance(error, TimeoutError) and "stall_timeout" in str(error)
+        assert "chunkstream-compat-first-0" in str(error) and "release.wait" in str(error)
+        assert error.window is not None and outcome["waited"] >= stall
+        with pytest.raises(cs.LoaderClosedError):
+            loader.get_next_chunk()
+    finally:
+        release.set()
+        loader.cleanup()
+
+
+def test_cleanup_while_the_first_read_hangs_returns():
+    release = threading.Event()
+
+    def load_fn(start, end):
+        release.wait(60)
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader.start_epoch(3)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (loader.cleanup(), done.set()))
+    thread.start()
+    thread.join(30)
+    release.set()
+    assert done.is_set(), "cleanup() hung on a first read in flight"
+
+
+def test_the_first_chunks_wait_is_in_the_stats():
+    gate = threading.Event()
+    delay = 0.2
+
+    def load_fn(start, end):
+        if not gate.is_set():  # the first window only
+            time.sleep(delay)
+            gate.set()
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
+        loader.start_epoch(3)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+        first, *rest = loader.stats.chunks
+        assert first.wait_s >= delay * 0.5 and first.read_s >= delay * 0.9
+        assert first.wait_s > 5 * max(r.wait_s for r in rest)  # the later reads are fast
+        assert loader.stats.summary()["wait_max_ms"] == pytest.approx(first.wait_s * 1e3)
+        assert loader.get_stats() == {"chunks_loaded": 3, "chunks_transferred": 3}
+
+
+def test_under_a_process_group_every_rank_reads_the_unsharded_sequence(monkeypatch):
+    # The original did not shard: rank 1 of 2 reads what a single process reads, and
+    # load_fn is called only for the windows it delivers.
+    reference = CountingLoadFn(chunk_size=100)
+    with RandomChunkLoader(reference, 3000, 100, device="cpu", seed=4) as loader:
+        loader.start_epoch(4)
+        _drain_random(loader, reference, [])
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    load_fn = CountingLoadFn(chunk_size=100)
+    delivered = []
+    with RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=4) as loader:
+        loader.start_epoch(4)
+        _drain_random(loader, load_fn, delivered)
+        assert (loader._loader.rank, loader._loader.world_size) == (0, 1)
+    assert delivered == reference.calls and load_fn.calls == delivered

@@ -14,18 +14,30 @@ What is fixed on the way:
 ``load_fn`` is called as the original calls it: only for windows it delivers,
 each ``chunk_size`` long (the whole data, ``(0, T)``, when ``chunk_size > T``),
 the same sequence for the same seed. No probe call: the arrays' shapes and
-dtypes are learnt from the first real window, read in the foreground by the
-first ``get_next_chunk()`` (that chunk's wait, which the original spent
-waiting on its reader thread too); the pipeline is built then and reads ahead
-from the second window on. A window already read ahead when ``start_epoch``
-abandons an epoch was passed to ``load_fn`` but is not delivered: at most
-``prefetch + 1`` of them per restart, the next windows of the abandoned epoch
-(the original's reader thread had read ahead as well).
+dtypes are learnt from the first real window, which ``start_epoch`` starts
+reading in a background thread (``chunkstream-compat-first-<n>``), as the
+original's reader thread did; the first ``get_next_chunk()`` waits for it
+(recorded in :attr:`~RandomChunkLoader.stats` as that chunk's wait), raising
+:class:`~chunkstream.LoaderStalledError` with the reader's stack if ``load_fn``
+has not returned within the stall timeout (300 s, as ``ChunkLoader``'s). The
+pipeline is built from that window and reads ahead from the second on.
+
+A window already read ahead when ``start_epoch`` abandons an epoch was passed
+to ``load_fn`` but is not delivered: at most ``prefetch + 1`` of them per
+restart, the next windows of the abandoned epoch (the original's reader thread
+had read ahead as well). Before the first chunk, that is the abandoned epoch's
+first window if its read had begun: the read runs to its end in its thread and
+its arrays are dropped; the new epoch's first read starts after it (one
+``load_fn`` call at a time), and a read not yet begun is skipped.
+``cleanup()`` waits at most a few seconds for a read in flight, then leaves
+its (daemon) thread to finish on its own.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,15 +45,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import ChunkLoadError, ConfigError, LoaderClosedError
+from ._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
 from .pipeline import ChunkLoader, LoaderConfig
 from .pipeline._config import resolve_device
 from .pipeline._jobs import _RETRY_BACKOFF_S, _transient  # the reader's retry rule
+from .pipeline._stage import thread_stack
 from .plans import RandomPlan, calculate_chunk_params
 from .sources import CallableSource, FieldSpec
 from .stats import LatencyStats
 
 _READ_RETRIES = 2  # ChunkLoader's default read_retries, for the first window read here
+_POLL_S = 0.1  # how often a wait for the first window looks at cleanup() and the clock
+_JOIN_S = 2.0  # how long cleanup() waits for a first read in flight
+_log = logging.getLogger("chunkstream.compat")
 
 __all__ = [
     "ChunkLatencyStats",
@@ -73,6 +89,7 @@ class RandomChunkLoader:
         *,
         _gpu_prefetch: int = 1,
         _align: int = 1,
+        _stall_timeout: float | None = 300.0,
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, end)")
@@ -86,9 +103,10 @@ class RandomChunkLoader:
         self._plan = RandomPlan(
             total_timesteps=total_timesteps, chunk_size=chunk_size, align=_align, seed=self.seed
         )
-        LoaderConfig(
-            chunk_size=chunk_size, prefetch=prefetch, gpu_prefetch=_gpu_prefetch, workers=1
-        )
+        self._stall_timeout = LoaderConfig(
+            chunk_size=chunk_size, prefetch=prefetch, gpu_prefetch=_gpu_prefetch, workers=1,
+            stall_timeout=_stall_timeout,
+        ).stall_timeout  # fmt: skip
         resolve_device(device)
         self._load_fn = load_fn
         self._gpu_prefetch = _gpu_prefetch
@@ -98,6 +116,8 @@ class RandomChunkLoader:
         self._iterator: Any = None
         self._epoch = -1  # the epoch start_epoch began last
         self._pending: int | None = None  # chunks of that epoch, while the pipeline is unbuilt
+        self._first: _FirstRead | None = None  # the latest first-window read started
+        self._stop = threading.Event()  # set by cleanup(): first reads not begun are skipped
         self._closed = False
 
     def start_epoch(self, num_chunks: int) -> None:
@@ -106,15 +126,45 @@ class RandomChunkLoader:
             raise LoaderClosedError("the loader was cleaned up; create a new one")
         self._epoch += 1
         if self._loader is None:
-            self._pending = num_chunks  # read nothing before the first chunk is asked for
+            self._pending = num_chunks  # the pipeline waits for the first window's shapes
             self._iterator = iter(())
+            previous = self._first
+            if previous is not None:
+                previous.cancel.set()  # its epoch is abandoned; a read begun runs to its end
+            if num_chunks > 0:
+                self._first = _FirstRead(
+                    self._load_fn, self._plan.window(self._epoch, 0), previous, self._stop,
+                    self._epoch,
+                )  # fmt: skip
             return
         self._iterator = self._loader.epoch(num_chunks)
 
-    def _build(self, num_chunks: int) -> None:
-        """Read the epoch's first window, learn the shapes from it, start the pipeline."""
-        start, end = self._plan.window(self._epoch, 0)
-        arrays = _read_first(self._load_fn, start, end)
+    def _await_first(self, first: _FirstRead) -> tuple:
+        """The first window's arrays, once its read ends; a bounded wait that sees cleanup()."""
+        begin = time.perf_counter()
+        while not first.done.wait(_POLL_S):
+            if self._stop.is_set():
+                raise LoaderClosedError("the loader was cleaned up while waiting for a chunk")
+            timeout = self._stall_timeout
+            if timeout is not None and time.perf_counter() - begin >= timeout:
+                start, end = first.window
+                stacks = [s for s in (first.stack(), first.after_stack()) if s]
+                raise LoaderStalledError(
+                    f"load_fn({start}, {end}) did not return within {timeout:.1f} s "
+                    "(stall_timeout); the loader is shut down. Stuck reader:\n"
+                    + ("\n".join(stacks) or "(its thread has just ended)"),
+                    window=first.window,
+                )
+        if first.error is not None:
+            raise first.error
+        if first.arrays is None:  # skipped: cleanup() ran before it began
+            raise LoaderClosedError("the loader was cleaned up while waiting for a chunk")
+        return first.arrays
+
+    def _build(self, num_chunks: int, first: _FirstRead) -> None:
+        """Wait for the epoch's first window, learn the shapes from it, start the pipeline."""
+        start, end = first.window
+        arrays = self._await_first(first)
         if not isinstance(arrays, (tuple, list)) or len(arrays) != 2:
             got = len(arrays) if isinstance(arrays, (tuple, list)) else type(arrays).__name__
             raise ChunkLoadError(
@@ -141,6 +191,11 @@ class RandomChunkLoader:
             workers=1,
             sampling=self._plan,
             stats=self._stats,
+            stall_timeout=self._stall_timeout,
+            # The original never sharded: under torchrun every rank reads the whole
+            # sequence itself (and the first window above is (epoch, 0) on every rank).
+            rank=0,
+            world_size=1,
         )
         self._loader.load_state_dict({"epoch": self._epoch, "step": 0})
         self._iterator = self._loader.epoch(num_chunks)
@@ -153,11 +208,22 @@ class RandomChunkLoader:
         if self._pending is not None:
             num_chunks, self._pending = self._pending, None
             if num_chunks > 0:
+                asked = time.perf_counter()
+                first, self._first = self._first, None
                 try:
-                    self._build(num_chunks)
+                    self._build(num_chunks, first)
                 except BaseException:
                     self._closed = True  # as the pipeline shuts down after a failed read
+                    self._stop.set()
                     raise
+                chunk = next(self._iterator, None)
+                # The pipeline answered this window from the arrays read in the background:
+                # its record gets that read's times and the caller's whole wait.
+                record = self._stats.chunks[-1]
+                record.read_begin, record.read_end = first.read_begin, first.read_end
+                record.read_s = first.read_end - first.read_begin
+                record.wait_s = record.received - asked
+                return chunk
         return next(self._iterator, None)
 
     def get_next_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -178,8 +244,19 @@ class RandomChunkLoader:
         }
 
     def cleanup(self) -> None:
-        """Stop the background threads (idempotent)."""
+        """Stop the background threads (idempotent); a first read in flight is waited
+        for at most a few seconds (see the module docs)."""
         self._closed = True
+        self._stop.set()
+        first, self._first = self._first, None
+        if first is not None:
+            first.cancel.set()
+            first.thread.join(_JOIN_S)
+            if first.thread.is_alive():
+                _log.warning(
+                    "chunkstream: load_fn%s is still running after cleanup(); its thread %r "
+                    "is left to finish on its own", first.window, first.thread.name,
+                )  # fmt: skip
         if self._loader is not None:
             self._loader.close()
 
@@ -193,6 +270,59 @@ class RandomChunkLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+class _FirstRead:
+    """An epoch's first window, read in a thread of its own (``chunkstream-compat-first-<n>``).
+
+    It begins once ``after`` (the abandoned epoch's first read, if any) has ended, so
+    ``load_fn`` is never called twice at once, and is skipped if ``cancel`` (its own
+    epoch abandoned) or ``stop`` (cleanup) is set by then. ``done`` is set when it ends,
+    with ``arrays`` or ``error`` (a ``ChunkLoadError``) filled in, or neither if skipped.
+    """
+
+    def __init__(
+        self, load_fn, window: tuple[int, int], after: _FirstRead | None,
+        stop: threading.Event, epoch: int,
+    ) -> None:  # fmt: skip
+        self.window = window
+        self.after = after
+        self.cancel = threading.Event()
+        self.done = threading.Event()
+        self.arrays: tuple | None = None
+        self.error: BaseException | None = None
+        self.read_begin = self.read_end = time.perf_counter()
+        self.thread = threading.Thread(
+            target=self._run, args=(load_fn, stop), name=f"chunkstream-compat-first-{epoch}",
+            daemon=True,  # a hung load_fn must not keep the interpreter from exiting
+        )  # fmt: skip
+        self.thread.start()
+
+    def _run(self, load_fn, stop: threading.Event) -> None:
+        try:
+            after = self.after
+            while after is not None and not after.done.wait(_POLL_S):
+                if stop.is_set():
+                    return
+            self.after = None  # nothing more to wait for (and no chain of dead reads kept)
+            if self.cancel.is_set() or stop.is_set():
+                return
+            self.read_begin = time.perf_counter()
+            self.arrays = _read_first(load_fn, *self.window)
+        except BaseException as exc:  # thread boundary: handed to get_next_chunk
+            self.error = exc
+        finally:
+            self.read_end = time.perf_counter()
+            self.done.set()
+
+    def stack(self) -> str | None:
+        return thread_stack(self.thread, f"load_fn{self.window}")
+
+    def after_stack(self) -> str | None:
+        after = self.after
+        if after is None:
+            return None
+        return thread_stack(after.thread, f"load_fn{after.window}, abandoned")
 
 
 class _FirstWindow:
@@ -251,6 +381,8 @@ class PipelineChunkLoader(RandomChunkLoader):
         seed: int | None = None,
         time_units: int = 1,
         gpu_prefetch: int = 1,
+        *,
+        _stall_timeout: float | None = 300.0,
     ) -> None:
         self.time_units = time_units
         super().__init__(
@@ -262,6 +394,7 @@ class PipelineChunkLoader(RandomChunkLoader):
             seed=seed,
             _gpu_prefetch=gpu_prefetch,
             _align=time_units,
+            _stall_timeout=_stall_timeout,
         )
 
     def get_next_chunk(self):  # type: ignore[override]

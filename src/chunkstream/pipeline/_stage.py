@@ -50,11 +50,20 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["EndOfJobs", "OrderedStage", "StageClosed", "Ticket"]
+__all__ = ["EndOfJobs", "OrderedStage", "StageClosed", "Ticket", "thread_stack"]
 
 T = TypeVar("T")
 _POLL_S = 0.1
 _log = logging.getLogger("chunkstream.pipeline")
+
+
+def thread_stack(thread: threading.Thread, doing: str) -> str | None:
+    """``thread``'s current stack under a heading naming it and what it is ``doing``, for a
+    no-progress watchdog's error; ``None`` once the thread has ended."""
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    if frame is None:
+        return None
+    return f'Thread "{thread.name}" ({doing}):\n' + "".join(traceback.format_stack(frame))
 
 
 class EndOfJobs(Exception):
@@ -242,12 +251,12 @@ class OrderedStage(Generic[T]):
         """Stacks of the threads now inside ``fn``, for the no-progress watchdog."""
         with self._cond:
             busy = dict(self._busy)
-        frames = sys._current_frames()
         stacks = []
         for thread in self._threads:
-            if thread.ident in busy and thread.ident in frames:
-                stack = "".join(traceback.format_stack(frames[thread.ident]))
-                stacks.append(f'Thread "{thread.name}" (job {busy[thread.ident]}):\n{stack}')
+            if thread.ident in busy:
+                stack = thread_stack(thread, f"job {busy[thread.ident]}")
+                if stack is not None:
+                    stacks.append(stack)
         return stacks
 
     # -- shutdown ----------------------------------------------------------------------
