@@ -436,3 +436,39 @@ def test_the_exit_hook_closes_every_store_when_one_fails(caplog):
     assert all(store.closed for store in stores)
     assert "closing a store at exit failed" in caplog.text
     assert not any(id(store) in _remote._owned for store in stores)
+
+
+# -- flyvis.read_metadata over a URL ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flyvis_server(tmp_path_factory) -> Iterator[tuple[Server, np.ndarray]]:
+    from tests.stores import make_flyvis
+
+    root = tmp_path_factory.mktemp("flyvis-remote")
+    make_flyvis(root / "run", 40, 8, chunks=(16, 4, 1))
+    meta = cs.flyvis.read_metadata(root / "run")
+    for server in serve(root):
+        yield server, meta
+
+
+def test_read_metadata_over_http_uses_the_remote_store_and_closes_it(flyvis_server, monkeypatch):
+    server, meta = flyvis_server
+    opened = []
+    open_store = _remote.open_remote_store
+    monkeypatch.setattr("chunkstream.sources._zarr.open_remote_store",
+                        lambda *a, **k: opened.append(open_store(*a, **k)) or opened[-1])  # fmt: skip
+    got = cs.flyvis.read_metadata(f"{server.url}/run", storage_options={"chunkstream": FAST})
+    np.testing.assert_array_equal(got, meta)
+    assert len(opened) == 1 and isinstance(opened[0], ObjectStore) and not opened[0]._is_open
+
+
+def test_read_metadata_over_http_maps_a_persistent_fault(flyvis_server):
+    server, _ = flyvis_server
+    server.faults.set("/run/metadata.zarr/c/", "500", times=None)
+    try:
+        with pytest.raises(RemoteStoreError, match=r"metadata\.zarr"):
+            cs.flyvis.read_metadata(f"{server.url}/run", storage_options={"chunkstream": FAST})
+        assert server.faults.hits == 1 + FAST.retries  # obstore's retries, then our error
+    finally:
+        server.faults.set("", "", 0)

@@ -13,15 +13,17 @@ The stimulus is column 4 limited to its first ``stim_dims`` neurons.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 
 from ._errors import ConfigError, NotZarrError, SourceNotFoundError
 from .sources._base import Source
-from .sources._zarr import ZarrSource
+from .sources._remote import close_store, store_errors
+from .sources._zarr import ZarrSource, is_url, open_zarr_array
 
 __all__ = [
     "CALCIUM",
@@ -131,9 +133,23 @@ def _is_per_field(path: str | Path) -> bool:
     return dict(attrs.get("chunkstream", {})).get("layout") == "per-field"
 
 
-def read_metadata(path: str | Path) -> np.ndarray:
-    """``<path>/metadata.zarr`` as an ``(N, 5)`` array of the static columns."""
+def read_metadata(
+    path: str | Path, *, storage_options: Mapping[str, Any] | None = None
+) -> np.ndarray:
+    """``<path>/metadata.zarr`` as an ``(N, 5)`` array of the static columns.
+
+    A URL opens as ``ZarrSource`` opens one (obstore for s3/gs/az/http, with the
+    timeouts and retries of ``storage_options``, failures as ``RemoteStoreError``)
+    and its store is closed before returning.
+    """
     target = _child(path, "metadata.zarr")
+    if is_url(target):
+        arr = open_zarr_array(target, storage_options=storage_options)
+        try:
+            with store_errors(target, "the metadata array"):
+                return np.asarray(arr[...])
+        finally:
+            close_store(arr.store)
     if "://" not in target and not Path(target).exists():
         raise SourceNotFoundError(f"no metadata at {target!r}: expected <path>/metadata.zarr.")
     try:
