@@ -152,3 +152,22 @@ def test_compat_sample_batch_uses_the_union():
     )
     assert starts.shape == (8,) and int(starts.max()) < 64 - 10
     assert torch.equal(needed, neighbour_union(selected, indices, indptr))
+
+
+def test_the_csr_cache_drops_a_dead_arrays_device_copy_at_once():
+    import gc
+
+    from chunkstream.consumer import _augment
+
+    indptr = np.array([0, 2, 3, 3, 5])
+    indices = np.array([1, 2, 0, 3, 4])
+    key = (id(indices), id(indptr), "cpu")
+    neighbour_union(torch.tensor([3, 0]), indices, indptr)
+    assert key in _augment._CACHE
+    del indices  # the caller's array dies: its copy goes with it, not at the next miss
+    gc.collect()
+    assert key not in _augment._CACHE
+    alive = [(np.array([0]), np.array([0, 1])) for _ in range(2 * _augment._CACHE_SIZE)]
+    for idx, ptr in alive:
+        neighbour_union(torch.tensor([0]), idx, ptr)
+    assert len(_augment._CACHE) <= _augment._CACHE_SIZE  # bounded while the arrays live

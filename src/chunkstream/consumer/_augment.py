@@ -13,7 +13,8 @@ back). Neighbours are gathered with a padded ``(k, max_degree)`` index built
 on the device, the maximum degree being known on the host at upload, so no
 count is read back to size an intermediate. The cache assumes the CSR arrays
 are not modified in place while cached (it holds weak references and is keyed
-by identity).
+by identity); an entry is dropped, with its device copy, as soon as either of the
+caller's arrays is collected (a weakref callback), and at most 8 are kept.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class _DeviceCSR:
     def __init__(self, indices: Any, indptr: Any, device: torch.device, refs: tuple) -> None:
         host_ptr = torch.as_tensor(indptr).reshape(-1).to("cpu", torch.long)
         host_idx = torch.as_tensor(indices).reshape(-1).to("cpu", torch.long)
-        self.indptr = host_ptr.to(device)
-        self.indices = host_idx.to(device)
+        # copies even on the CPU: a view would keep the caller's arrays alive (as_tensor
+        # shares a numpy array's memory), so the cache's weak references would never die
+        self.indptr = host_ptr.to(device, copy=True)
+        self.indices = host_idx.to(device, copy=True)
         self.max_degree = int((host_ptr[1:] - host_ptr[:-1]).max()) if host_ptr.numel() > 1 else 0
         # Neuron ids the union can hold: the rows, and any column index beyond them.
         rows = max(0, host_ptr.numel() - 1)
@@ -47,14 +50,25 @@ class _DeviceCSR:
 
 
 _CACHE: dict[tuple[int, int, str], _DeviceCSR] = {}
-_CACHE_LOCK = threading.Lock()
+# Reentrant: a weakref callback (_forget) can run from a collection triggered while this
+# thread holds the lock.
+_CACHE_LOCK = threading.RLock()
 _CACHE_SIZE = 8  # distinct (CSR, device) pairs kept; a run uses one or two
-uploads = 0  # CSR uploads so far (a test figure: one per CSR and device)
+#: CSR uploads so far (a test figure: one per CSR and device); counted under the lock.
+uploads = 0
 
 
-def _weak(obj: Any) -> Any:
+def _forget(key: tuple[int, int, str], ref: weakref.ref) -> None:
+    """Weakref callback: one of the caller's arrays died, so drop its device copy now."""
+    with _CACHE_LOCK:
+        entry = _CACHE.get(key)
+        if entry is not None and any(r is ref for r in entry.refs):
+            del _CACHE[key]
+
+
+def _weak(obj: Any, key: tuple[int, int, str]) -> Any:
     try:
-        return weakref.ref(obj)
+        return weakref.ref(obj, lambda ref: _forget(key, ref))
     except TypeError:  # a list or other container: never cached
         return None
 
@@ -67,17 +81,13 @@ def _device_csr(indices: Any, indptr: Any, device: torch.device) -> _DeviceCSR:
         hit = _CACHE.get(key)
         if hit is not None and hit.refs[0]() is indices and hit.refs[1]() is indptr:
             return hit
-    refs = (_weak(indices), _weak(indptr))
+    refs = (_weak(indices, key), _weak(indptr, key))
     csr = _DeviceCSR(indices, indptr, device, refs)
-    uploads += 1
-    if refs[0] is not None and refs[1] is not None:
-        with _CACHE_LOCK:
-            for stale in [
-                k for k, v in _CACHE.items() if v.refs[0]() is None or v.refs[1]() is None
-            ]:
-                del _CACHE[stale]
-            while len(_CACHE) >= _CACHE_SIZE:
-                del _CACHE[next(iter(_CACHE))]
+    with _CACHE_LOCK:
+        uploads += 1
+        if refs[0] is not None and refs[1] is not None:
+            while len(_CACHE) >= _CACHE_SIZE:  # oldest first; pop: a callback may race us
+                _CACHE.pop(next(iter(_CACHE)), None)
             _CACHE[key] = csr
     return csr
 

@@ -30,6 +30,7 @@ import torch
 
 from .._errors import ConfigError
 from ..pipeline import Chunk, ChunkLoader
+from ..pipeline._config import _positive_int  # the loader's int check, one for the package
 from ..plans import EpochPlan
 from ..plans._hash import M64, hash_words, seed_key
 from ._sampling import gather_windows, sample_windows
@@ -39,12 +40,6 @@ __all__ = ["BatchStream"]
 _TAG_BATCH = 0xBA7C_0000_0000_0001  # keeps batch seeds apart from the plans' hashes
 
 Batch = torch.Tensor | dict[str, torch.Tensor]
-
-
-def _count(name: str, value: object, minimum: int, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError.bad(name, value, f"an int >= {minimum}", fix)
-    return value
 
 
 class BatchStream:
@@ -121,18 +116,23 @@ class BatchStream:
                 batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
         self.loader = loader
         length = loader.rows  # every chunk's length: min(chunk_size, len(source))
-        self.window = _count("window", window, 1, "Pass the timesteps one sample needs.")
+        self.window = _positive_int(
+            "window", window, minimum=1, fix="Pass the timesteps one sample needs."
+        )
         if self.window > length:
             raise ConfigError.bad(
                 "window", window, f"at most the chunk length {length}",
                 "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
             )  # fmt: skip
-        self.batch_size = _count(
-            "batch_size", batch_size, 1, "Pass the windows per batch (or plan=cs.plan_epoch(...))."
+        self.batch_size = _positive_int(
+            "batch_size",
+            batch_size,
+            minimum=1,
+            fix="Pass the windows per batch (or plan=cs.plan_epoch(...)).",
         )
-        self.batches_per_chunk = _count(
-            "batches_per_chunk", batches_per_chunk, 1,
-            "Pass how many batches each chunk feeds (plan.batches_per_chunk).",
+        self.batches_per_chunk = _positive_int(
+            "batches_per_chunk", batches_per_chunk, minimum=1,
+            fix="Pass how many batches each chunk feeds (plan.batches_per_chunk).",
         )  # fmt: skip
         if chunks_per_epoch is not None and batches_per_epoch is not None:
             raise ConfigError.bad(
@@ -141,8 +141,8 @@ class BatchStream:
                 "Give the epoch's length once: in batches or in chunks.",
             )  # fmt: skip
         if batches_per_epoch is not None:
-            self.batches_per_epoch = _count(
-                "batches_per_epoch", batches_per_epoch, 0, "Use plan.batches_per_epoch."
+            self.batches_per_epoch = _positive_int(
+                "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
             )
             chunks_per_epoch = -(-self.batches_per_epoch // self.batches_per_chunk)
         elif chunks_per_epoch is None:
@@ -154,8 +154,8 @@ class BatchStream:
                     "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
                 )  # fmt: skip
             chunks_per_epoch = max(1, per_pass // loader.world_size)  # as loader.epoch(None)
-        self.chunks_per_epoch = _count(
-            "chunks_per_epoch", chunks_per_epoch, 0, "Use plan.chunks_per_epoch."
+        self.chunks_per_epoch = _positive_int(
+            "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
         )
         if batches_per_epoch is None:
             self.batches_per_epoch = self.chunks_per_epoch * self.batches_per_chunk
@@ -174,7 +174,9 @@ class BatchStream:
         self._single = isinstance(fields, str)
         if seed is None:
             seed = int(getattr(loader.plan, "seed", 0))
-        self.seed = _count("seed", seed, 0, "Pass a non-negative seed, or None for the loader's.")
+        self.seed = _positive_int(
+            "seed", seed, minimum=0, fix="Pass a non-negative seed, or None for the loader's."
+        )
         self._key = seed_key(self.seed)
         self._generator = torch.Generator(device=loader.device)
         # Resume and position. ``_before`` is the loader's state before the chunk being
