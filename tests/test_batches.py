@@ -103,7 +103,8 @@ def test_an_epoch_is_the_plans_batch_count_the_last_chunk_feeding_the_rest():
         reference = [digest(b) for b in batches]
     with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
         s = cs.BatchStream(ld, window=WINDOW, plan=plan)
-        seen = [digest(b) for b in itertools.islice(iter(s), 45)]
+        it = iter(s)  # held, as by a trainer mid-epoch
+        seen = [digest(b) for b in itertools.islice(it, 45)]
         state = s.state_dict()
     with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
         s = cs.BatchStream(ld, window=WINDOW, plan=plan)
@@ -132,20 +133,21 @@ def _reference(epochs=2):
 
 @pytest.mark.parametrize("cut", [0, 1, 3, 5, 12, 29, 30, 31, 44, 59])
 def test_resume_yields_exactly_the_remaining_batches(cut):
-    # cut batches are trained, the state saved, the process "dies"; a fresh loader and
-    # stream resume and must yield what the uninterrupted run yielded after the cut.
+    # cut batches are trained, the state saved inside the loop, the process "dies"; a fresh
+    # loader and stream resume and must yield what the uninterrupted run yielded after it.
     reference = _reference()
     with loader() as ld:
         s = stream(ld)
         seen = []
         epochs = iter(range(2))
+        state = s.state_dict()
         while len(seen) < cut:
             next(epochs)
             for batch in s:
                 seen.append(digest(batch))
                 if len(seen) == cut:
+                    state = s.state_dict()  # a checkpoint callback, then the crash
                     break
-        state = s.state_dict()
     assert seen == reference[:cut]
     assert set(state) == {"loader", "batch", "batches_per_chunk", "seed"}
     assert all(isinstance(v, int) for v in state["loader"].values())
@@ -164,14 +166,16 @@ def test_resume_state_after_a_resume_is_exact_too():
     states = []
     with loader() as ld:
         s = stream(ld)
-        for batch in itertools.islice(s, 7):
+        it = iter(s)  # held: the epoch is not over (a closed one would be, see below)
+        for batch in itertools.islice(it, 7):
             del batch
         states.append(s.state_dict())
     with loader() as ld:
         s = stream(ld)
         s.load_state_dict(states[0])
         assert s.state_dict()["batch"] == 2  # nothing drawn yet: still the loaded position
-        got = [digest(b) for b in itertools.islice(s, 4)]
+        it = iter(s)
+        got = [digest(b) for b in itertools.islice(it, 4)]
         states.append(s.state_dict())
     assert got == reference[7:11]
     with loader() as ld:
@@ -204,3 +208,46 @@ def test_bad_state_is_refused():
             s.load_state_dict({})
         with pytest.warns(UserWarning, match="seed=1"):
             s.load_state_dict({**good, "seed": 1})
+
+
+@pytest.mark.parametrize("cut", [3, 5, 12])  # mid-chunk, at a chunk's end, mid-epoch
+@pytest.mark.parametrize("how", ["break", "close"])
+def test_an_epoch_ended_early_resumes_where_the_live_run_goes_on(cut, how):
+    # After a break (the loop's iterator is collected, so closed) the live stream's next
+    # iter() starts epoch 1; a state saved then must resume there, not inside epoch 0.
+    with loader() as ld:
+        s = stream(ld)
+        if how == "break":
+            for i, _batch in enumerate(s):
+                if i + 1 == cut:
+                    break
+        else:
+            it = iter(s)
+            for _ in range(cut):
+                next(it)
+            it.close()
+        state = s.state_dict()
+        live = [digest(b) for b in s]  # the uninterrupted run's next epoch
+    assert state["batch"] == 0 and state["loader"]["epoch"] == 1
+    assert state["loader"]["step"] == 0
+    with loader() as ld:
+        s = stream(ld)
+        s.load_state_dict(state)
+        resumed = [digest(b) for b in s]
+    assert len(live) == 30 and resumed == live
+
+
+def test_a_held_iterator_mid_epoch_still_resumes_inside_the_epoch():
+    # Lightning keeps the epoch's iterator until the next iter(): not closed, so the state
+    # is mid-epoch (the docstring's advice: batches_per_epoch= the trainer's limit).
+    reference = _reference()
+    with loader() as ld:
+        s = stream(ld)
+        it = iter(s)
+        head = [digest(next(it)) for _ in range(7)]
+        state = s.state_dict()
+    assert state["batch"] == 2 and head == reference[:7]
+    with loader() as ld:
+        s = stream(ld)
+        s.load_state_dict(state)
+        assert next(digest(b) for b in s) == reference[7]

@@ -84,6 +84,16 @@ class BatchStream:
     chunk; the chunk itself is released once its last batch was drawn.
     Iterating again, also mid-epoch, starts the next epoch (the rest of the
     old one is abandoned, as with ``loader.epoch``).
+
+    Ending an epoch early: once the epoch's iterator is *closed* (its
+    ``close()``, or, in CPython, at once when a ``break`` leaves
+    ``for batch in stream``), the epoch counts as over, and :meth:`state_dict`
+    points at the next epoch, which is what this stream's next ``iter()`` would
+    start. A state saved while the iterator is still held (inside the loop, or
+    by a trainer that keeps it until the next epoch, such as Lightning's
+    ``limit_train_batches``) resumes inside the epoch, at the next batch: give
+    such a trainer the epoch length it will use (``batches_per_epoch=`` the
+    limit), so that its epoch and the stream's end together.
     """
 
     def __init__(
@@ -185,6 +195,9 @@ class BatchStream:
         self._before: dict[str, int] | None = None
         self._drawn = 0
         self._generation = 0
+        # The loader state to report after the current epoch's iterator was closed early
+        # (the next epoch's start); None while it runs, or once it ran to its end.
+        self._closed_state: dict[str, int] | None = None
 
     def __len__(self) -> int:
         """Batches per epoch: ``batches_per_epoch``."""
@@ -203,6 +216,23 @@ class BatchStream:
         # iter() and then load_state_dict() (Lightning does) and still resume.
         self._generation += 1
         generation = self._generation
+        self._closed_state = None
+        try:
+            yield from self._batches(generation)
+        except GeneratorExit:  # closed early (close(), or collected after a break)
+            if generation == self._generation:
+                self._closed_state = self._next_epoch_state()
+                self._before, self._drawn = None, 0
+            raise
+
+    def _next_epoch_state(self) -> dict[str, int]:
+        """The loader's state as it would be had the current epoch run to its end."""
+        state = self.loader.state_dict()
+        if state["num_chunks"]:  # the epoch is still in progress in the loader
+            state.update(epoch=state["epoch"] + 1, step=0, num_chunks=0, consumed=0, total=0)
+        return state
+
+    def _batches(self, generation: int) -> Iterator[Batch]:
         skip, self._skip = self._skip, 0
         chunks = self.loader.epoch(self.chunks_per_epoch)
         while True:
@@ -239,9 +269,13 @@ class BatchStream:
         """``{"loader": <ChunkLoader state>, "batch": k, ...}``: a few integers.
 
         Mid-chunk, ``loader`` is the state before that chunk and ``batch`` the
-        batches of it already handed out; between chunks ``batch`` is 0.
+        batches of it already handed out; between chunks ``batch`` is 0. After
+        the epoch's iterator was closed early, the next epoch's start (see the
+        class notes).
         """
-        if self._before is not None:
+        if self._closed_state is not None:
+            loader_state, batch = dict(self._closed_state), 0
+        elif self._before is not None:
             loader_state, batch = dict(self._before), self._drawn
         else:
             loader_state, batch = self.loader.state_dict(), self._skip
@@ -281,6 +315,7 @@ class BatchStream:
         self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
         self._generation += 1  # an iteration in progress stops at its next batch
         self._skip, self._before, self._drawn = batch, None, 0
+        self._closed_state = None
 
     def __repr__(self) -> str:
         return (
