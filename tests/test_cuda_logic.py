@@ -122,7 +122,7 @@ def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
     from chunkstream.sources._base import FieldSpec
 
     calls = []
-    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: calls.append(n) or 0)
+    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: calls.append(n))  # None: ok
     fields = {"a": FieldSpec((13,), np.dtype("float32")), "b": FieldSpec((3, 2), np.dtype("int16"))}
     pool = _buffers.PinnedSlotPool(fields, 37, slots=3, device=torch.device("cuda", 1))
     per_slot = 37 * 13 * 4 + 37 * 6 * 2
@@ -331,3 +331,227 @@ def test_require_gpu_turns_the_skip_into_a_failure():
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert failed.returncode != 0, failed.stdout
     assert "CHUNKSTREAM_REQUIRE_GPU=1 but" in failed.stdout and "1 error" in failed.stdout
+
+
+# -- 10. shutdown after a CUDA error; the pinned arena's CUDA calls; LOCAL_RANK -------------
+
+
+class _BrokenEvent:
+    """An event whose query() fails, as torch's does after a sticky CUDA error."""
+
+    def query(self):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _fake_pool(monkeypatch, unregistered):
+    from chunkstream.pipeline import _buffers
+    from chunkstream.sources._base import FieldSpec
+
+    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(
+        _buffers, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+    )
+    fields = {"x": FieldSpec((16,), np.dtype("float32"))}
+    return _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+
+
+@pytest.mark.parametrize("broken", ["query", "device"])
+def test_pool_close_after_a_cuda_error_keeps_the_arena_and_stays_idempotent(monkeypatch, broken):
+    import contextlib
+
+    unregistered = []
+    pool = _fake_pool(monkeypatch, unregistered)
+    mapping = pool._mmap
+    slot = pool.acquire()
+    pool.release_after(slot, _BrokenEvent())
+    if broken == "query":
+        monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    # else: this CPU build's torch.cuda.device(...) itself raises on entry
+    with pytest.warns(RuntimeWarning, match=r"stays pinned.*checking that its copies finished"):
+        assert pool.close() is False
+    assert unregistered == []  # copies not proven finished: never unpinned under a DMA
+    assert any(mapping is kept[1] for kept in pool._kept)  # nor unmapped
+    assert pool.close() is False and unregistered == []  # the second call: the same answer
+
+
+def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypatch):
+    from chunkstream.pipeline import _buffers
+
+    unregistered = []
+    pool = _fake_pool(monkeypatch, unregistered)
+    assert pool.close() is True and unregistered and not pool._kept
+    # A failed unregister: warned, and the mapping is kept (it may still be registered).
+    pool = _fake_pool(monkeypatch, [])
+    monkeypatch.setattr(_buffers, "_unregister", lambda ptr, device, timeout: "cudaError 1")
+    with pytest.warns(RuntimeWarning, match=r"cudaHostUnregister failed \(cudaError 1\)"):
+        assert pool.close() is False
+    assert pool._kept
+    # The real helper: the call runs in a throwaway thread bound to the device.
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("device", d))
+
+    class Cudart:
+        def cudaHostUnregister(self, ptr):
+            seen["thread"] = threading.current_thread().name
+            return 1
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    call = lambda: torch.cuda.cudart().cudaHostUnregister(8)  # noqa: E731
+    assert _buffers._in_cuda_thread(call, torch.device("cuda", 1), "x", 5.0) == "cudaError 1"
+    assert seen == {"device": torch.device("cuda", 1), "thread": "chunkstream-pin-0"}
+
+
+def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monkeypatch):
+    from chunkstream.pipeline import _buffers
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    release = threading.Event()
+    try:
+        error = _buffers._in_cuda_thread(lambda: release.wait(30) and 0, torch.device("cuda", 0),
+                                         "cudaHostRegister", 0.2)  # fmt: skip
+        assert error is not None and "did not return within" in error
+    finally:
+        release.set()
+
+    def broken():
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+
+    error = _buffers._in_cuda_thread(broken, torch.device("cuda", 0), "cudaHostRegister", 5.0)
+    assert error == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
+
+
+def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeypatch):
+    from chunkstream.pipeline import _buffers
+    from chunkstream.sources._base import FieldSpec
+
+    inside: list[object] = []
+    pinned_under: list[object] = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            inside.append(self.device)
+
+        def __exit__(self, *exc):
+            inside.pop()
+
+    real_empty = torch.empty
+
+    def empty(*shape, pin_memory=False, **kw):
+        if pin_memory:
+            pinned_under.append(inside[-1] if inside else None)
+        return real_empty(*shape, **kw)
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(_buffers, "_register",
+                        lambda ptr, n, device: "RuntimeError: out of pinnable memory")  # fmt: skip
+    fields = {"x": FieldSpec((16,), np.dtype("float32"))}
+    with pytest.warns(RuntimeWarning, match=r"failed \(RuntimeError: out of pinnable memory\)"):
+        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+    assert not pool.registered and pinned_under == [torch.device("cuda", 1)]
+    assert pool.close(unpin=False) is False
+
+
+def _fake_cuda_loader(monkeypatch, unregistered):
+    """ChunkLoader's CUDA path on this CPU build: no CUDA call reaches torch."""
+    from chunkstream.pipeline import _buffers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(
+        _buffers, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+    )
+
+
+@pytest.mark.parametrize("failing", ["read", "transfer"])
+def test_a_failed_construction_closes_the_pinned_pool(monkeypatch, failing):
+    from chunkstream.pipeline import _loader
+
+    unregistered: list[int] = []
+    _fake_cuda_loader(monkeypatch, unregistered)
+    pools, stages = [], []
+    real_pool, real_stage = _loader.PinnedSlotPool, _loader.OrderedStage
+
+    class Pool(real_pool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append((self, self._ptr))
+
+    def stage(name, *args, **kwargs):
+        if name == failing:
+            raise RuntimeError("can't start new thread")
+        stages.append(real_stage(name, *args, **kwargs))
+        return stages[-1]
+
+    monkeypatch.setattr(_loader, "PinnedSlotPool", Pool)
+    monkeypatch.setattr(_loader, "OrderedStage", stage)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        cs.ChunkLoader(_source(), 100, device="cuda", workers=2)
+    ((pool, ptr),) = pools
+    assert pool._released is True and unregistered == [ptr] and not pool._kept
+    assert all(not t.is_alive() for s in stages for t in s.threads)
+
+
+def test_a_failure_reaches_the_consumer_as_chunk_load_error_even_if_closing_fails(monkeypatch):
+    closed = []
+    source = _source()
+    monkeypatch.setattr(source, "close", lambda: closed.append(True))
+    real_read = source.read_into
+
+    def read_into(start, stop, out):
+        if start >= 100:  # the first window reads, the second fails
+            raise PermissionError("injected")
+        real_read(start, stop, out)
+
+    monkeypatch.setattr(source, "read_into", read_into)
+    loader = cs.ChunkLoader(source, 100, device="cpu", workers=1, close_source=True,
+                            sampling="sequential")  # fmt: skip
+
+    def broken_close(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(loader._pool, "close", broken_close)
+    with pytest.raises(ChunkLoadError, match="injected") as info:
+        list(loader.epoch(5))
+    assert any("closing the loader after this error also failed" in n
+               for n in getattr(info.value, "__notes__", []))  # fmt: skip
+    assert closed == [True] and loader.closed  # the steps after the failing one still ran
+    assert all(not t.is_alive() for t in loader.threads)
+    loader.close()  # idempotent
+
+
+def test_bare_cuda_under_torchrun_on_another_gpu_warns(fake_cuda, monkeypatch):
+    from chunkstream.pipeline._config import warn_if_not_local_rank
+
+    cuda1 = torch.device("cuda", 1)
+    torchrun = {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    for requested in ("cuda", None, torch.device("cuda")):
+        with pytest.warns(RuntimeWarning, match=r"LOCAL_RANK=0.*cuda:\{local_rank\}.*set_device"):
+            warn_if_not_local_rank(requested, cuda1, torchrun)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_not_local_rank("cuda", cuda1, {"LOCAL_RANK": "1", "WORLD_SIZE": "2"})  # its GPU
+        warn_if_not_local_rank("cuda:1", cuda1, torchrun)  # an explicit index is kept
+        warn_if_not_local_rank("cuda", cuda1, {"LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        warn_if_not_local_rank("cuda", cuda1, {})  # not under torchrun
+        warn_if_not_local_rank("cpu", torch.device("cpu"), torchrun)
+    # ChunkLoader itself warns, and says so in its docstring and in the scaling guide.
+    unregistered: list[int] = []
+    _fake_cuda_loader(monkeypatch, unregistered)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.warns(RuntimeWarning, match="LOCAL_RANK=0"):
+        loader = cs.ChunkLoader(_source(), 100, device="cuda", workers=1)
+    assert loader.device == cuda1
+    loader.close()
+    assert "LOCAL_RANK" in " ".join(cs.ChunkLoader.__doc__.split())
+    assert 'device=f"cuda:{local_rank}"' in (ROOT / "docs/_scaling.md").read_text()

@@ -345,3 +345,92 @@ def test_an_error_in_the_cuda_copy_mid_epoch_shuts_down_cleanly(store, monkeypat
     assert all(not t.is_alive() for t in loader.threads)
     source.close()
     assert SequentialPlan(total_timesteps=T, chunk_size=CT).windows_per_pass == N_CHUNKS
+
+
+# -- a decode task stuck on ZarrSource's pool, with close_source=True ---------------------
+
+_BLOCK_S = 20.0  # how long the stuck decode task blocks; every wait below is far shorter
+
+
+@pytest.fixture
+def stuck_decode(tmp_path, monkeypatch):
+    """A real ZarrSource (two zarr chunks per window, so decodes run on its pool) whose
+    decode of window 1 blocks on an Event for up to _BLOCK_S seconds."""
+    path = tmp_path / "x.zarr"
+    make_array(path, random_data((T, N), seed=3), (CT // 2, N), codec="zstd")
+    source = cs.ZarrSource(path, read_threads=2)
+    assert source.uses_fast_path
+    release = threading.Event()
+    decode = source._fast._decode
+
+    def blocking(coords, target, read):
+        if coords[0] == 2:  # the first zarr chunk of window [CT, 2 CT)
+            release.wait(_BLOCK_S)
+        return decode(coords, target, read)
+
+    monkeypatch.setattr(source._fast, "_decode", blocking)
+    yield source
+    release.set()  # the decode task returns; the reader sees the stop and ends
+    source.close()
+
+
+def test_a_stuck_decode_does_not_delay_the_stall_error_with_close_source(stuck_decode):
+    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, stall_timeout=1,
+                            sampling="sequential", close_source=True)  # fmt: skip
+    begin = time.monotonic()
+    with pytest.raises(cs.LoaderStalledError) as info:
+        list(loader.epoch(3))
+    elapsed = time.monotonic() - begin
+    assert elapsed < _BLOCK_S / 2, f"the stall error waited {elapsed:.1f} s for the decode"
+    assert "the source was left open" in str(info.value) and "chunkstream-read-0" in str(info.value)
+    assert loader.closed
+    loader.close()  # idempotent, and does not wait either
+    assert time.monotonic() - begin < _BLOCK_S / 2
+
+
+def test_close_with_a_stuck_decode_and_close_source_keeps_its_deadline(stuck_decode):
+    import dataclasses
+
+    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, stall_timeout=None,
+                            sampling="sequential", close_source=True)  # fmt: skip
+    loader.config = dataclasses.replace(loader.config, close_timeout=1.0)
+    iterator = iter(loader.epoch(3))
+    next(iterator)  # window 0; the reader is now stuck in window 1's decode
+    time.sleep(0.2)
+    begin = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"chunkstream-read-0.*source was left open"):
+        loader.close()
+    assert time.monotonic() - begin < _BLOCK_S / 4
+    del iterator
+
+
+def test_close_honours_one_deadline_across_stages(store):
+    import dataclasses
+
+    path, _ = store
+    source = Wrapped(cs.ZarrSource(path), hang_windows={0})
+    loader = cs.ChunkLoader(source, CT, device="cpu", workers=1, stall_timeout=None,
+                            sampling="sequential")  # fmt: skip
+    loader.config = dataclasses.replace(loader.config, close_timeout=2.0)
+
+    class StuckStage:  # a second stage whose thread never stops: it uses up its deadline
+        threads = ()
+
+        def close(self, deadline_s):
+            time.sleep(deadline_s)
+            return ["chunkstream-transfer-0"]
+
+    iterator = iter(loader.epoch(3))
+    loader._stages.append(StuckStage())
+    time.sleep(0.2)  # the reader of window 0 is stuck
+    begin = time.monotonic()
+    try:
+        with pytest.warns(RuntimeWarning, match="chunkstream-read-0"):
+            loader.close()
+        elapsed = time.monotonic() - begin
+        # Each stage with its own full deadline would take twice close_timeout.
+        assert elapsed < 1.5 * loader.config.close_timeout, elapsed
+    finally:
+        source.release.set()
+        del iterator
+        source.close()

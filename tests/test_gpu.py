@@ -391,3 +391,49 @@ def test_cuda_1_creates_no_context_on_gpu_0():
                           text=True, timeout=240, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "context-on-0 False True" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+_STICKY_SCRIPT = r"""
+import warnings, numpy as np, torch, chunkstream as cs
+src = cs.NumpySource({"x": np.ones((8000, 256), dtype=np.float32)})
+loader = cs.ChunkLoader(src, 500, device="cuda", workers=2, stall_timeout=30)
+chunks = iter(loader.epoch(16))
+next(chunks)
+bad = torch.zeros(4, device="cuda")
+bad[torch.tensor([1 << 20], device="cuda")] = 1.0  # a device-side assert: a sticky error
+try:
+    torch.cuda.synchronize()
+except RuntimeError:
+    pass
+try:
+    for _ in chunks:
+        pass
+    print("outcome", "no-error")
+except cs.ChunkLoadError:
+    print("outcome", "ChunkLoadError")
+except RuntimeError as exc:  # the consumer's own wait_event on the broken context
+    print("outcome", "RuntimeError", str(exc)[:80].replace(chr(10), " "))
+with warnings.catch_warnings(record=True):
+    warnings.simplefilter("always")
+    for _ in range(2):
+        loader.close()  # must not raise, also the second time
+print("closed", loader.closed, "pinned-kept", bool(loader._pool._kept), flush=True)
+import os
+os._exit(0)  # what exit-time destructors do on a broken context is not under test
+"""
+
+
+def test_close_after_a_sticky_cuda_error_does_not_raise():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # A fresh process: a sticky error breaks the CUDA context for the rest of the process.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(cs.__file__).parents[1]),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _STICKY_SCRIPT], capture_output=True,
+                          text=True, timeout=240, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "outcome " in done.stdout and "closed True" in done.stdout, done.stdout

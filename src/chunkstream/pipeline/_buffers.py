@@ -21,8 +21,17 @@ Pinned bytes, CUDA
     (``pin_memory=True``) rounds every block up to a power of two (up to 2x:
     4 slots of 4.06 GB would pin 32 GB) and keeps blocks cached after they are
     freed. Only if registration fails does the pool fall back to one
-    ``pin_memory=True`` arena, report its rounded size, warn, and empty torch's
-    host cache at close so the memory goes back to the system.
+    ``pin_memory=True`` arena (allocated under the pool's device), report its
+    rounded size, warn, and empty torch's host cache at close so the memory
+    goes back to the system. Register and unregister run in a throwaway thread
+    joined with a deadline (a failed call must not leave the caller's thread
+    with a CUDA "last error"); a failure is warned about, with its text.
+
+Closing after a CUDA error
+    An event whose ``query()`` raises (a sticky error), or a device that cannot
+    be entered, means the copies are not proven finished: the arena then stays
+    pinned and referenced (never unmapped under a DMA) and ``close`` warns
+    instead of raising, so the loader's shutdown goes on.
 
 Ownership, CPU (:class:`HostBufferPool`)
     The consumer's tensors are zero-copy views of the buffer set, so a set
@@ -131,30 +140,55 @@ def _power_of_two_ceil(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _register(ptr: int, nbytes: int, device: torch.device) -> int:
-    """``cudaHostRegister(ptr, nbytes, Portable)`` in a helper thread; returns the error code.
+_REGISTER_TIMEOUT_S = 120.0  # pinning tens of GB takes seconds; a hung driver call gives up here
 
+
+def _in_cuda_thread(
+    call: Callable[[], object], device: torch.device, what: str, timeout: float
+) -> str | None:
+    """Run ``call`` (a CUDA runtime call returning its error code) in a throwaway thread.
+
+    Returns ``None`` on success, else what went wrong, exception text included.
     A failed CUDA runtime call also sets the calling thread's "last error",
     which torch's next kernel-launch check in that thread would report as its
     own failure; calling from a throwaway thread keeps a failure's state out
     of the caller's thread. The thread sets ``device`` first so the call runs
-    in that device's context (no context is created on GPU 0).
+    in that device's context (no context is created on GPU 0). The join waits
+    at most ``timeout`` seconds, like every wait in the pipeline.
     """
-    result: list[int] = []
+    result: list[str | None] = []
 
     def run() -> None:
         try:
             torch.cuda.set_device(device)
-            # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as
-            # torch's pinned memory is.
-            result.append(int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)))
-        except Exception:  # a thread boundary: the caller falls back
-            result.append(-1)
+            code = int(call())  # type: ignore[call-overload]
+            result.append(None if code == 0 else f"cudaError {code}")
+        except Exception as exc:  # a thread boundary: handed to the caller as text
+            result.append(f"{type(exc).__name__}: {exc}")
 
     thread = threading.Thread(target=run, name="chunkstream-pin-0", daemon=True)
     thread.start()
-    thread.join()
-    return result[0] if result else -1
+    thread.join(timeout)
+    if thread.is_alive():
+        return f"{what} did not return within {timeout:.0f} s"
+    return result[0] if result else f"{what} ended without a result"
+
+
+def _register(ptr: int, nbytes: int, device: torch.device) -> str | None:
+    """``cudaHostRegister(ptr, nbytes, Portable)``; ``None`` or what went wrong."""
+    # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as torch's
+    # pinned memory is.
+    return _in_cuda_thread(
+        lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1),
+        device, "cudaHostRegister", _REGISTER_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def _unregister(ptr: int, device: torch.device, timeout: float) -> str | None:
+    """``cudaHostUnregister(ptr)``; ``None`` or what went wrong."""
+    return _in_cuda_thread(
+        lambda: torch.cuda.cudart().cudaHostUnregister(ptr), device, "cudaHostUnregister", timeout
+    )
 
 
 class PinnedSlotPool:
@@ -183,8 +217,10 @@ class PinnedSlotPool:
         self._free: deque[BufferSet] = deque()
         self._pending: deque[tuple[torch.cuda.Event, BufferSet]] = deque()
         self._closed = False
+        self._close_lock = threading.Lock()
         self._released: bool | None = None  # what close() returned, once it ran
-        self._kept: object = None  # an arena left pinned at close, kept alive on purpose
+        # Arenas (or mappings) a CUDA call may still use: never freed, on purpose.
+        self._kept: list[object] = []
         layout: list[tuple[str, int, int, np.dtype, tuple[int, ...]]] = []
         offset = 0
         for _ in range(self.slots):
@@ -203,18 +239,24 @@ class PinnedSlotPool:
         self._ptr: int | None = arena.ctypes.data
         self._torch_arena: torch.Tensor | None = None
         error = _register(self._ptr, size, self.device)
-        if error == 0:
+        if error is None:
             self.registered, self.nbytes = True, size
         else:
-            # The arena goes back to the OS when its views die; pin through torch instead.
+            if "did not return" in error:  # _in_cuda_thread timed out: may still pin these
+                self._kept.append(self._mmap)
+            # Otherwise the arena goes back to the OS when its views die; pin through
+            # torch instead.
             del arena
             self._mmap, self._ptr = None, None
-            self._torch_arena = torch.empty(offset, dtype=torch.uint8, pin_memory=True)
+            # Under the pool's device: this may be the first CUDA call of the caller's
+            # thread, whose current device can be another GPU (or none yet).
+            with torch.cuda.device(self.device):
+                self._torch_arena = torch.empty(offset, dtype=torch.uint8, pin_memory=True)
             arena = self._torch_arena.numpy()
             self.registered, self.nbytes = False, _power_of_two_ceil(offset)
             warnings.warn(
                 f"chunkstream: cudaHostRegister of the {size / 1e9:.2f} GB pinned arena failed "
-                f"(cudaError {error}); pinned it with torch instead, which rounds it up to "
+                f"({error}); pinned it with torch instead, which rounds it up to "
                 f"{self.nbytes / 1e9:.2f} GB. Lower host_slots or chunk_size if that is too much.",
                 RuntimeWarning,
                 stacklevel=3,
@@ -266,47 +308,78 @@ class PinnedSlotPool:
     def close(self, timeout: float = 5.0, *, unpin: bool = True) -> bool:
         """Stop handing out slots; once every queued copy has finished, unpin the arena.
 
-        ``unpin=False`` (a transfer thread may still be issuing copies) or a
-        copy that does not finish within ``timeout`` leaves the memory pinned
-        until the process ends, rather than unpinning under a DMA. Returns
-        whether the arena was released. Idempotent.
+        ``unpin=False`` (a transfer thread may still be issuing copies), a copy
+        that does not finish within ``timeout``, or a CUDA error while checking
+        (a sticky error from the user's kernels) leaves the memory pinned and
+        referenced until the process ends, rather than unpinning or unmapping it
+        under a DMA. Returns whether the arena was released. Never raises a CUDA
+        error (it warns instead), takes at most ``timeout`` plus one 0.1 s poll,
+        and is idempotent: a second call returns the first one's answer.
         """
-        with self._cond:
+        # Held for the whole close, so a concurrent second call cannot unpin while the
+        # first still waits for copies; the holder's waits are all bounded.
+        with self._close_lock:
             if self._released is not None:
                 return self._released
-            self._closed = True
-            pending = [event for event, _ in self._pending]
-            self._pending.clear()
-            self._free.clear()
-            self._cond.notify_all()
-        # Often called from the main thread, whose current device may be another
-        # GPU (or none yet): query() and the unregister have no device guard.
-        with torch.cuda.device(self.device):
-            self._released = self._release(pending, timeout, unpin)
-        return self._released
+            with self._cond:
+                self._closed = True
+                pending = [event for event, _ in self._pending]
+                self._pending.clear()
+                self._free.clear()
+                self._cond.notify_all()
+            self._released = self._release(pending, time.monotonic() + timeout, unpin)
+            return self._released
 
-    def _release(self, pending: list[torch.cuda.Event], timeout: float, unpin: bool) -> bool:
-        deadline = time.monotonic() + timeout
-        while unpin and pending and not all(event.query() for event in pending):
-            if time.monotonic() >= deadline:
-                unpin = False
-            time.sleep(0.001)
+    def _copies_finished(self, pending: list[torch.cuda.Event], deadline: float) -> bool:
+        # Often called from the main thread, whose current device may be another
+        # GPU (or none yet): query() has no device guard.
+        with torch.cuda.device(self.device):
+            while not all(event.query() for event in pending):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.001)
+        return True
+
+    def _release(self, pending: list[torch.cuda.Event], deadline: float, unpin: bool) -> bool:
+        problem = None  # why the arena must stay pinned and referenced, if it must
+        if unpin and pending:
+            try:
+                if not self._copies_finished(pending, deadline):
+                    unpin = False
+            except Exception as exc:  # a sticky CUDA error: the copies are not proven done
+                problem = f"checking that its copies finished failed ({type(exc).__name__}: {exc})"
         ptr, self._ptr = self._ptr, None
         torch_arena, self._torch_arena = self._torch_arena, None
-        if not unpin:
-            # Keep the arena referenced, so it is never unmapped under a copy.
-            self._kept = (torch_arena, self._mmap)
-            return False
-        if ptr is not None:
+        if ptr is not None and unpin and problem is None:
             # A reader stuck past close may still write into its slot: that is plain
-            # host memory after this, and the mmap lives until its last view dies. An
-            # error here (a broken context) changes nothing the caller could act on.
-            torch.cuda.cudart().cudaHostUnregister(ptr)
-        elif torch_arena is not None:
-            del torch_arena  # its slots' views were dropped above: the block is free now
-            torch.cuda.synchronize(self.device)  # the allocator's free-time events complete
-            empty = getattr(torch._C, "_host_emptyCache", None)
-            if empty is not None:  # hands every *free* cached pinned block back to the OS
-                empty()
+            # host memory after this, and the mmap lives until its last view dies.
+            # In a throwaway thread: a failure must not stay as this thread's last error.
+            error = _unregister(ptr, self.device, max(deadline - time.monotonic(), _POLL_S))
+            if error is not None:  # maybe still registered: never unmap it
+                problem = f"cudaHostUnregister failed ({error})"
+        elif torch_arena is not None and unpin and problem is None:
+            try:
+                with torch.cuda.device(self.device):
+                    torch.cuda.synchronize(self.device)  # the allocator's free-time events
+            except Exception as exc:
+                problem = f"synchronizing {self.device} failed ({type(exc).__name__}: {exc})"
+            else:
+                del torch_arena  # its slots' views were dropped above: the block is free
+                empty = getattr(torch._C, "_host_emptyCache", None)
+                if empty is not None:  # hands every *free* cached pinned block back to the OS
+                    empty()
+                torch_arena = None
+        if not unpin or problem is not None:
+            # Keep the arena referenced, so it is never unmapped under a copy.
+            self._kept.append((torch_arena, self._mmap))
+            if problem is not None:
+                warnings.warn(
+                    f"chunkstream: the {self.nbytes / 1e9:.2f} GB pinned arena on {self.device} "
+                    f"stays pinned until the process exits: {problem}. Nothing to do unless "
+                    "the process keeps running and creating loaders; then restart it.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            return False
         self._mmap = None
         return True

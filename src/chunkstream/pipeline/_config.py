@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from .._errors import ConfigError
 
-__all__ = ["LoaderConfig", "resolve_device"]
+__all__ = ["LoaderConfig", "resolve_device", "warn_if_not_local_rank"]
 
 
 def _positive_int(name: str, value: object, fix: str = "", minimum: int = 1) -> int:
@@ -54,6 +56,37 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             )
         resolved = torch.device("cuda", index)
     return resolved
+
+
+def warn_if_not_local_rank(
+    requested: str | torch.device | None, resolved: torch.device, env: Mapping[str, str]
+) -> None:
+    """Warn when a device without an index lands on another GPU than this rank's.
+
+    Under torchrun (``LOCAL_RANK`` set, ``WORLD_SIZE`` > 1) a bare ``"cuda"``
+    means the current device, as everywhere in torch; a script that never calls
+    ``torch.cuda.set_device(local_rank)`` then puts every rank's chunks on
+    ``cuda:0``. The index is not changed here: the user's model, also moved with
+    ``"cuda"``, is on the current device too, and chunks elsewhere would not meet it.
+    """
+    if resolved.type != "cuda" or "LOCAL_RANK" not in env:
+        return
+    if requested is not None and torch.device(requested).index is not None:
+        return  # an explicit index is the user's choice
+    try:
+        local, world = int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if world > 1 and resolved.index != local:
+        warnings.warn(
+            f"chunkstream: device={requested!r} resolved to {resolved} (the current CUDA "
+            f"device), but this process is LOCAL_RANK={local} of WORLD_SIZE={world}, so "
+            f'every rank may stream to {resolved}. Pass device=f"cuda:{{local_rank}}" '
+            "(LOCAL_RANK), or call torch.cuda.set_device(local_rank) before creating the "
+            "loader (and the model).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ no thread churn, and stale reads are discarded with their buffers returned.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -43,7 +44,7 @@ from ..sources._base import Source, window_nbytes
 from ..stats._latency import ChunkRecord, LatencyStats
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
-from ._config import LoaderConfig, resolve_device
+from ._config import LoaderConfig, resolve_device, warn_if_not_local_rank
 from ._jobs import OnDevice, describe_source, discard_loaded, read_job, transfer_job
 from ._stage import EndOfJobs, OrderedStage, StageClosed
 
@@ -63,6 +64,10 @@ class ChunkLoader:
         Timesteps per window. A chunk_size larger than the data gives the whole data.
     device:
         ``"cuda"``, ``"cuda:k"``, ``"cpu"``, or ``None`` for CUDA when present.
+        ``"cuda"`` is the current CUDA device, as in torch: under torchrun call
+        ``torch.cuda.set_device(local_rank)`` first, or pass
+        ``device=f"cuda:{local_rank}"`` (``LOCAL_RANK``); otherwise every rank
+        streams to ``cuda:0``, and the loader warns.
     prefetch, gpu_prefetch, workers, host_slots:
         Read-ahead depth in host memory, chunks kept ready on the device, reader
         threads, and pinned slots (CUDA; default ``prefetch + workers``).
@@ -133,6 +138,7 @@ class ChunkLoader:
             )
         self.source = source
         self.device = resolve_device(device)
+        warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
         total = len(source)
         if total < 1:
@@ -191,34 +197,34 @@ class ChunkLoader:
             self._pool = HostBufferPool(
                 source.fields, rows, max_free=self.config.reader_capacity + 1
             )
-        windows, pool = self._windows, self._pool
-        # Every CUDA stage thread binds the loader's device before its first job: a new
-        # thread starts on device 0, where its first CUDA call would create a context.
-        init = _device_binder(self.device) if on_cuda else None
-        self._reader = OrderedStage(
-            "read",
-            lambda job, ticket: read_job(
-                job,
-                ticket,
-                windows=windows,
-                source=source,
-                pool=pool,
-                check_finite=check_finite,
-                retries=read_retries,
-            ),
-            workers=self.config.workers,
-            capacity=self.config.reader_capacity
-            if not on_cuda
-            else min(self.config.reader_capacity, self.config.slots),
-            discard=lambda value: discard_loaded(value, pool),
-            thread_init=init,
-        )
-        self._stages = [self._reader]
         self._transfer: OrderedStage | None = None
-        if self.device.type != "cpu":
-            reader = self._reader
-            stream, device_ = self._stream, self.device
-            try:
+        try:
+            windows, pool = self._windows, self._pool
+            # Every CUDA stage thread binds the loader's device before its first job: a new
+            # thread starts on device 0, where its first CUDA call would create a context.
+            init = _device_binder(self.device) if on_cuda else None
+            self._reader = OrderedStage(
+                "read",
+                lambda job, ticket: read_job(
+                    job,
+                    ticket,
+                    windows=windows,
+                    source=source,
+                    pool=pool,
+                    check_finite=check_finite,
+                    retries=read_retries,
+                ),
+                workers=self.config.workers,
+                capacity=self.config.reader_capacity
+                if not on_cuda
+                else min(self.config.reader_capacity, self.config.slots),
+                discard=lambda value: discard_loaded(value, pool),
+                thread_init=init,
+            )
+            self._stages = [self._reader]
+            if self.device.type != "cpu":
+                reader = self._reader
+                stream, device_ = self._stream, self.device
                 self._transfer = OrderedStage(
                     "transfer",
                     lambda job, ticket: transfer_job(
@@ -228,10 +234,14 @@ class ChunkLoader:
                     capacity=self.config.gpu_prefetch,
                     thread_init=init,
                 )
-            except BaseException:
-                reader.close(self.config.close_timeout)  # never leak the started readers
-                raise
-            self._stages.append(self._transfer)
+                self._stages.append(self._transfer)
+        except BaseException:
+            # Never leak the started readers, nor a registered arena (its mapping
+            # would be unmapped while still registered, and __del__ does nothing here).
+            for stage in reversed(self._stages):
+                stage.close(self.config.close_timeout)
+            self._close_pool([], self.config.close_timeout)
+            raise
         self._closed = False
         self._lock = threading.Lock()
         self._epoch = 0  # the epoch the next epoch() call runs
@@ -321,8 +331,14 @@ class ChunkLoader:
             except StageClosed:
                 self._check_open()
                 raise
-            except ChunkLoadError:
-                self._after_failure()
+            except ChunkLoadError as failure:
+                try:
+                    self._after_failure()
+                except Exception as exc:  # the worker's error is what the consumer must see
+                    failure.add_note(
+                        f"chunkstream: closing the loader after this error also failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
                 raise
         received = time.perf_counter()
         if isinstance(value, OnDevice):
@@ -381,7 +397,10 @@ class ChunkLoader:
                 else f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker is busy"
             )
             # The stuck thread cannot be joined; its stack is in the error instead.
-            self._shutdown(deadline_s=0.2, warn=False)
+            try:
+                message += self._shutdown(deadline_s=0.2, warn=False)
+            except Exception as exc:  # handed on: the stall is what the consumer must see
+                message += f"; closing the loader also failed: {type(exc).__name__}: {exc}"
             raise LoaderStalledError(message, window=windows[0] if windows else None)
 
     def _after_failure(self) -> None:
@@ -477,32 +496,72 @@ class ChunkLoader:
         """Stop every thread (joined within a deadline); idempotent, safe from any state."""
         self._shutdown(deadline_s=self.config.close_timeout if self._stages else 0.0, warn=True)
 
-    def _shutdown(self, *, deadline_s: float, warn: bool) -> None:
+    def _shutdown(self, *, deadline_s: float, warn: bool) -> str:
+        """Stop everything within one deadline of ``deadline_s`` seconds (plus a poll).
+
+        Every step runs even if an earlier one raises (the first error is raised
+        at the end). Returns a note for the caller's error message when the
+        source was left open (``""`` otherwise); ``warn`` also warns about it
+        and about threads that did not stop.
+        """
         if self._closed:
-            return
+            return ""
         self._closed = True
-        self.stats.epoch_ended()
+        end = time.monotonic() + deadline_s
         alive: list[str] = []
-        # The transfer thread reads from the readers, so stop it first.
-        for stage in reversed(self._stages):
-            alive += stage.close(deadline_s)
+        note = ""
+        try:
+            self.stats.epoch_ended()
+        finally:
+            try:
+                # The transfer thread reads from the readers, so stop it first.
+                for stage in reversed(self._stages):
+                    alive += stage.close(max(0.0, end - time.monotonic()))
+            finally:
+                try:
+                    self._close_pool(alive, max(0.0, end - time.monotonic()))
+                finally:
+                    note = self._close_owned_source(alive)
+                    if alive and warn:
+                        warnings.warn(
+                            f"chunkstream: threads {alive} did not stop within "
+                            f"{self.config.close_timeout} s (a read that ignores "
+                            f"cancellation); they are daemon threads and end with the "
+                            f"process{note}",
+                            RuntimeWarning,
+                            stacklevel=3,
+                        )
+        return note
+
+    def _close_pool(self, alive: list[str], timeout: float) -> None:
         if isinstance(self._pool, PinnedSlotPool):
             # Unpinning under a copy would be a use-after-free: only once the transfer
             # thread has stopped and every queued copy has finished.
             transfer_alive = any(name.startswith("chunkstream-transfer") for name in alive)
-            self._pool.close(max(deadline_s, 1.0), unpin=not transfer_alive)
+            self._pool.close(timeout, unpin=not transfer_alive)
         else:
             self._pool.close()
-        if self._close_source:
-            self.source.close()
-        if alive and warn:
-            warnings.warn(
-                f"chunkstream: threads {alive} did not stop within "
-                f"{self.config.close_timeout} s (a read that ignores cancellation); "
-                "they are daemon threads and end with the process",
-                RuntimeWarning,
-                stacklevel=2,
+
+    def _close_owned_source(self, alive: list[str]) -> str:
+        """Close the source if the loader owns it and no reader is still inside a read.
+
+        A reader stuck in ``read_into`` (a hung file system, a decode task that
+        never ends) would make ``source.close()`` wait for it too (a
+        ``ZarrSource`` joins its decode pool), past every deadline; closing a
+        store under a live read is no better. So the source is then left open,
+        and the returned note says so.
+        """
+        if not self._close_source:
+            return ""
+        readers = [name for name in alive if name.startswith("chunkstream-read")]
+        if readers:
+            return (
+                f"; the source was left open (close_source=True) because {readers} "
+                "are still reading from it: call source.close() once the read returns, "
+                "or let the process exit"
             )
+        self.source.close()
+        return ""
 
     @property
     def pinned_bytes(self) -> int:
