@@ -222,15 +222,22 @@ def close_store(store: Any) -> None:
 
 
 def _close_filesystem(fs: Any) -> None:
-    """Close the aiohttp session (http, gcsfs) of an async fsspec filesystem on zarr's
-    event loop; the next request on ``fs`` would open a new one. (s3 URLs open with
-    obstore, which holds no Python session.)"""
+    """Close the aiohttp session (http, gcsfs) or botocore client (s3fs) of an async fsspec
+    filesystem on zarr's event loop; the next request on ``fs`` would open a new one.
+
+    ZarrSource opens s3 URLs with obstore, but an ``FsspecStore`` over s3fs still comes
+    here from :func:`close_store` (``benchmarks/_fsspec_baseline.py``'s, or a caller's
+    store tied with :func:`own_store`)."""
 
     async def close() -> None:
-        # A private attribute of the backends: fsspec offers no public async close.
+        # Private attributes of the backends: fsspec offers no public async close.
         session = getattr(fs, "_session", None)
         if session is not None and not getattr(session, "closed", True):
             await session.close()
+        creator = getattr(fs, "_s3creator", None)
+        if creator is not None:
+            fs._s3, fs._s3creator = None, None
+            await creator.__aexit__(None, None, None)
 
     try:
         zarr.core.sync.sync(close(), timeout=10)
