@@ -48,7 +48,7 @@ import torch
 from ._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
 from .pipeline import ChunkLoader, LoaderConfig
 from .pipeline._config import resolve_device
-from .pipeline._jobs import _RETRY_BACKOFF_S, _transient  # the reader's retry rule
+from .pipeline._jobs import call_with_retries  # the reader's retry rule
 from .pipeline._stage import thread_stack
 from .plans import RandomPlan, calculate_chunk_params
 from .sources import CallableSource, FieldSpec
@@ -351,18 +351,13 @@ class _FirstWindow:
 
 def _read_first(load_fn, start: int, end: int):
     """``load_fn(start, end)`` with the pipeline's retries and its error (a ``ChunkLoadError``)."""
-    for attempt in range(_READ_RETRIES + 1):
-        try:
-            return load_fn(start, end)
-        except Exception as exc:
-            if attempt < _READ_RETRIES and _transient(exc):
-                time.sleep(_RETRY_BACKOFF_S * 2**attempt)
-                continue
-            raise ChunkLoadError(
-                f"reading window [{start}, {end}) of load_fn failed: {type(exc).__name__}: {exc}",
-                window=(start, end),
-            ) from exc
-    raise AssertionError("unreachable")  # the loop returns or raises
+    try:
+        return call_with_retries(lambda: load_fn(start, end), _READ_RETRIES, (start, end))
+    except Exception as exc:
+        raise ChunkLoadError(
+            f"reading window [{start}, {end}) of load_fn failed: {type(exc).__name__}: {exc}",
+            window=(start, end),
+        ) from exc
 
 
 class PipelineChunkLoader(RandomChunkLoader):

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..sources._base import Source
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
 from ._stage import OrderedStage, StageClosed, Ticket
+
+_T = TypeVar("_T")
 
 __all__ = ["Loaded", "OnDevice", "describe_source", "discard_loaded", "read_job", "transfer_job"]
 
@@ -92,19 +95,10 @@ def read_job(
         ) from exc
     begin = time.perf_counter()
     try:
-        for attempt in range(retries + 1):
-            try:
-                source.read_into(start, stop, buffers.views(stop - start))
-                break
-            except Exception as exc:
-                if attempt == retries or not _transient(exc) or ticket.cancelled():
-                    raise
-                delay = _RETRY_BACKOFF_S * 2**attempt
-                _log.warning(
-                    "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
-                    start, stop, type(exc).__name__, exc, attempt + 1, retries, delay,
-                )  # fmt: skip
-                time.sleep(delay)
+        call_with_retries(
+            lambda: source.read_into(start, stop, buffers.views(stop - start)),
+            retries, (start, stop), ticket.cancelled,
+        )  # fmt: skip
         if check_finite:
             _check_finite(buffers, start, stop)
     except BaseException as exc:
@@ -120,6 +114,29 @@ def read_job(
             field=field,
         ) from exc
     return Loaded(job, start, stop, buffers, begin, time.perf_counter())
+
+
+def call_with_retries(
+    call: Callable[[], _T],
+    retries: int,
+    window: tuple[int, int],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> _T:
+    """``call()``, retried up to ``retries`` times after a transient error (:func:`_transient`),
+    waiting ``_RETRY_BACKOFF_S * 2**attempt`` between tries; the last error is raised as it is."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == retries or not _transient(exc) or cancelled():
+                raise
+            delay = _RETRY_BACKOFF_S * 2**attempt
+            _log.warning(
+                "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
+                *window, type(exc).__name__, exc, attempt + 1, retries, delay,
+            )  # fmt: skip
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
 def _transient(exc: BaseException) -> bool:
