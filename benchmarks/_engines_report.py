@@ -25,14 +25,19 @@ _LABELS = {
 }
 
 
-def _load(results_dir: Path) -> dict | None:
-    for mode in _SOURCES:
+def first_results_with(results_dir: Path, modes: tuple[str, ...], key: str) -> dict | None:
+    """The first of ``results_dir/<mode>.json`` (in ``modes`` order) that holds ``key``."""
+    for mode in modes:
         path = results_dir / f"{mode}.json"
         if path.exists():
             res = json.loads(path.read_text())
-            if "engines" in res:
+            if key in res:
                 return res
     return None
+
+
+def _load(results_dir: Path) -> dict | None:
+    return first_results_with(results_dir, _SOURCES, "engines")
 
 
 def _fmt(f: dict) -> str:

@@ -9,8 +9,9 @@ the figures says so.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from ._engines_report import first_results_with
 
 __all__ = ["remote_section"]
 
@@ -24,13 +25,7 @@ _KINDS = ("500", "stall", "drop")
 
 
 def _load(results_dir: Path) -> dict | None:
-    for mode in _SOURCES:
-        path = results_dir / f"{mode}.json"
-        if path.exists():
-            res = json.loads(path.read_text())
-            if "remote" in res:
-                return res
-    return None
+    return first_results_with(results_dir, _SOURCES, "remote")
 
 
 def _row(server: str, store: str, r: dict) -> str:
