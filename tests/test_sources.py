@@ -40,17 +40,22 @@ def _expected(data: np.ndarray) -> dict[str, np.ndarray]:
     return {"v": data[:, :, 0], "s": data[:, 0:5, 1], "w": data[:, 1:6, 3]}
 
 
+def _open(path: Path, engine: str) -> ZarrSource:
+    """The conformance fields of the array at ``path`` through ``engine``, checked to use it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReadAmplificationWarning)  # some layouts on purpose
+        src = ZarrSource(path, FIELDS, read_threads=3, engine=engine)
+    assert src.engine == engine
+    assert src.uses_fast_path is (engine == "chunkstream")
+    return src
+
+
 def _zarr_kind(zarr_format, codec, chunks, engine):
     def build(tmp_path: Path):
         if engine == "zarrs":
             pytest.importorskip("zarrs")
         data = make_array(tmp_path / "a.zarr", random_data((T, N, 4)), chunks, zarr_format, codec)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ReadAmplificationWarning)  # some layouts on purpose
-            src = ZarrSource(tmp_path / "a.zarr", FIELDS, read_threads=3, engine=engine)
-        assert src.engine == engine
-        assert src.uses_fast_path is (engine == "chunkstream")
-        return src, _expected(data)
+        return _open(tmp_path / "a.zarr", engine), _expected(data)
 
     return build
 
@@ -67,12 +72,7 @@ def _sharded(engine, chunks=(4, N, 1), shards=(8, N, 4), **layout):
             arr = zarr.create_array(tmp_path / "s.zarr", shape=data.shape, dtype=data.dtype,
                                     chunks=chunks, shards=shards)  # fmt: skip
             arr[...] = data
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ReadAmplificationWarning)  # some layouts on purpose
-            src = ZarrSource(tmp_path / "s.zarr", FIELDS, read_threads=3, engine=engine)
-        assert src.engine == engine
-        assert src.uses_fast_path is (engine == "chunkstream")
-        return src, _expected(data)
+        return _open(tmp_path / "s.zarr", engine), _expected(data)
 
     return build
 
