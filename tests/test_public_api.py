@@ -6,7 +6,7 @@ PUBLIC = [
     "BatchStream", "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader",
     "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
-    "FieldSelectionError", "FieldSpec", "LatencyStats", "LoaderClosedError", "LoaderConfig",
+    "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
     "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",

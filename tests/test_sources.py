@@ -25,6 +25,7 @@ from chunkstream._errors import (
 )
 from chunkstream.sources import (
     CallableSource,
+    JoinSource,
     NumpySource,
     Source,
     TensorStoreSource,
@@ -109,6 +110,28 @@ def _callable(tmp_path: Path):
     return CallableSource(load_fn, T, names=("v", "s", "w")), exp
 
 
+def _join(labelled: bool, with_tensorstore: bool = False):
+    """A join of three real stores: numpy, zarr v2 and zarr v3 (or tensorstore) parts."""
+
+    def build(tmp_path: Path):
+        if with_tensorstore:
+            pytest.importorskip("tensorstore")
+        data = random_data((T, N, 4))
+        exp = _expected(data)
+        make_array(tmp_path / "s.zarr", np.ascontiguousarray(data[:, :, 1]), (7, N), 2, "zstd")
+        make_array(tmp_path / "w.zarr", data, (8, N, 1), 3, "blosc-zstd")
+        s = ZarrSource(tmp_path / "s.zarr", {"s": (slice(0, 5),)})
+        w_fields = {"w": (slice(1, 6), 3)}
+        w = (TensorStoreSource(tmp_path / "w.zarr", w_fields) if with_tensorstore
+             else ZarrSource(tmp_path / "w.zarr", w_fields, read_threads=2))  # fmt: skip
+        if labelled:  # one-field parts take their label
+            v = NumpySource({"anything": np.ascontiguousarray(exp["v"])})
+            return JoinSource({"v": v, "s": s, "w": w}), exp
+        return JoinSource(NumpySource({"v": np.ascontiguousarray(exp["v"])}), s, w), exp
+
+    return build
+
+
 KINDS = {
     "zarr3-blosc-fast": _zarr_kind(3, "blosc-zstd", (7, N, 1), "chunkstream"),
     "zarr3-zstd-fast": _zarr_kind(3, "zstd", (8, N, 1), "chunkstream"),
@@ -134,6 +157,9 @@ KINDS = {
     "tensorstore-zarr3": _tensorstore(3),
     "tensorstore-zarr2": _tensorstore(2),
     "callable": _callable,
+    "join": _join(labelled=False),
+    "join-labelled": _join(labelled=True),
+    "join-tensorstore": _join(labelled=False, with_tensorstore=True),
 }
 
 # crossing chunk boundaries, whole chunks, the last partial chunk, one step, everything

@@ -48,6 +48,7 @@ from .plans import (
 from .sources import (
     CallableSource,
     FieldSpec,
+    JoinSource,
     NumpySource,
     RemoteOptions,
     Source,
@@ -74,6 +75,7 @@ __all__ = [
     "FieldLengthError",
     "FieldSelectionError",
     "FieldSpec",
+    "JoinSource",
     "LatencyStats",
     "LoaderClosedError",
     "LoaderConfig",

@@ -3,6 +3,7 @@
 from ._base import FieldSpec, Source
 from ._callable import CallableSource
 from ._group import ZarrGroupSource
+from ._join import JoinSource
 from ._numpy import NumpySource
 from ._remote import RemoteOptions, RemotePermissionError, RemoteStoreError
 from ._tensorstore import TensorStoreSource
@@ -11,6 +12,7 @@ from ._zarr import ZarrSource
 __all__ = [
     "CallableSource",
     "FieldSpec",
+    "JoinSource",
     "NumpySource",
     "RemoteOptions",
     "RemotePermissionError",

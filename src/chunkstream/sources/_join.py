@@ -1,0 +1,206 @@
+"""``JoinSource``: the fields of several sources over one time axis.
+
+Datasets often keep what one timestep needs in separate stores: activity traces
+in a zarr v3 array read through tensorstore, a boolean "observed" mask in a zarr
+v2 array, per-frame covariates in numpy, per-frame integer indices in another
+zarr array. A :class:`JoinSource` exposes the fields of all of them as one
+source, so one window of the loader is one chunk holding every field.
+
+Reads: ``read_into`` reads every part concurrently, the first in the calling
+thread and the others on a small pool owned by the join (threads named
+``chunkstream-join-<n>``, joined by :meth:`JoinSource.close`). It returns only
+after every part has finished, also when one fails, so nothing writes into
+``out`` after it returns; the first failing part's exception (in part order)
+is raised as it is (its type decides retries and what callers catch), tagged
+with the field it was reading and with a note naming the part, its store and
+the window.
+
+Thread-safety: as the parts' ``read_into``; the parts see distinct ``out``
+arrays (each field belongs to one part), and each part is called from one
+thread per window.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .._errors import ConfigError, FieldLengthError
+from ._base import FieldSpec, Source, window_nbytes
+
+__all__ = ["JoinSource"]
+
+_thread_ids = itertools.count()
+
+
+def _describe(source: Any) -> str:
+    """``Type('path')`` where the source has a path, else its type name."""
+    path = getattr(source, "path", None)
+    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
+
+
+def _name_thread() -> None:
+    threading.current_thread().name = f"chunkstream-join-{next(_thread_ids)}"
+
+
+class JoinSource:
+    """Every field of several sources, on the time axis they share.
+
+    ``JoinSource(a, b, c)`` joins the parts in that order; the fields keep their
+    names. ``JoinSource({"traces": a, "mask": b})`` labels each part: a part
+    with exactly one field exposes it under its label (so two stores that each
+    hold one array called ``"data"`` become ``"traces"`` and ``"mask"``); a part
+    with several fields keeps their names. Labels appear in error messages.
+
+    Field names must be unique across the parts (``ConfigError`` otherwise) and
+    every part must have the same number of timesteps (``FieldLengthError``
+    naming each store and its length). Any :class:`~chunkstream.sources.Source`
+    may be a part, a ``JoinSource`` included. The join owns its parts:
+    :meth:`close` closes them. ``read_threads`` (default: one per part after
+    the first, times four, for concurrent reader workers) sizes the pool that
+    reads the parts after the first.
+    """
+
+    def __init__(
+        self, *sources: Source | Mapping[str, Source], read_threads: int | None = None
+    ) -> None:
+        if len(sources) == 1 and isinstance(sources[0], Mapping):
+            labelled = dict(sources[0])
+            rename = True
+        else:
+            labelled = {f"part {i}": s for i, s in enumerate(sources)}
+            rename = False
+        if not labelled:
+            raise ConfigError.bad(
+                "sources", sources, "at least one source, or a non-empty mapping label -> source",
+                "Pass the sources to join: cs.JoinSource(traces, mask, ...).",
+            )  # fmt: skip
+        for label, part in labelled.items():
+            if not isinstance(part, Source) or isinstance(part, Mapping):
+                raise ConfigError.bad(
+                    f"sources[{label!r}]", type(part).__name__,
+                    "a source (fields, __len__, read_into, close)",
+                    "Open each store as a source first, e.g. cs.ZarrSource(path).",
+                )  # fmt: skip
+        if read_threads is None:
+            read_threads = max(1, 4 * (len(labelled) - 1))
+        if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
+            raise ConfigError.bad(
+                "read_threads", read_threads, "an int >= 1, or None",
+                "Pass None for one thread per extra part and reader worker.",
+            )  # fmt: skip
+        lengths = {label: len(part) for label, part in labelled.items()}
+        if len(set(lengths.values())) != 1:
+            detail = ", ".join(
+                f"{label} {_describe(labelled[label])} has {n}" for label, n in lengths.items()
+            )
+            raise FieldLengthError(
+                f"the sources of a JoinSource must share one time length, but {detail} "
+                "timesteps. Slice the longer store to the common length (or pass a "
+                "tensorstore spec with a transform that does)."
+            )
+        # part label -> (part, {exposed name: the part's own name})
+        self._parts: list[tuple[str, Source, dict[str, str]]] = []
+        fields: dict[str, FieldSpec] = {}
+        owner: dict[str, str] = {}
+        for label, part in labelled.items():
+            own = list(part.fields)
+            names = {label: own[0]} if rename and len(own) == 1 else {n: n for n in own}
+            for exposed, inner in names.items():
+                if exposed in fields:
+                    raise ConfigError.bad(
+                        "sources", f"field {exposed!r} in both {owner[exposed]} and {label}",
+                        "unique field names across the joined sources",
+                        "Rename a field in one source (e.g. fields={'mask': ...}), or pass a "
+                        "mapping label -> source so that one-field sources take their label.",
+                    )  # fmt: skip
+                fields[exposed] = part.fields[inner]
+                owner[exposed] = f"{label} {_describe(part)}"
+            self._parts.append((label, part, names))
+        self._fields = fields
+        self._len = next(iter(lengths.values()))
+        self.nbytes_per_step = window_nbytes(fields, 1)
+        self.read_amplification = {
+            exposed: getattr(part, "read_amplification", {}).get(inner, 1.0)
+            for _, part, names in self._parts
+            for exposed, inner in names.items()
+        }
+        self._pool = cf.ThreadPoolExecutor(read_threads, initializer=_name_thread)
+        self._closed = False
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Field name -> per-timestep shape and dtype, the parts' fields in part order."""
+        return self._fields
+
+    @property
+    def parts(self) -> dict[str, Source]:
+        """Label -> joined source (labels are ``"part 0"``, ... without a mapping)."""
+        return {label: part for label, part, _ in self._parts}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out[name][: stop - start]`` for every field; the parts read concurrently."""
+        jobs = [
+            (label, part, {inner: out[exposed] for exposed, inner in names.items()}, names)
+            for label, part, names in self._parts
+        ]
+        pending = [
+            (job, self._pool.submit(self._read_part, job, start, stop)) for job in jobs[1:]
+        ]
+        error: BaseException | None = None
+        try:
+            self._read_part(jobs[0], start, stop)
+        except Exception as exc:  # raised below, once every other part has finished
+            error = exc
+        for _, future in pending:  # wait for all, so nothing writes into out after we return
+            try:
+                future.result()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    @staticmethod
+    def _read_part(job: tuple, start: int, stop: int) -> None:
+        label, part, views, names = job
+        try:
+            part.read_into(start, stop, views)
+        except Exception as exc:
+            inner = getattr(exc, "chunkstream_field", None)
+            exposed = next((e for e, i in names.items() if i == inner), None)
+            try:  # name the field as the join exposes it
+                exc.chunkstream_field = exposed or (next(iter(names)) if len(names) == 1 else None)
+            except AttributeError:  # exceptions with __slots__ cannot carry it
+                pass
+            exc.add_note(
+                f"chunkstream: JoinSource part {label} ({_describe(part)}), fields "
+                f"{list(names)}, failed reading window [{start}, {stop})"
+            )
+            raise
+
+    def close(self) -> None:
+        """Stop the pool (joining its threads) and close every part; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for _, part, _ in self._parts:
+            part.close()
+
+    def __enter__(self) -> JoinSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{label}={_describe(part)}" for label, part, _ in self._parts)
+        return f"JoinSource(T={self._len}, {parts})"
