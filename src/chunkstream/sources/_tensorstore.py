@@ -44,7 +44,8 @@ class TensorStoreSource:
     """Fields of a zarr (v2 or v3) array opened with tensorstore.
 
     ``spec_or_path`` is a local path to the array (the driver is picked from its
-    metadata file) or a full tensorstore spec dict. ``fields`` has the
+    metadata file) or a full tensorstore spec dict (with a ``transform`` if
+    wanted; its domain is counted from 0 on every axis). ``fields`` has the
     :class:`ZarrSource` meaning. Reads write straight into ``out`` through a
     tensorstore view of it. Note: like zarr, tensorstore reads absent chunks as
     the fill value; use ``ZarrSource`` where that must be detected.
@@ -66,7 +67,12 @@ class TensorStoreSource:
             spec = _spec_for_path(Path(spec_or_path).expanduser())
             self.path = str(spec_or_path)
         kwargs = {"read": True} if context is None else {"read": True, "context": context}
-        self.store = ts.open(spec, **kwargs).result()
+        store = ts.open(spec, **kwargs).result()
+        # A spec's transform may give a domain that does not start at 0 (e.g. time
+        # [5, 7905)); fields and windows count from 0, so every axis is translated.
+        if any(int(origin) != 0 for origin in store.domain.origin):
+            store = store[ts.d[:].translate_to[0]]
+        self.store = store
         shape = tuple(int(s) for s in self.store.shape)
         where = f"tensorstore array {self.path!r} (shape {shape})"
         if not shape:
