@@ -123,9 +123,11 @@ def test_a_failing_part_names_the_store_the_field_and_the_window(zapbench, tmp_p
     join = cs.JoinSource(open_parts())
     chunk = tmp_path / "mask.zarr" / "1.0"  # zarr v2 key: time chunk 1 (rows 16..31)
     chunk.unlink()
-    with cs.ChunkLoader(join, 16, device="cpu", sampling="sequential", close_source=True) as ld:
-        with pytest.raises(cs.ChunkLoadError) as info:
-            list(ld.epoch())
+    with (
+        cs.ChunkLoader(join, 16, device="cpu", sampling="sequential", close_source=True) as ld,
+        pytest.raises(cs.ChunkLoadError) as info,
+    ):
+        list(ld.epoch())
     error = info.value
     assert error.window == (16, 32) and error.field == "mask"
     assert "[16, 32)" in str(error) and "'mask'" in str(error)

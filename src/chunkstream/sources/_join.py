@@ -23,6 +23,7 @@ thread per window.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import itertools
 import threading
 from collections.abc import Mapping
@@ -176,10 +177,11 @@ class JoinSource:
         except Exception as exc:
             inner = getattr(exc, "chunkstream_field", None)
             exposed = next((e for e, i in names.items() if i == inner), None)
-            try:  # name the field as the join exposes it
-                exc.chunkstream_field = exposed or (next(iter(names)) if len(names) == 1 else None)
-            except AttributeError:  # exceptions with __slots__ cannot carry it
-                pass
+            if exposed is None and len(names) == 1:  # the part's only field
+                exposed = next(iter(names))
+            # name the field as the join exposes it; exceptions with __slots__ cannot carry it
+            with contextlib.suppress(AttributeError):
+                exc.chunkstream_field = exposed
             exc.add_note(
                 f"chunkstream: JoinSource part {label} ({_describe(part)}), fields "
                 f"{list(names)}, failed reading window [{start}, {stop})"
