@@ -33,7 +33,7 @@ from ..pipeline import Chunk, ChunkLoader
 from ..pipeline._config import _positive_int  # the loader's int check, one for the package
 from ..plans import EpochPlan
 from ..plans._hash import M64, hash_words, seed_key
-from ._sampling import gather_windows, sample_windows
+from ._sampling import _compute_dtype, gather_windows, sample_windows
 
 __all__ = ["BatchStream"]
 
@@ -72,6 +72,11 @@ class BatchStream:
         field's tensor alone.
     seed:
         Seeds the batch starts; ``None`` takes the loader's plan seed.
+    dtype:
+        Compute dtype of floating-point fields (e.g. ``torch.float32`` for
+        fields stored as float16): converted in the gather, batch by batch, so
+        the chunk stays in its stored dtype (see :func:`gather_windows`); bool
+        and integer fields keep theirs. ``None`` keeps every stored dtype.
 
     Notes
     -----
@@ -108,6 +113,7 @@ class BatchStream:
         plan: EpochPlan | None = None,
         fields: str | Sequence[str] | None = None,
         seed: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
@@ -188,6 +194,8 @@ class BatchStream:
             "seed", seed, minimum=0, fix="Pass a non-negative seed, or None for the loader's."
         )
         self._key = seed_key(self.seed)
+        _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
+        self.dtype = dtype
         self._generator = torch.Generator(device=loader.device)
         # Resume and position. ``_before`` is the loader's state before the chunk being
         # drawn from (None between chunks); ``_drawn`` counts that chunk's batches handed out.
@@ -260,8 +268,11 @@ class BatchStream:
             chunk, batch_size=self.batch_size, window=self.window, generator=self._generator
         )
         if self._single:
-            return gather_windows(chunk[self.fields[0]], starts, self.window)
-        return {name: gather_windows(chunk[name], starts, self.window) for name in self.fields}
+            return gather_windows(chunk[self.fields[0]], starts, self.window, dtype=self.dtype)
+        return {
+            name: gather_windows(chunk[name], starts, self.window, dtype=self.dtype)
+            for name in self.fields
+        }
 
     # -- resume ------------------------------------------------------------------------
 

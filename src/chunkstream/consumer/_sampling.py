@@ -12,6 +12,8 @@ their starts are ``0 .. L - window``. Two ways to draw them:
 :func:`gather_windows` turns starts into a ``(B, window, *rest)`` batch with one
 ``index_select`` over an ``unfold`` view of the chunk: no host round trip, no
 index tensor, nothing allocated but the batch (or nothing at all with ``out=``).
+With ``dtype=`` a float16 chunk stays float16 on the device and only the batch
+is converted (bool and integer fields keep their dtype).
 
 Random numbers come from ``generator`` (which must live on the chunk's device, so
 that drawing never copies between host and device) or torch's default generator
@@ -160,19 +162,32 @@ class WindowSampler:
 
 
 def gather_windows(
-    tensor: torch.Tensor, starts: torch.Tensor, window: int, *, out: torch.Tensor | None = None
+    tensor: torch.Tensor,
+    starts: torch.Tensor,
+    window: int,
+    *,
+    out: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``out[b] = tensor[starts[b] : starts[b] + window]``: shape ``(B, window, *rest)``.
 
     Runs on ``tensor``'s device: ``starts`` must be a long tensor there, with
     values in ``[0, len(tensor) - window]`` (checked by the kernel, not here, so
     no value is read back to the host). ``out``, when given, is filled and
-    returned (shape ``(B, window, *rest)``, ``tensor``'s dtype and device), so a
-    loop can reuse one batch buffer.
+    returned (shape ``(B, window, *rest)``, the result's dtype, ``tensor``'s
+    device), so a loop can reuse one batch buffer.
+
+    ``dtype`` is the compute dtype of a floating-point chunk (``torch.float16``,
+    ``bfloat16``, ``float32`` or ``float64``): the batch is gathered in the
+    stored dtype and converted on the device, so only the batch, never the
+    chunk, exists in ``dtype`` (float16 -> float32 is exact, as
+    ``x.half().float()``). Chunks of bool or integer dtype (masks, indices)
+    gather as stored whatever ``dtype`` says; ``None`` keeps the stored dtype.
     """
     if tensor.dim() < 1:
         raise ConfigError.bad("tensor", "a 0-d tensor", "a tensor with a time axis 0")
     _num_starts(int(tensor.shape[0]), window)
+    target = _compute_dtype(dtype, tensor.dtype)
     if starts.device != tensor.device or starts.dtype != torch.long or starts.dim() != 1:
         raise ConfigError.bad(
             "starts",
@@ -182,6 +197,34 @@ def gather_windows(
         )
     # unfold gives every window as a view (n, *rest, window); movedim puts time second.
     windows = tensor.unfold(0, window, 1).movedim(-1, 1)
+    if target == tensor.dtype:
+        if out is None:
+            return torch.index_select(windows, 0, starts)
+        return torch.index_select(windows, 0, starts, out=out)
+    # index_select cannot convert: gather the batch as stored, then convert it alone.
+    batch = torch.index_select(windows, 0, starts)
     if out is None:
-        return torch.index_select(windows, 0, starts)
-    return torch.index_select(windows, 0, starts, out=out)
+        return batch.to(target)
+    if out.dtype != target:
+        raise ConfigError.bad(
+            "out", f"a {out.dtype} tensor", f"a {target} tensor (dtype={target})",
+            "Allocate out with the dtype the batch is converted to.",
+        )  # fmt: skip
+    return out.copy_(batch)
+
+
+# The compute dtypes a floating-point chunk may be converted to in the gather.
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _compute_dtype(dtype: object, stored: torch.dtype) -> torch.dtype:
+    """The dtype a chunk of ``stored`` dtype gathers into, given ``dtype=``."""
+    if dtype is None:
+        return stored
+    if not any(dtype is d for d in COMPUTE_DTYPES):  # `is`: a numpy dtype's == would convert
+        raise ConfigError.bad(
+            "dtype", dtype, f"None or one of {', '.join(map(str, COMPUTE_DTYPES))}",
+            "Pass a floating torch dtype such as torch.float32 (masks and indices keep "
+            "their stored dtype on their own).",
+        )  # fmt: skip
+    return dtype if stored.is_floating_point else stored
