@@ -191,3 +191,17 @@ def test_cuda_chunks_keep_the_stored_dtype_and_the_gather_converts_on_the_device
             rows = [traces[s : s + 4] for s in (starts + chunk.start).tolist()]
             np.testing.assert_array_equal(batch.cpu().numpy(), np.stack(rows).astype(np.float32))
             assert cs.gather_windows(m, starts, 4, dtype=torch.float32).dtype == torch.bool
+
+
+def test_the_plan_memory_table_counts_the_stored_dtype(tmp_path):
+    from chunkstream.tools import layout_from_store, plan_memory
+
+    sizes = {}
+    for dtype in ("float16", "float32"):
+        make_array(tmp_path / f"{dtype}.zarr", _values("float16").astype(dtype), (8, N))
+        layout = layout_from_store(tmp_path / f"{dtype}.zarr")
+        report = plan_memory(layout, chunk_size=16, batch_size=4, device="cuda")
+        assert report.fields == {"data": [[N], dtype]}
+        sizes[dtype] = (report.chunk_bytes, report.streaming.device_bytes, report.full.device_bytes)
+    assert sizes["float16"][0] == 16 * N * 2
+    assert [2 * b for b in sizes["float16"]] == list(sizes["float32"])  # half, row by row
