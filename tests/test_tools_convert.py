@@ -120,3 +120,58 @@ def test_fields_must_share_time_length(tmp_path):
     zarr.create_array(str(tmp_path / "b.zarr"), shape=(12, 2), dtype="f4")
     with pytest.raises(FieldLengthError):
         convert_store(tmp_path, tmp_path / "out", fields=["x=a[:]", "y=b[:]"], progress=False)
+
+
+# -- --dtype: a half-precision copy ------------------------------------------------------
+
+
+def test_float16_copy_reports_its_rounding_error(store, tmp_path):
+    path, data = store
+    report = convert_store(path / "timeseries.zarr", tmp_path / "half", fields=FIELDS,
+                           chunk_mb=CHUNK_MB, dtype="float16", progress=False)  # fmt: skip
+    assert report.verified  # OUT against the converted input
+    volt = zarr.open_array(str(tmp_path / "half" / "voltage"), mode="r")
+    assert volt.dtype == np.float16
+    np.testing.assert_array_equal(volt[:], data[:, :, 0].astype(np.float16))
+    by_name = {f.name: f for f in report.fields}
+    assert by_name["voltage"].dtype == "float16"
+    full = np.abs(data[:, :, 0].astype(np.float64) - data[:, :, 0].astype(np.float16))
+    first_slab = full[: volt.chunks[0]].max()  # the sample always holds the first slab
+    assert 0 < first_slab <= by_name["voltage"].max_abs_error <= full.max()
+    assert report.decoded_bytes == (300 * 40 + 300 * 8) * 2
+    # the dtype is part of the arguments: another one needs --overwrite
+    with pytest.raises(ConfigError, match="other arguments"):
+        convert_store(path / "timeseries.zarr", tmp_path / "half", fields=FIELDS,
+                      chunk_mb=CHUNK_MB, progress=False)  # fmt: skip
+    plain = convert_store(path / "timeseries.zarr", tmp_path / "plain", fields=FIELDS,
+                          chunk_mb=CHUNK_MB, progress=False)  # fmt: skip
+    assert all(f.max_abs_error is None and f.dtype == "float32" for f in plain.fields)
+
+
+def test_float16_overflow_is_refused_naming_the_field_and_the_fix(tmp_path):
+    data = np.full((40, 3), 1.5, np.float32)
+    data[25, 1] = 1e6
+    zarr.create_array(tmp_path / "big.zarr", shape=data.shape, chunks=(10, 3),
+                      dtype=data.dtype)[...] = data  # fmt: skip
+    with pytest.raises(ConfigError, match=r"dtype='float16'.*'x'.*1e\+06.*Convert to float32"):
+        convert_store(tmp_path / "big.zarr", tmp_path / "out", fields=["x=:"], chunk_mb=1e-4,
+                      dtype="float16", progress=False)  # fmt: skip
+
+
+def test_cli_dtype_prints_the_rounding_error(store, tmp_path, capsys):
+    from chunkstream.cli import main
+
+    path, _ = store
+    rc = main(["convert", str(path / "timeseries.zarr"), str(tmp_path / "half"), "--fields",
+               *FIELDS, "--dtype", "float16", "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "float16: max abs rounding error" in out
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16", "nope"])
+def test_unsupported_output_dtype_is_refused(store, tmp_path, dtype):
+    path, _ = store
+    with pytest.raises(ConfigError, match=rf"dtype='{dtype}'.*float16"):
+        convert_store(path / "timeseries.zarr", tmp_path / "o", fields=FIELDS, dtype=dtype,
+                      progress=False)  # fmt: skip

@@ -12,6 +12,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..tools._codecs import CODECS
+    from ..tools._convert import OUT_DTYPES
 
     p = subparsers.add_parser(
         "convert",
@@ -42,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="output compression (default blosc-zstd)")  # fmt: skip
     p.add_argument("--zarr-format", type=int, choices=(2, 3), default=3,
                    help="output zarr format (default 3)")  # fmt: skip
+    p.add_argument("--dtype", choices=OUT_DTYPES, default=None,
+                   help="write every field in this dtype (e.g. float16: half the bytes to "
+                        "read and stream); reports the max abs rounding error on a sample")  # fmt: skip
     p.add_argument("--workers", type=int, default=None,
                    help="parallel slab copies (default min(4, cores))")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="delete an existing OUT first")
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     report = convert_store(
         args.input, args.out, fields=fields, chunk_mb=args.chunk_mb, codec=args.codec,
         workers=args.workers, zarr_format=args.zarr_format, overwrite=args.overwrite,
-        verify=not args.no_verify, progress=not args.no_progress,
+        verify=not args.no_verify, progress=not args.no_progress, dtype=args.dtype,
     )  # fmt: skip
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -77,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         status = "verified" if f.checksum_out == f.checksum_in else "not verified"
         print(f"  {f.name:<12} <- {f.source:<24} {f.shape!s:<18} chunks {f.chunks!s:<16} "
               f"checksum {f.checksum_in} {status}")  # fmt: skip
+        if f.max_abs_error is not None:
+            print(f"  {'':<12}    {f.dtype}: max abs rounding error {f.max_abs_error:.3g} "
+                  "on a sample of slabs")  # fmt: skip
     ratio = report.decoded_bytes / report.stored_bytes if report.stored_bytes else 0.0
     print(f"  {report.decoded_bytes / 1e6:.1f} MB decoded, {report.stored_bytes / 1e6:.1f} MB "
           f"stored (ratio {ratio:.2f})")  # fmt: skip

@@ -24,6 +24,11 @@ How it runs:
   removed (zarr warns about unknown files in a group); rerunning a finished
   conversion only re-verifies OUT against those checksums.
 * **IN is never written**: it is opened read-only, and OUT may not lie inside it.
+* **Storage dtype.** ``dtype`` (e.g. ``float16``) writes every field in that
+  dtype; the digests are then taken of the converted slabs, so verification
+  checks OUT against the converted input, and each field reports the largest
+  absolute rounding error over a sample of slabs (``max_abs_error``). A finite
+  value beyond the new dtype's range stops the run with a ``ConfigError``.
 
 An interleaved input is decoded once per field that reads it (slabs are per
 field); converting is a one-off, and this keeps slab ownership trivial.
@@ -50,7 +55,7 @@ from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
 from ._stores import is_remote, open_arrays, resolve_field
 
-__all__ = ["ConvertReport", "FieldResult", "convert_store", "flyvis_fields"]
+__all__ = ["OUT_DTYPES", "ConvertReport", "FieldResult", "convert_store", "flyvis_fields"]
 
 PROGRESS = ".chunkstream-convert.json"
 _FLYVIS_COLUMNS = {"voltage": 0, "stimulus": 1, "calcium": 2, "fluorescence": 3}
@@ -69,6 +74,7 @@ class FieldResult:
     slabs: int
     checksum_in: str
     checksum_out: str | None
+    max_abs_error: float | None = None  # with ``dtype``: over the sampled slabs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +118,27 @@ def flyvis_fields(column: str | int = "voltage", stim_dims: int = 1736) -> list[
     if name == "stimulus":
         return [stim]
     return [f"{name}=timeseries[:,{_FLYVIS_COLUMNS[name]}]", stim]
+
+
+# Output dtypes ``dtype=`` accepts: storage precisions a loader streams as they are.
+OUT_DTYPES = ("float16", "float32", "float64")
+_ERROR_SAMPLE_SLABS = 4  # slabs per field compared for the rounding error, spread over time
+
+
+def _rounding_error(array: Any, index: tuple, target: Any, t_chunk: int, slabs: int) -> float:
+    """The largest ``|IN - OUT|`` over up to ``_ERROR_SAMPLE_SLABS`` slabs spread over time."""
+    picks = sorted({round(i * (slabs - 1) / max(1, _ERROR_SAMPLE_SLABS - 1))
+                    for i in range(min(slabs, _ERROR_SAMPLE_SLABS))})  # fmt: skip
+    worst = 0.0
+    for i in picks:
+        t0, t1 = i * t_chunk, min(int(array.shape[0]), (i + 1) * t_chunk)
+        exact = np.asarray(array[(slice(t0, t1), *index)], dtype=np.float64)
+        stored = np.asarray(target[t0:t1], dtype=np.float64)
+        with np.errstate(invalid="ignore"):  # inf - inf where IN already held inf
+            diff = np.abs(exact - stored)
+        diff[(exact == stored) | (np.isnan(exact) & np.isnan(stored))] = 0.0
+        worst = max(worst, float(diff.max(initial=0.0)))
+    return worst
 
 
 def _digest(data: np.ndarray) -> str:
@@ -175,14 +202,16 @@ def convert_store(
     verify: bool = True,
     progress: bool = True,
     on_slab: Callable[[int], None] | None = None,
+    dtype: str | None = None,
 ) -> ConvertReport:
     """Convert ``source`` to one array per field under ``out`` (see module docs).
 
     ``fields`` are CLI strings or a mapping as for ``inspect_store``;
     ``workers`` defaults to ``min(4, cpu_count)``. ``on_slab(n)`` is called in
     the calling thread after the n-th slab of this run is recorded (a progress
-    hook; an exception from it stops the run, leaving it resumable). Raises
-    ``CorruptChunkError`` when verification fails.
+    hook; an exception from it stops the run, leaving it resumable). ``dtype``
+    is the output dtype (one of :data:`OUT_DTYPES`; ``None`` keeps each field's).
+    Raises ``CorruptChunkError`` when verification fails.
     """
     import zarr
     from tqdm.auto import tqdm
@@ -194,6 +223,17 @@ def convert_store(
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError.bad("workers", workers, "an int >= 1")
     compressors = compressors_for(codec, zarr_format)
+    out_dtype = None
+    if dtype is not None:
+        try:
+            out_dtype = np.dtype(dtype)
+        except TypeError:
+            out_dtype = None
+        if out_dtype is None or out_dtype.name not in OUT_DTYPES:
+            raise ConfigError.bad(
+                "dtype", dtype, f"None or one of {', '.join(OUT_DTYPES)}",
+                "Pass --dtype float16 for a half-precision copy.",
+            )  # fmt: skip
     if is_remote(out):
         raise ConfigError.bad("out", str(out), "a local directory (progress is kept on disk)")
     arrays = open_arrays(source)
@@ -220,6 +260,8 @@ def convert_store(
         "source": src_text, "fields": {p[0]: p[1] for p in plan}, "chunk_mb": float(chunk_mb),
         "codec": codec, "zarr_format": zarr_format,
     }  # fmt: skip
+    if out_dtype is not None:  # only when given, so earlier conversions still resume
+        args["dtype"] = out_dtype.name
     saved = _prepare_out(out, args, overwrite)
     state = saved or {"args": args, "done": {p[0]: {} for p in plan}}
     if saved is None:
@@ -228,7 +270,7 @@ def convert_store(
                                       "fields": args["fields"]}  # fmt: skip
         for name, _, array, _, step_shape, t_chunk in plan:
             group.create_array(
-                name, shape=(int(array.shape[0]), *step_shape), dtype=array.dtype,
+                name, shape=(int(array.shape[0]), *step_shape), dtype=out_dtype or array.dtype,
                 chunks=(t_chunk, *step_shape), compressors=compressors, fill_value=0,
                 config={"write_empty_chunks": True},
             )  # fmt: skip
@@ -246,6 +288,18 @@ def convert_store(
     def copy(slab: tuple) -> str:
         name, _, t0, t1, array, index = slab
         data = np.ascontiguousarray(array[(slice(t0, t1), *index)])
+        if out_dtype is not None:
+            try:
+                with np.errstate(over="raise"):
+                    data = data.astype(out_dtype)
+            except FloatingPointError:  # a finite value would become inf: refuse, not round
+                raise ConfigError.bad(
+                    "dtype", out_dtype.name,
+                    f"a dtype that holds field {name!r}: timesteps [{t0}, {t1}) reach "
+                    f"{np.nanmax(np.abs(data)):.6g}, beyond {out_dtype.name}'s "
+                    f"{float(np.finfo(out_dtype).max):.6g}",
+                    "Convert to float32, or rescale the data first.",
+                ) from None
         targets[name][t0:t1] = data
         return _digest(data)
 
@@ -282,7 +336,7 @@ def convert_store(
                 checks[(name, i)] = pool.submit(lambda n=name, a=t0, b=t1: _digest(targets[n][a:b]))
     results = []
     ok = True
-    for name, source_sel, array, _, step_shape, t_chunk in plan:
+    for name, source_sel, array, index, step_shape, t_chunk in plan:
         n = -(-int(array.shape[0]) // t_chunk)
         if done is not None:
             ins = [done[name][str(i)] for i in range(n)]
@@ -303,8 +357,10 @@ def convert_store(
         ok = ok and outs is not None
         results.append(FieldResult(
             name=name, source=source_sel, shape=(int(array.shape[0]), *step_shape),
-            chunks=(t_chunk, *step_shape), dtype=str(array.dtype), slabs=n,
+            chunks=(t_chunk, *step_shape), dtype=str(out_dtype or array.dtype), slabs=n,
             checksum_in=checksum_in, checksum_out=checksum_out,
+            max_abs_error=None if out_dtype is None else _rounding_error(
+                array, index, targets[name], t_chunk, n),
         ))  # fmt: skip
     if ok and done is not None:
         meta = dict(group.attrs["chunkstream"])
