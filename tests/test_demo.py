@@ -27,6 +27,8 @@ def test_demo_trains_and_writes_its_outputs(tmp_path, capsys):
     assert result["val_loss"] < 0.7 * result["baseline_val"]
     assert result["memory"]["loader_host"] < result["memory"]["train_split"]
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e["name"] == "chunkstream.read" for e in trace["traceEvents"])
     assert (out / "checkpoint.pt").is_file()
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()

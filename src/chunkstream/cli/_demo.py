@@ -3,8 +3,8 @@
 With no arguments it writes (once; later runs reuse it) a synthetic dataset in
 the FlyVis layout under ``./chunkstream-demo/data``, streams its training split
 in chunks (CUDA when present, else CPU) for a few epochs, prints one line per
-epoch and a final table, and writes TensorBoard logs and ``timeline.png`` into
-the output folder. ``--data`` trains on an existing FlyVis-layout directory.
+epoch and a final table, and writes TensorBoard logs, ``timeline.png`` and
+``trace.json`` (the loader's spans, for ui.perfetto.dev) into the output folder. ``--data`` trains on an existing FlyVis-layout directory.
 """
 
 from __future__ import annotations
@@ -112,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
         source.close()
     assert trainer.loader is not None  # set by fit()
     timeline = plot_timeline(trainer.loader.stats, out / "timeline.png")
+    trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
     print()
     print(format_table(result))
     print()
-    print(f"wrote {timeline}, TensorBoard logs in {out / 'tensorboard'} "
+    print(f"wrote {timeline}, {trace} (ui.perfetto.dev), TensorBoard logs in {out / 'tensorboard'} "
           f"(tensorboard --logdir {out / 'tensorboard'}), checkpoint {result.checkpoint}")  # fmt: skip
     print(f"demo took {time.perf_counter() - began:.1f} s")
     if args.json:

@@ -20,9 +20,10 @@ device's context.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -52,6 +53,7 @@ class Loaded:
     buffers: BufferSet
     read_begin: float
     read_end: float
+    thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
 
 
 @dataclass
@@ -63,6 +65,7 @@ class OnDevice:
     begin: Any
     done: Any
     issued: float
+    thread: str = field(default_factory=lambda: threading.current_thread().name)  # the copier
 
 
 def describe_source(source: Source) -> str:

@@ -369,9 +369,10 @@ class ChunkLoader:
             read_begin=loaded.read_begin,
             read_end=loaded.read_end,
             received=received,
+            read_thread=loaded.thread,
         )
         if isinstance(value, OnDevice):
-            record.transfer_begin = value.issued
+            record.transfer_begin, record.transfer_thread = value.issued, value.thread
             if value.done is not None:
                 record._events = (value.begin, value.done)
         self.stats.record_chunk(record)

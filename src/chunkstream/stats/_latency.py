@@ -12,22 +12,26 @@ Summaries: mean/p50/p95/max/min/total in ms per quantity, the stall fraction
 (consumer wait over the time spent inside epochs) and throughput (chunks/s and
 GB/s of delivered windows over the same time). :meth:`LatencyStats.print_summary`
 prints them as a table, :meth:`LatencyStats.log_to` writes TensorBoard scalars,
-and :func:`chunkstream.stats.plot_timeline` draws the per-chunk lanes.
+:func:`chunkstream.stats.plot_timeline` draws the per-chunk lanes and
+:meth:`LatencyStats.export_trace` writes them as a Chrome/Perfetto trace.
 
 Thread-safety: records are appended under a lock; summaries copy them first.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ._timer import BatchTimer
+from ._trace import write_trace
 
 __all__ = ["BatchRecord", "ChunkRecord", "LatencyStats"]
 
@@ -51,6 +55,8 @@ class ChunkRecord:
     transfer_begin: float | None = None  # host-clock estimate of the copy's span (timeline)
     transfer_end: float | None = None
     compute_end: float | None = None  # when the consumer asked for the next chunk (timeline)
+    read_thread: str | None = None  # the thread that read it and the one that copied it
+    transfer_thread: str | None = None  # (trace tracks; None where unknown)
     _events: Any = field(default=None, repr=False)  # (start, end) CUDA events, unresolved
 
 
@@ -286,6 +292,20 @@ class LatencyStats:
     def print_summary(self, file: Any = None) -> None:
         """Print :meth:`format_summary` (an explicit user call, so it prints)."""
         print(self.format_summary(), file=file)
+
+    def export_trace(self, path: str | os.PathLike) -> Path:
+        """Write every chunk's read, copy and wait spans as Chrome/Perfetto trace JSON.
+
+        One track per reader thread, one per transfer thread and one for the
+        consumer; one complete event per chunk and stage (see
+        :mod:`chunkstream.stats._trace`). A CUDA copy whose events have not
+        completed yet has no event: call ``torch.cuda.synchronize()`` first to
+        include every copy. Returns the path written.
+        """
+        self.resolve_transfers()
+        with self._lock:
+            records = list(self.chunks)
+        return write_trace(records, path)
 
     def log_to(self, writer: Any, step: int, prefix: str = "latency/") -> None:
         """Write the summary's main figures as scalars to a TensorBoard ``SummaryWriter``."""
