@@ -127,6 +127,23 @@ def _stream(sampling="shuffled", **kwargs):
         cs.BatchStream(loader, **{"window": 5, "batch_size": 4, "batches_per_chunk": 2, **kwargs})
 
 
+def _join_lengths(tmp: Path):
+    make_array(tmp / "short.zarr", random_data((199, 6)), (50, 6))
+    cs.JoinSource({"long": cs.ZarrSource(_zarr(tmp)), "short": cs.ZarrSource(tmp / "short.zarr")})
+
+
+def _x(rows: int = 10) -> np.ndarray:
+    return np.zeros((rows, 2), np.float32)
+
+
+def _convert_dtype(tmp: Path, dtype: str, big: bool = False):
+    from chunkstream.tools import convert_store
+
+    data = random_data((40, 3)) * (1e6 if big else 1)
+    make_array(tmp / "in.zarr", data.astype(np.float32), (10, 3))
+    convert_store(tmp / "in.zarr", tmp / "out", fields=["x=:"], dtype=dtype, progress=False)
+
+
 def _stream_state(state):
     with _loader() as loader:
         cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2).load_state_dict(state)
@@ -311,6 +328,34 @@ CASES = [
     ("BatchStream.load_state_dict.state",
      lambda t: _stream_state({"loader": {"epoch": 0, "step": 0}, "batch": 2}),
      cs.ConfigError, ValueError, ["state=", "'batch' in [0, batches_per_chunk=2)"]),
+    ("BatchStream.dtype", lambda t: _stream(dtype=torch.int64),
+     cs.ConfigError, ValueError, ["dtype=torch.int64", "torch.float32", "floating torch dtype"]),
+    ("JoinSource.sources.empty", lambda t: cs.JoinSource(),
+     cs.ConfigError, ValueError, ["sources=()", "at least one source", "cs.JoinSource(traces"]),
+    ("JoinSource.sources.type", lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), _x()),
+     cs.ConfigError, ValueError, ["sources['part 1']='ndarray'", "cs.ZarrSource(path)"]),
+    ("JoinSource.sources.lengths", _join_lengths,
+     cs.FieldLengthError, ValueError, ["long ZarrSource(", "x.zarr", "has 200",
+                                       "short ZarrSource(", "has 199", "Slice the longer"]),
+    ("JoinSource.sources.names",
+     lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), cs.NumpySource({"a": _x()})),
+     cs.ConfigError, ValueError, ["field 'a' in both part 0", "part 1", "unique field names",
+                                  "Rename a field"]),
+    ("JoinSource.read_threads",
+     lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), read_threads=0),
+     cs.ConfigError, ValueError, ["read_threads=0", "Pass None"]),
+    ("gather_windows.dtype",
+     lambda t: cs.gather_windows(torch.zeros(9, 2), torch.tensor([0]), 3, dtype=torch.int32),
+     cs.ConfigError, ValueError, ["dtype=torch.int32", "torch.float16", "floating torch dtype"]),
+    ("gather_windows.out",
+     lambda t: cs.gather_windows(torch.zeros(9, 2, dtype=torch.float16), torch.tensor([0]), 3,
+                                 out=torch.empty(1, 3, 2, dtype=torch.float16),
+                                 dtype=torch.float32),
+     cs.ConfigError, ValueError, ["out=", "torch.float16", "torch.float32", "Allocate out"]),
+    ("convert_store.dtype", lambda t: _convert_dtype(t, "int8"),
+     cs.ConfigError, ValueError, ["dtype='int8'", "float16", "--dtype float16"]),
+    ("convert_store.dtype.range", lambda t: _convert_dtype(t, "float16", big=True),
+     cs.ConfigError, ValueError, ["dtype='float16'", "field 'x'", "65504", "Convert to float32"]),
 ]  # fmt: skip
 
 
