@@ -6,7 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
-from ._engines_report import engine_section
+from ._dtype import dtype_section
+from ._engines_report import engine_section, first_results_with
 from ._remote_report import remote_section
 
 __all__ = ["RESULTS_DIR", "targets", "write_markdown"]
@@ -280,6 +281,7 @@ def write_markdown(results_dir: Path = RESULTS_DIR, markdown: Path = MARKDOWN) -
             body += ["### cuda run", "", "Not run: no NVIDIA GPU was available when these "
                      "figures were taken. `benchmarks/gpu.sh` is ready for one.", ""]  # fmt: skip
     body += engine_section(results_dir)
+    body += dtype_section(first_results_with(results_dir, ("dtype", "dtype-quick"), "dtype"))
     body += remote_section(results_dir)
     text = markdown.read_text() if markdown.exists() else f"# Benchmarks\n\n{_BEGIN}\n{_END}\n"
     head, _, rest = text.partition(_BEGIN)

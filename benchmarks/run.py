@@ -5,6 +5,7 @@
     python -m benchmarks.run --device cuda    # the GPU mode (benchmarks/gpu.sh)
     python -m benchmarks.run --only engines   # only the decode-engine race (results/engines.json)
     python -m benchmarks.run --only remote    # only the remote-store race (results/remote.json)
+    python -m benchmarks.run --only dtype     # only float16 vs float32 storage (results/dtype.json)
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -215,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines", "remote"),
-        help="engines: only the decode-engine race (CPU); remote: only the remote-store race",
+        "--only", choices=("engines", "remote", "dtype"),
+        help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
+             "dtype: only float16 vs float32 storage",
     )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "engines-quick" if args.quick else "engines"
     if args.only == "remote":
         mode = "remote-quick" if args.quick else "remote"
+    if args.only == "dtype":
+        mode = "dtype-quick" if args.quick else "dtype"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -237,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "remote":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"remote": remote(reps)}
+    elif args.only == "dtype":
+        from ._dtype import run_dtype
+
+        results = {"dtype": run_dtype(quick=args.quick or args.tiny)}
     else:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = run_cpu(geo, reps)

@@ -103,3 +103,16 @@ def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     assert "| sharded-blosc | ours (`_fastzarr.py`)" in text
     # and the remote-store table with its decision
     assert "### remote stores" in text and "| S3 (moto server) | zarr `ObjectStore`" in text
+
+
+def test_dtype_benchmark_runs_and_renders(tmp_path: Path) -> None:
+    from benchmarks._dtype import dtype_section, run_dtype
+
+    res = run_dtype(root=tmp_path, size=(4096, 32, 1024))
+    res = json.loads(json.dumps({"dtype": res, "machine": {"cores": 2}}, default=str))
+    stores = res["dtype"]["stores"]
+    assert set(stores) == {"none-float16", "none-float32", "blosc-zstd-float16",
+                           "blosc-zstd-float32"}  # fmt: skip
+    assert stores["none-float16"]["bytes"] * 2 == stores["none-float32"]["bytes"] == 4096 * 32 * 4
+    text = "\n".join(dtype_section(res))
+    assert "### storage dtype" in text and "float16 moves 0.50x the bytes" in text
