@@ -168,3 +168,31 @@ def test_flyvis_open_joins_with_covariates(tmp_path):
     np.testing.assert_array_equal(out["voltage"], data[20:32, :, 0])
     np.testing.assert_array_equal(out["stimulus"], data[20:32, :, 1])
     np.testing.assert_array_equal(out["covariates"], covariates[20:32])
+
+
+def test_a_failure_is_raised_only_after_every_part_has_finished():
+    """A part that fails fast must not let read_into return while a slow part still writes."""
+    finished = threading.Event()
+    release = threading.Event()
+
+    class Failing(cs.NumpySource):
+        def read_into(self, start, stop, out):
+            release.set()  # the slow part may finish now, after this one has failed
+            raise OSError("disk went away")
+
+    class Slow(cs.NumpySource):
+        def read_into(self, start, stop, out):
+            assert release.wait(20)
+            super().read_into(start, stop, out)
+            finished.set()
+
+    x = random_data((T, 2))
+    join = cs.JoinSource(Failing({"a": x}), Slow({"b": x}))
+    out = {n: np.zeros((5, 2), np.float32) for n in join.fields}
+    with pytest.raises(OSError, match="disk went away") as info:
+        join.read_into(0, 5, out)
+    assert finished.is_set()  # the slow part was waited for
+    np.testing.assert_array_equal(out["b"], x[:5])
+    assert info.value.chunkstream_field == "a"
+    assert "part 0 (Failing), fields ['a'], failed reading window [0, 5)" in info.value.__notes__[0]
+    join.close()

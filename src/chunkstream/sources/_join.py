@@ -161,11 +161,10 @@ class JoinSource:
             self._read_part(jobs[0], start, stop)
         except Exception as exc:  # raised below, once every other part has finished
             error = exc
-        for _, future in pending:  # wait for all, so nothing writes into out after we return
-            try:
-                future.result()
-            except Exception as exc:
-                error = error or exc
+        finally:  # also on KeyboardInterrupt: nothing may write into out after we return
+            cf.wait([future for _, future in pending])
+        for _, future in pending:
+            error = error or future.exception()
         if error is not None:
             raise error
 
