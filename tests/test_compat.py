@@ -240,7 +240,8 @@ def test_random_loader_calls_load_fn_only_for_delivered_windows():
         assert len(delivered) == 12
         assert load_fn.calls == delivered
         assert all(end - start == 200 for start, end in load_fn.calls)
-        assert loader.get_stats() == {"chunks_loaded": 12, "chunks_transferred": 12}
+        # Per epoch, as the original's: the last epoch's 4 chunks.
+        assert loader.get_stats() == {"chunks_loaded": 4, "chunks_transferred": 4}
     finally:
         loader.cleanup()
 
@@ -273,17 +274,18 @@ def test_a_chunk_longer_than_the_data_calls_load_fn_with_the_whole_data():
 
 
 def test_restart_mid_epoch_calls_only_delivered_and_read_ahead_windows():
-    # The reference: the same seed's first two epochs, drained (epoch 0 of 10 chunks).
+    # The reference: the same seed's draws. An epoch abandoned after 3 chunks consumed
+    # 3 + prefetch + gpu_prefetch + 2 = 8 of them, as the original's full queues had.
     reference = CountingLoadFn(chunk_size=100)
     loader = PipelineChunkLoader(reference, 3000, 100, device="cpu", prefetch=2, seed=3)
-    loader.start_epoch(10)
+    loader.start_epoch(8)
     while loader.get_next_chunk()[0] is not None:
         pass
     loader.start_epoch(4)
     while loader.get_next_chunk()[0] is not None:
         pass
     loader.cleanup()
-    epoch0, epoch1 = reference.calls[:10], reference.calls[10:]
+    epoch0, epoch1 = reference.calls[:8], reference.calls[8:]
 
     load_fn = CountingLoadFn(chunk_size=100)
     loader = PipelineChunkLoader(load_fn, 3000, 100, device="cpu", prefetch=2, seed=3)
@@ -308,16 +310,19 @@ def test_restart_mid_epoch_calls_only_delivered_and_read_ahead_windows():
 
 
 def test_a_restart_before_the_first_chunk_reads_at_most_the_abandoned_first_window():
-    # The reference: epoch 0's and epoch 1's first windows, each delivered.
+    # The reference: epoch 0's and epoch 1's first windows, each delivered. An epoch
+    # abandoned before its first chunk consumed prefetch + 1 = 2 draws (the original's
+    # reader, once ahead, had loaded that many).
     other = CountingLoadFn(chunk_size=100)
     loader = RandomChunkLoader(other, 3000, 100, device="cpu", seed=2)
     try:
-        for _ in range(2):
-            loader.start_epoch(1)
-            loader.get_next_chunk()
+        for num_chunks in (2, 1):
+            loader.start_epoch(num_chunks)
+            while loader.get_next_chunk()[0] is not None:
+                pass
     finally:
         loader.cleanup()
-    epoch0_first, epoch1_first = other.calls[0], other.calls[1]
+    epoch0_first, epoch1_first = other.calls[0], other.calls[2]
 
     load_fn = CountingLoadFn(chunk_size=100)
     loader = RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
