@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import random
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -505,3 +509,166 @@ def test_under_a_process_group_every_rank_reads_the_unsharded_sequence(monkeypat
         _drain_random(loader, load_fn, delivered)
         assert (loader._loader.rank, loader._loader.world_size) == (0, 1)
     assert delivered == reference.calls and load_fn.calls == delivered
+
+
+# -- the original's window draws (issue 19, item 6) ---------------------------------------
+
+
+def original_starts(seed, T, chunk_size, time_units=1):
+    """The original's start sequence: one randint of one random.Random(seed) per chunk."""
+    rng = random.Random(seed)
+    max_start = (max(0, T - chunk_size) // time_units) * time_units
+    return iter(lambda: rng.randint(0, max_start // time_units) * time_units, None)
+
+
+def _starts(loader, num_chunks, take=None):
+    """Start an epoch and return the starts of the chunks taken (all of them by default)."""
+    loader.start_epoch(num_chunks)
+    starts = []
+    for _ in range(num_chunks if take is None else take):
+        out = loader.get_next_chunk()
+        if out[0] is None:
+            break
+        starts.append(int(out[0]) if isinstance(loader, PipelineChunkLoader) else None)
+    return starts
+
+
+@pytest.mark.parametrize("cls", [RandomChunkLoader, PipelineChunkLoader])
+def test_seed_42_gives_the_originals_load_fn_calls(cls):
+    # The issue's example: the original asks load_fn for these starts, with both loaders.
+    load_fn = CountingLoadFn(chunk_size=5000, T=30000)
+    with cls(load_fn, 30000, 5000, device="cpu", seed=42) as loader:
+        for _ in range(2):
+            _starts(loader, 2)
+    assert load_fn.calls == [(s, s + 5000) for s in (20952, 3648, 819, 24299)]
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "depth"),
+    [
+        (RandomChunkLoader, {"prefetch": 1}, 1 + 1),
+        (RandomChunkLoader, {"prefetch": 3}, 3 + 1),
+        (PipelineChunkLoader, {"prefetch": 2, "time_units": 16}, 2 + 1 + 2),
+        (PipelineChunkLoader, {"prefetch": 1, "gpu_prefetch": 2, "time_units": 7}, 1 + 2 + 2),
+    ],
+)
+def test_draws_follow_the_original_across_epochs_and_restarts(cls, kwargs, depth):
+    T, C = 3000, 100
+    load_fn = CountingLoadFn(chunk_size=C, T=T)
+    delivered = []
+    with cls(load_fn, T, C, device="cpu", seed=11, **kwargs) as loader:
+        epochs = [(5, None), (9, 2), (0, None), (4, None), (6, 0), (3, None)]
+        for num_chunks, take in epochs:
+            before = len(loader.stats.chunks)
+            _starts(loader, num_chunks, take)
+            delivered += [(r.start, r.stop) for r in loader.stats.chunks[before:]]
+    # The original: an epoch drained consumed its draws, one abandoned after d chunks
+    # consumed min(n, d + depth) (its queues full), and the next epoch drew on from there.
+    draws = original_starts(11, T, C, kwargs.get("time_units", 1))
+    expected, consumed = [], []
+    for num_chunks, take in epochs:
+        count = num_chunks if take is None else min(num_chunks, take + depth)
+        starts = [(s, s + C) for s in itertools.islice(draws, count)]
+        consumed += starts
+        expected += starts if take is None else starts[:take]
+    assert delivered == expected
+    # load_fn saw only consumed draws, in draw order (the delivered ones and read-ahead).
+    rest = iter(consumed)
+    assert all(call in rest for call in load_fn.calls)
+
+
+# -- the original's counters, augmentation and types (issue 19, item 7) --------------------
+
+
+def test_get_stats_counts_the_current_epoch():
+    load_fn = CountingLoadFn(chunk_size=100)
+    with PipelineChunkLoader(load_fn, 3000, 100, device="cpu", prefetch=2, seed=0) as loader:
+        assert loader.get_stats() == {"chunks_loaded": 0, "chunks_transferred": 0}
+        _starts(loader, 3)
+        assert loader.get_stats() == {"chunks_loaded": 3, "chunks_transferred": 3}
+        loader.start_epoch(4)  # the counters start again, as the original's
+        assert loader.get_stats()["chunks_transferred"] == 0
+        loader.get_next_chunk()
+        stats = loader.get_stats()
+        assert stats["chunks_transferred"] == 1 and 1 <= stats["chunks_loaded"] <= 4
+        while loader.get_next_chunk()[0] is not None:
+            pass
+        assert loader.get_stats() == {"chunks_loaded": 4, "chunks_transferred": 4}
+
+
+def _original_augmentation(chunk_data, indices, indptr, batch_size, total_steps, k, device):
+    """The original's sample_batch_within_chunk draws, written out."""
+    starts = torch.randint(low=0, high=chunk_data.shape[0] - total_steps, size=(batch_size,), device=device)
+    selected = torch.randint(low=0, high=chunk_data.shape[1], size=(k,), device=device)
+    neighbours = torch.cat([indices[indptr[i] : indptr[i + 1]] for i in selected])
+    return starts, selected, torch.unique(torch.cat([neighbours, selected]))
+
+
+@pytest.mark.parametrize("k", [3, 25])  # 25 > N: the original draws 25, with replacement
+def test_sample_batch_draws_neurons_as_the_original(k):
+    data = torch.randn(300, 10)
+    indptr = torch.arange(0, 21, 2)
+    indices = torch.tensor([(i + d) % 10 for i in range(10) for d in (1, 2)])
+    torch.manual_seed(5)
+    expected = _original_augmentation(data, indices, indptr, 64, 50, k, "cpu")
+    for stim_keyword in ("_chunk_stim", "chunk_stim"):  # the original's name, and the guide's
+        torch.manual_seed(5)
+        got = sample_batch_within_chunk(
+            data, **{stim_keyword: None}, wmat_indices=indices, wmat_indptr=indptr,
+            batch_size=64, total_steps=50, num_neurons_to_zero=k, device="cpu",
+        )  # fmt: skip
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+    assert got[1].shape == (k,)
+    with pytest.raises(TypeError):
+        sample_batch_within_chunk(data, None, indices, indptr, 8, 50, 1, "cpu", chunk_stim=None)
+
+
+def test_device_is_a_torch_device_and_latency_stats_is_the_originals_dataclass():
+    loader = RandomChunkLoader(CountingLoadFn(100), 3000, 100, device="cpu")
+    assert isinstance(loader.device, torch.device) and loader.device == torch.device("cpu")
+    loader.cleanup()
+    assert [f.name for f in dataclasses.fields(ChunkLatencyStats)] == [
+        "chunk_load_times", "chunk_transfer_times", "chunk_get_times",
+        "batch_forward_times", "batch_backward_times", "batch_step_times",
+    ]  # fmt: skip
+    stats = ChunkLatencyStats()
+    stats.chunk_load_times.append(0.5)  # code written for the original appends to these
+    assert stats.get_summary()["num_chunks"] == 0.0
+
+
+# -- create_zarr_loader's resources (issue 19, item 8) ------------------------------------
+
+
+def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
+    make_flyvis(tmp_path / "run", 600, N, chunks=(64, N, 1))  # zarr's I/O thread is up now
+    baseline = threading.active_count()
+    for i in range(5):
+        # As the integration guide: load_fn wrapped in a lambda that offsets the split.
+        zarr_load_fn = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
+        loader = RandomChunkLoader(
+            lambda start, end, f=zarr_load_fn: f(100 + start, 100 + end), 500, 64,
+            device="cpu", seed=i,
+        )  # fmt: skip
+        loader.start_epoch(3)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+        loader.cleanup()
+        assert threading.active_count() == baseline, f"loader {i} left threads running"
+    # A load_fn shared by loaders in turn reopens its store when called again.
+    shared = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
+    for _ in range(2):
+        with RandomChunkLoader(shared, 600, 64, device="cpu", seed=0) as loader:
+            loader.start_epoch(2)
+            assert loader.get_next_chunk()[0].shape == (64, N)
+    shared.source.close()
+
+
+def test_the_amplification_warning_comes_once_per_store(tmp_path):
+    make_flyvis(tmp_path / "run", 200, N, chunks=(64, N, 4))  # columns interleaved: 4x
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            create_zarr_loader(str(tmp_path / "run"), 3, 4, STIM).source.close()
+    amplification = [w for w in caught if issubclass(w.category, cs.ReadAmplificationWarning)]
+    assert 1 <= len(amplification) <= 2  # the first open: one per field, then none

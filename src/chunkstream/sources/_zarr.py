@@ -63,6 +63,7 @@ _DECODE_ERRORS: tuple[type[Exception], ...] = (ValueError, RuntimeError, EOFErro
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _AMPLIFICATION_LIMIT = 1.5
+_AMPLIFICATION_WARNED: set[tuple[str, str]] = set()  # (store, field) already warned about
 
 
 def is_url(path: str) -> bool:
@@ -332,8 +333,11 @@ class ZarrSource:
     # -- validation -------------------------------------------------------
 
     def _warn_amplification(self) -> None:
+        # Once per store and field per process: a loop that opens the same store
+        # again (compat's create_zarr_loader per loader) is told once, not each time.
+        store = self.path if is_url(self.path) else os.path.abspath(self.path)
         for name, factor in self.read_amplification.items():
-            if factor > _AMPLIFICATION_LIMIT:
+            if factor > _AMPLIFICATION_LIMIT and (store, name) not in _AMPLIFICATION_WARNED:
                 warnings.warn(
                     f"field {name!r} of {self.path!r} decodes {factor:.1f}x the bytes it uses: "
                     f"the zarr chunks {self.chunks} span more of the non-time axes than the "
@@ -342,6 +346,7 @@ class ZarrSource:
                     ReadAmplificationWarning,
                     stacklevel=3,
                 )
+                _AMPLIFICATION_WARNED.add((store, name))
 
     def _local_root(self) -> Path | None:
         from zarr.storage import LocalStore
