@@ -229,6 +229,7 @@ class RandomChunkLoader:
         self._epoch: _Epoch | None = None
         self._first: tuple[tuple[int, int], Future, threading.Thread] | None = None
         self._first_arrays: tuple[tuple[int, int], tuple] | None = None
+        self._first_read_times = (0.0, 0.0)  # perf_counter span of the first read delivered
         self._closed = False
 
     # -- epochs -----------------------------------------------------------------------
