@@ -1,71 +1,10 @@
-"""Drop-in replacements for the original implementation's API (change one import).
+"""The drop-in loaders: the original's window draws, streamed by :class:`~chunkstream.ChunkLoader`.
 
-Signatures and return values match the original (see DESIGN.md, "Drop-in
-compatibility"); the machinery underneath is the public
-:class:`~chunkstream.ChunkLoader`, fed by a :class:`~chunkstream.CallableSource`
-over ``load_fn``.
-
-**The same windows as the original.** Each loader keeps one
-``random.Random(seed)`` and takes one draw per chunk the original would have
-loaded, across epochs: ``randint(0, max(0, T - chunk_size))`` for
-:class:`RandomChunkLoader`, ``randint(0, n_valid - 1) * time_units`` for
-:class:`PipelineChunkLoader`. An epoch's chunk ``k`` is the draw after those
-the earlier epochs consumed, so the same seed gives the same ``load_fn`` calls
-in the same order. An epoch drained to its end consumed its ``num_chunks``
-draws. An epoch abandoned by ``start_epoch`` after ``d`` chunks consumed
-``min(num_chunks, d + depth)``: what the original's reader had loaded once it
-had filled its queues, ``depth = prefetch + 1`` for ``RandomChunkLoader`` (its
-queue and the chunk blocked on ``put``) and ``prefetch + gpu_prefetch + 2`` for
-``PipelineChunkLoader`` (both queues and a chunk held by each thread). That is
-the original's count whenever its reader was ahead of the training loop, the
-usual case; a restart that came before the reader had filled its queues (e.g.
-``start_epoch`` twice in a row) consumed fewer draws there, a number that
-depended on thread timing, and compat then still counts ``d + depth``.
-
-**load_fn** is called as the original calls it: only for windows of the
-draws above, each ``chunk_size`` long (the whole data, ``(0, T)``, when
-``chunk_size > T``). No probe call: the arrays' shapes and dtypes are learnt
-from the first real window, which ``start_epoch`` starts reading in a
-background thread (``chunkstream-compat-first-<epoch>``), as the original's
-reader thread did; the first ``get_next_chunk()`` waits for it with a bounded
-wait and then builds the pipeline, which answers that window from the arrays
-already read and reads ahead from the second on.
-
-**Where compat deliberately differs from the original:**
-
-* a ``load_fn`` error raises :class:`~chunkstream.ChunkLoadError` in
-  ``get_next_chunk`` (its ``__cause__`` the original exception) and shuts the
-  loader down, where the original hung forever; a later call raises
-  :class:`~chunkstream.LoaderClosedError`;
-* a ``load_fn`` that does not return within the stall timeout (300 s) raises
-  :class:`~chunkstream.LoaderStalledError` with the reader's stack instead of
-  blocking forever;
-* ``start_epoch`` mid-epoch abandons the old epoch at once: no 2 s join, and
-  no stale end-of-epoch marker that made the new epoch yield nothing;
-* windows read ahead for an abandoned epoch (at most the pipeline's read-ahead,
-  ``prefetch + 1`` on the CPU) were passed to ``load_fn`` and are dropped; a
-  first read already begun when its epoch is abandoned runs to its end, and
-  the next epoch's first read starts after it (one ``load_fn`` call at a time);
-* a failed read is retried like ``ChunkLoader``'s reads (transient I/O errors,
-  twice), except the first window of the loader's first delivered epoch, read
-  before the pipeline exists;
-* ``get_stats()['chunks_transferred']`` counts chunks delivered this epoch for
-  both loaders (the original ``PipelineChunkLoader`` counted copies to the
-  device, up to ``gpu_prefetch + 1`` ahead), and ``chunks_loaded`` counts
-  ``load_fn`` calls of this epoch that returned, which depends on compat's
-  read-ahead, not the original's;
-* under torchrun every rank reads the whole, unsharded sequence, as the
-  original did, and pinned host memory is a fixed pool, not a copy per chunk;
-* ``ChunkLatencyStats.print_summary`` prints a table of the summary's keys;
-* ``cleanup()`` also closes the store that :func:`create_zarr_loader` opened,
-  once no other live compat loader uses it (it reopens on its next call); a
-  ``load_fn`` still running after a few seconds is left to finish in its
-  daemon thread.
+See the package docstring for the draw rule, ``load_fn``'s calls and the differences.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import sys
@@ -75,31 +14,24 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
-from .pipeline import ChunkLoader, LoaderConfig, resolve_device
-from .plans import RandomPlan, calculate_chunk_params
-from .sources import CallableSource, FieldSpec
-from .stats import LatencyStats
+from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
+from ..pipeline import ChunkLoader, LoaderConfig, resolve_device
+from ..plans import RandomPlan
+from ..sources import CallableSource, FieldSpec
+from ..stats import LatencyStats
+from ._helpers import CALLER, Claims
+
+__all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
 
 _POLL_S = 0.1  # how often the wait for the first window looks at cleanup() and the clock
 _JOIN_S = 2.0  # how long cleanup() waits for a first read in flight
 _log = logging.getLogger("chunkstream.compat")
-
-__all__ = [
-    "ChunkLatencyStats",
-    "PipelineChunkLoader",
-    "RandomChunkLoader",
-    "calculate_chunk_params",
-    "create_zarr_loader",
-    "sample_batch_within_chunk",
-]
 
 
 class _OriginalDraws:
@@ -163,17 +95,6 @@ class _Epoch:
     loaded: int = 0  # load_fn calls for this epoch that returned
 
 
-class _Claims:
-    """The ``create_zarr_loader`` functions one compat loader has called."""
-
-    def __init__(self) -> None:
-        self.users: set[_ZarrLoadFn] = set()
-
-
-# The compat loader on whose behalf this thread is calling load_fn (None: a direct call).
-_CALLER: ContextVar[_Claims | None] = ContextVar("chunkstream_compat_caller", default=None)
-
-
 class RandomChunkLoader:
     """Uniform random windows ``[start, start + chunk_size)`` read ahead in a background thread.
 
@@ -221,7 +142,7 @@ class RandomChunkLoader:
         # Chunks the original had loaded beyond those delivered once its reader was ahead.
         self._depth = prefetch + 1
         self._stats = LatencyStats()
-        self._claims = _Claims()
+        self._claims = Claims()
         self.source: CallableSource | None = None
         self._loader: ChunkLoader | None = None
         self._loader_epochs = 0  # epoch() calls made on the loader
@@ -274,11 +195,11 @@ class RandomChunkLoader:
 
     def _call(self, epoch: _Epoch, start: int, end: int):
         """``load_fn(start, end)``, counted for ``epoch``; a store it opens is this loader's."""
-        token = _CALLER.set(self._claims)
+        token = CALLER.set(self._claims)
         try:
             arrays = self.load_fn(start, end)
         finally:
-            _CALLER.reset(token)
+            CALLER.reset(token)
         epoch.loaded += 1
         return arrays
 
@@ -523,191 +444,3 @@ class PipelineChunkLoader(RandomChunkLoader):
         if chunk is None:
             return None, None, None
         return chunk.start, chunk["data"], chunk["stim"]
-
-
-def _also_chunk_stim(function):
-    """Accept the keyword ``chunk_stim=`` (the integration guide's name) for ``_chunk_stim=``."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if "chunk_stim" in kwargs:
-            if "_chunk_stim" in kwargs or len(args) > 1:
-                raise TypeError(
-                    "sample_batch_within_chunk() got the stimulus twice (_chunk_stim and chunk_stim)"
-                )
-            kwargs["_chunk_stim"] = kwargs.pop("chunk_stim")
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-@_also_chunk_stim
-def sample_batch_within_chunk(
-    chunk_data: torch.Tensor,
-    _chunk_stim: torch.Tensor,
-    wmat_indices: Any,
-    wmat_indptr: Any,
-    batch_size: int,
-    total_steps: int,
-    num_neurons_to_zero: int,
-    device: str | torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random batch starts inside a chunk, plus the original's neuron-zeroing augmentation.
-
-    Returns ``(batch_indices, selected_neurons, needed_indices)``: ``batch_size``
-    starts uniform in ``[0, chunk_len - total_steps)``; if ``num_neurons_to_zero > 0``,
-    that many neurons drawn uniformly with replacement (so repeats are possible,
-    and more than the chunk has may be asked for) and the sorted unique union of
-    them with their CSR neighbours; else two empty long tensors. The draws are the
-    original's ``torch.randint`` calls, so the same torch seed gives the same
-    tensors. The stimulus may be passed as ``_chunk_stim=`` or ``chunk_stim=``; it
-    is not used.
-    """
-    chunk_len = int(chunk_data.shape[0])
-    high = chunk_len - int(total_steps)
-    if high <= 0:
-        raise ConfigError(
-            f"total_steps={total_steps} does not fit in a chunk of {chunk_len} timesteps: "
-            "batch starts are drawn from [0, chunk_len - total_steps), which is empty. "
-            "Use a larger chunk_size or a shorter rollout."
-        )
-    batch_indices = torch.randint(low=0, high=high, size=(int(batch_size),), device=device)
-    if num_neurons_to_zero <= 0:
-        empty = torch.empty(0, dtype=torch.long, device=device)
-        return batch_indices, empty, empty.clone()
-    from .consumer import neighbour_union
-
-    num_neurons = int(chunk_data.shape[1])
-    selected = torch.randint(
-        low=0, high=num_neurons, size=(int(num_neurons_to_zero),), device=device
-    )
-    needed = neighbour_union(selected, wmat_indices, wmat_indptr)
-    return batch_indices, selected, needed
-
-
-@dataclass
-class ChunkLatencyStats:
-    """The original's latency recorder: seconds in, milliseconds in the summary.
-
-    ``chunk_load_times`` and ``chunk_transfer_times`` are kept for code that
-    appends to them; the summary, as the original's, reads the other lists.
-    """
-
-    chunk_load_times: list[float] = field(default_factory=list)
-    chunk_transfer_times: list[float] = field(default_factory=list)
-    chunk_get_times: list[float] = field(default_factory=list)
-    batch_forward_times: list[float] = field(default_factory=list)
-    batch_backward_times: list[float] = field(default_factory=list)
-    batch_step_times: list[float] = field(default_factory=list)
-
-    def record_chunk_get(self, duration_s: float) -> None:
-        """Record one wait for ``get_next_chunk``, in seconds."""
-        self.chunk_get_times.append(float(duration_s))
-
-    def record_batch_times(self, forward_s: float, backward_s: float, step_s: float) -> None:
-        """Record one batch's forward, backward and optimizer-step times, in seconds."""
-        self.batch_forward_times.append(float(forward_s))
-        self.batch_backward_times.append(float(backward_s))
-        self.batch_step_times.append(float(step_s))
-
-    def get_summary(self) -> dict[str, float]:
-        """Means/max/min in ms and counts under the original keys, all floats as the
-        original's; 0.0 where nothing was recorded."""
-
-        def ms(values: list[float], reduce: Callable[[list[float]], float]) -> float:
-            return float(reduce(values)) * 1e3 if values else 0.0
-
-        return {
-            "chunk_get_mean_ms": ms(self.chunk_get_times, np.mean),
-            "chunk_get_max_ms": ms(self.chunk_get_times, max),
-            "chunk_get_min_ms": ms(self.chunk_get_times, min),
-            "batch_forward_mean_ms": ms(self.batch_forward_times, np.mean),
-            "batch_backward_mean_ms": ms(self.batch_backward_times, np.mean),
-            "batch_step_mean_ms": ms(self.batch_step_times, np.mean),
-            "num_chunks": float(len(self.chunk_get_times)),
-            "num_batches_sampled": float(len(self.batch_forward_times)),
-        }
-
-    def print_summary(self) -> None:
-        """Print the summary as a small table (this API prints by contract)."""
-        summary = self.get_summary()
-        width = max(len(k) for k in summary)
-        print("chunk latency summary")
-        for key, value in summary.items():
-            text = f"{value:.3f}" if key.endswith("_ms") else str(int(value))
-            print(f"  {key:<{width}}  {text}")
-
-
-class _ZarrLoadFn:
-    """:func:`create_zarr_loader`'s ``load_fn``: a FlyVis store, open while in use.
-
-    The store is opened at creation (a bad path fails there). Every compat
-    loader that calls it claims it, through the wrapper it calls it from (a
-    lambda around it included); when the last claimant's ``cleanup()`` releases
-    it and no call is in flight, the store and its decode threads are closed.
-    A later call reopens it. Thread-safe.
-    """
-
-    def __init__(self, open_fn: Callable[[], Callable]) -> None:
-        self._open_fn = open_fn
-        self._fn = open_fn()
-        self._open = True
-        self._users: set[_Claims] = set()
-        self._in_flight = 0
-        self._close_pending = False  # released by its last claimant while a call ran
-        self._lock = threading.Lock()
-
-    @property
-    def source(self):
-        """The :class:`~chunkstream.ZarrSource` it reads (``source.close()`` closes it)."""
-        return self._fn.source
-
-    def __call__(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        claims = _CALLER.get()
-        with self._lock:
-            if claims is not None and claims not in self._users:
-                self._users.add(claims)
-                claims.users.add(self)
-                self._close_pending = False
-            if not self._open:
-                self._fn, self._open = self._open_fn(), True
-            fn = self._fn
-            self._in_flight += 1
-        try:
-            return fn(start, end)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._close_if_unused()
-
-    def release(self, claims: _Claims) -> None:
-        """``claims``' loader is done with it: close the store if nobody else uses it."""
-        with self._lock:
-            self._users.discard(claims)
-            claims.users.discard(self)
-            # Only a store some loader claimed closes by itself; a load_fn only ever
-            # called directly stays open, as the original's.
-            self._close_pending = not self._users
-            self._close_if_unused()
-
-    def _close_if_unused(self) -> None:  # called under the lock
-        if self._open and self._close_pending and not self._users and not self._in_flight:
-            self._fn.source.close()
-            self._open = self._close_pending = False
-
-
-def create_zarr_loader(
-    data_path: str, column_idx: int, stim_column_idx: int, num_stim_dims: int
-) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
-    """``load_fn(start, end) -> (data, stim)`` over a FlyVis store, opened once.
-
-    The compat loaders that call it (directly or through a wrapper) close its
-    store in their ``cleanup()``, once none of them uses it any more; it
-    reopens on its next call. ``load_fn.source`` is the open
-    :class:`~chunkstream.ZarrSource`.
-    """
-    from . import flyvis
-
-    return _ZarrLoadFn(
-        lambda: flyvis.make_load_fn(data_path, column_idx, stim_column_idx, num_stim_dims)
-    )
