@@ -17,7 +17,7 @@ import torch
 import zarr
 
 import chunkstream as cs
-from chunkstream import flyvis
+from chunkstream import compat, flyvis
 from chunkstream.sources._base import FieldSpec
 from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
 from tests.stores import chunk_files, make_array, make_flyvis, random_data
@@ -147,6 +147,11 @@ def _convert_dtype(tmp: Path, dtype: str, big: bool = False):
 def _stream_state(state):
     with _loader() as loader:
         cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2).load_state_dict(state)
+
+
+def _compat_epoch(num_chunks):
+    with compat.RandomChunkLoader(_load, 500, 50, device="cpu") as loader:
+        loader.start_epoch(num_chunks)
 
 
 def _load(_start, stop):
@@ -356,6 +361,24 @@ CASES = [
      cs.ConfigError, ValueError, ["dtype='int8'", "float16", "--dtype float16"]),
     ("convert_store.dtype.range", lambda t: _convert_dtype(t, "float16", big=True),
      cs.ConfigError, ValueError, ["dtype='float16'", "field 'x'", "65504", "Convert to float32"]),
+    ("compat.load_fn", lambda t: compat.RandomChunkLoader(3, 500, 50, device="cpu"),
+     cs.ConfigError, ValueError, ["load_fn=3", "a callable"]),
+    ("compat.total_timesteps", lambda t: compat.RandomChunkLoader(_load, 0, 50, device="cpu"),
+     cs.ConfigError, ValueError, ["total_timesteps=0", "The source must hold data"]),
+    ("compat.chunk_size", lambda t: compat.RandomChunkLoader(_load, 500, 0, device="cpu"),
+     cs.ConfigError, ValueError, ["chunk_size=0", "Pass a positive chunk_size"]),
+    ("compat.device", lambda t: compat.RandomChunkLoader(_load, 500, 50, device="tpu:0"),
+     cs.ConfigError, ValueError, ["device='tpu:0'", "'cpu'"]),
+    ("compat.prefetch", lambda t: compat.RandomChunkLoader(_load, 500, 50, "cpu", prefetch=0),
+     cs.ConfigError, ValueError, ["prefetch=0", "Use 1 or more"]),
+    ("compat.seed", lambda t: compat.RandomChunkLoader(_load, 500, 50, "cpu", seed=[1]),
+     cs.ConfigError, ValueError, ["seed=[1]", "Pass an int seed"]),
+    ("compat.time_units", lambda t: compat.PipelineChunkLoader(_load, 500, 50, "cpu", time_units=0),
+     cs.ConfigError, ValueError, ["time_units=0", "Use 1 for no alignment"]),
+    ("compat.gpu_prefetch", lambda t: compat.PipelineChunkLoader(_load, 500, 50, "cpu", gpu_prefetch=0),
+     cs.ConfigError, ValueError, ["gpu_prefetch=0", "Use 1 or more"]),
+    ("compat.start_epoch.num_chunks", lambda t: _compat_epoch(-1),
+     cs.ConfigError, ValueError, ["num_chunks=-1", "calculate_chunk_params"]),
 ]  # fmt: skip
 
 

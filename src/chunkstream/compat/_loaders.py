@@ -55,7 +55,9 @@ class _OriginalDraws:
         try:
             self._rng = random.Random(seed)
         except TypeError as exc:
-            raise ConfigError.bad("seed", seed, "an int, str, bytes or None") from exc
+            raise ConfigError.bad(
+                "seed", seed, "an int, str, bytes or None", "Pass an int seed, as the original."
+            ) from exc
         self._starts: list[int] = []
         self._first: dict[int, int] = {}
         self._lock = threading.Lock()
