@@ -453,6 +453,28 @@ def test_a_hung_first_read_raises_stalled_with_its_stack_instead_of_hanging():
         loader.cleanup()
 
 
+def test_a_stall_behind_an_abandoned_first_read_shows_the_stuck_read():
+    release = threading.Event()
+
+    def load_fn(start, end):
+        release.wait(60)  # every read hangs: the abandoned epoch's blocks the next one
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=0.3)
+    try:
+        loader.start_epoch(3)
+        time.sleep(0.05)  # epoch 0's first read has begun
+        loader.start_epoch(3)  # epoch 1's first read waits for it (one load_fn call at a time)
+        with pytest.raises(cs.LoaderStalledError) as info:
+            loader.get_next_chunk()
+        message = str(info.value)
+        assert "chunkstream-compat-first-1" in message and "chunkstream-compat-first-0" in message
+        assert "release.wait" in message  # the stack of the read that holds everything up
+    finally:
+        release.set()
+        loader.cleanup()
+
+
 def test_cleanup_while_the_first_read_hangs_returns():
     release = threading.Event()
 

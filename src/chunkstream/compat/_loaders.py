@@ -150,7 +150,9 @@ class RandomChunkLoader:
         self._loader_epochs = 0  # epoch() calls made on the loader
         self._iterator: Any = None
         self._epoch: _Epoch | None = None
-        self._first: tuple[tuple[int, int], Future, threading.Thread] | None = None
+        # The latest first-window read: its window, its future, and its thread followed
+        # by the abandoned epochs' first reads it waits for (for stacks and joins).
+        self._first: tuple[tuple[int, int], Future, list[threading.Thread]] | None = None
         self._first_arrays: tuple[tuple[int, int], tuple] | None = None
         self._first_read_times = (0.0, 0.0)  # perf_counter span of the first read delivered
         self._closed = False
@@ -178,17 +180,18 @@ class RandomChunkLoader:
             self._iterator = self._loader.epoch(num_chunks)
             return
         # No pipeline yet: read the epoch's first window in the background.
-        after = None
+        after, older = None, []
         if self._first is not None:
-            _, after, _ = self._first
+            _, after, older = self._first
             after.cancel()  # its epoch is abandoned; a read already begun runs to its end
             self._first = None
         if num_chunks > 0:
             window = self._draws.draw(epoch.first_draw)
-            self._first = (window, *_in_background(
+            future, thread = _in_background(
                 lambda: self._timed_call(epoch, *window),
                 name=f"chunkstream-compat-first-{epoch.index}", after=after,
-            ))  # fmt: skip
+            )  # fmt: skip
+            self._first = (window, future, [thread, *(t for t in older if t.is_alive())])
 
     def _timed_call(self, epoch: _Epoch, start: int, end: int) -> tuple[tuple, float, float]:
         begin = time.perf_counter()
@@ -216,7 +219,9 @@ class RandomChunkLoader:
             return first[1]
         return self._call(self._epoch, start, end)
 
-    def _await_first(self, window: tuple[int, int], future: Future, thread: threading.Thread):
+    def _await_first(
+        self, window: tuple[int, int], future: Future, threads: list[threading.Thread]
+    ) -> tuple[tuple, float, float]:
         """The first window's ``(arrays, begin, end)``; a bounded wait that sees cleanup()."""
         begin = time.perf_counter()
         timeout = self._config.stall_timeout
@@ -238,14 +243,14 @@ class RandomChunkLoader:
                 raise LoaderStalledError(
                     f"load_fn{window} did not return within {timeout:.1f} s (stall_timeout); "
                     "the loader is shut down. Stuck reader:\n"
-                    + (_stack(thread) or "(its thread has just ended)"),
+                    + ("\n".join(filter(None, map(_stack, threads))) or "(it has just ended)"),
                     window=window,
                 )
 
     def _build(self, epoch: _Epoch) -> None:
         """Wait for the epoch's first window, learn the shapes from it, start the pipeline."""
-        window, future, thread = self._first
-        arrays, read_begin, read_end = self._await_first(window, future, thread)
+        window = self._first[0]
+        arrays, read_begin, read_end = self._await_first(*self._first)
         self._first = None
         if not isinstance(arrays, (tuple, list)) or len(arrays) != 2:
             got = len(arrays) if isinstance(arrays, (tuple, list)) else type(arrays).__name__
@@ -343,15 +348,17 @@ class RandomChunkLoader:
         self._closed = True
         busy = []
         if self._first is not None:
-            window, future, thread = self._first
+            _, future, threads = self._first
             self._first = None
             future.cancel()  # a read not yet begun is skipped
-            thread.join(_JOIN_S)
-            if thread.is_alive():
-                busy.append(thread)
+            deadline = time.monotonic() + _JOIN_S
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            busy = [t for t in threads if t.is_alive()]
+            if busy:
                 _log.warning(
-                    "chunkstream: load_fn%s is still running after cleanup(); its thread %r "
-                    "is left to finish on its own", window, thread.name,
+                    "chunkstream: load_fn is still running after cleanup() in %s; left to "
+                    "finish on its own", [t.name for t in busy],
                 )  # fmt: skip
         if self._loader is not None:
             self._loader.close()
