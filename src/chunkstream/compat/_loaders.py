@@ -6,7 +6,6 @@ See the package docstring for the draw rule, ``load_fn``'s calls and the differe
 from __future__ import annotations
 
 import logging
-import random
 import sys
 import threading
 import time
@@ -14,7 +13,6 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +23,7 @@ from ..pipeline import ChunkLoader, LoaderConfig, resolve_device
 from ..plans import RandomPlan
 from ..sources import CallableSource, FieldSpec
 from ..stats import LatencyStats
+from ._draws import Epoch, OriginalDraws
 from ._helpers import CALLER, Claims
 
 __all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
@@ -32,69 +31,6 @@ __all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
 _POLL_S = 0.1  # how often the wait for the first window looks at cleanup() and the clock
 _JOIN_S = 2.0  # how long cleanup() waits for a first read in flight
 _log = logging.getLogger("chunkstream.compat")
-
-
-class _OriginalDraws:
-    """A :class:`~chunkstream.WindowPlan` holding the original's window sequence.
-
-    Draw ``k`` is the ``k``-th ``randint`` of ``random.Random(seed)`` (see the
-    module docstring); ``begin(epoch, draw)`` says that the loader's epoch
-    ``epoch`` starts at draw ``draw``, so ``window(epoch, index)`` is draw
-    ``draw + index``. Draws are made on demand, in order, under a lock; a
-    registered window never changes, so the answers are pure and thread-safe.
-    """
-
-    windows_per_pass = None  # drawn with replacement: no natural pass
-
-    def __init__(self, total_timesteps: int, chunk_size: int, units: int, seed: Any) -> None:
-        self.total_timesteps = total_timesteps
-        self.chunk_size = chunk_size
-        # The original's bound: the last start that fits, rounded down to ``units``.
-        self.max_start = (max(0, total_timesteps - chunk_size) // units) * units
-        self._units = units
-        try:
-            self._rng = random.Random(seed)
-        except TypeError as exc:
-            raise ConfigError.bad(
-                "seed", seed, "an int, str, bytes or None", "Pass an int seed, as the original."
-            ) from exc
-        self._starts: list[int] = []
-        self._first: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def begin(self, epoch: int, draw: int) -> None:
-        self._first[epoch] = draw
-
-    def draw(self, k: int) -> tuple[int, int]:
-        """The window of draw ``k`` (drawing up to it if needed)."""
-        with self._lock:
-            while len(self._starts) <= k:
-                self._starts.append(self._rng.randint(0, self.max_start // self._units) * self._units)
-            start = self._starts[k]
-        return start, min(start + self.chunk_size, self.total_timesteps)
-
-    def window(self, epoch: int, index: int) -> tuple[int, int]:
-        return self.draw(self._first[epoch] + index)
-
-    def windows(self, epoch: int, indices: np.ndarray) -> np.ndarray:
-        rows = [self.window(epoch, int(i)) for i in np.asarray(indices).reshape(-1)]
-        return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
-
-    def rank_window(
-        self, epoch: int, step: int, rank: int = 0, world_size: int = 1
-    ) -> tuple[int, int]:
-        return self.window(epoch, step * world_size + rank)
-
-
-@dataclass
-class _Epoch:
-    """One ``start_epoch`` call: its place in the draws and what it delivered."""
-
-    index: int
-    first_draw: int
-    num_chunks: int
-    delivered: int = 0
-    loaded: int = 0  # load_fn calls for this epoch that returned
 
 
 class RandomChunkLoader:
@@ -139,7 +75,7 @@ class RandomChunkLoader:
         self.device = torch.device(device) if isinstance(device, str) else device
         self.prefetch = prefetch
         self.seed = seed
-        self._draws = _OriginalDraws(total_timesteps, chunk_size, _align, seed)
+        self._draws = OriginalDraws(total_timesteps, chunk_size, _align, seed)
         self.max_start_idx = self._draws.max_start
         # Chunks the original had loaded beyond those delivered once its reader was ahead.
         self._depth = prefetch + 1
@@ -149,7 +85,7 @@ class RandomChunkLoader:
         self._loader: ChunkLoader | None = None
         self._loader_epochs = 0  # epoch() calls made on the loader
         self._iterator: Any = None
-        self._epoch: _Epoch | None = None
+        self._epoch: Epoch | None = None
         # The latest first-window read: its window, its future, and its thread followed
         # by the abandoned epochs' first reads it waits for (for stacks and joins).
         self._first: tuple[tuple[int, int], Future, list[threading.Thread]] | None = None
@@ -169,10 +105,10 @@ class RandomChunkLoader:
             )
         previous = self._epoch
         if previous is None:
-            epoch = _Epoch(0, 0, num_chunks)
+            epoch = Epoch(0, 0, num_chunks)
         else:
             consumed = min(previous.num_chunks, previous.delivered + self._depth)
-            epoch = _Epoch(previous.index + 1, previous.first_draw + consumed, num_chunks)
+            epoch = Epoch(previous.index + 1, previous.first_draw + consumed, num_chunks)
         self._epoch = epoch
         if self._loader is not None:
             self._draws.begin(self._loader_epochs, epoch.first_draw)
@@ -193,12 +129,12 @@ class RandomChunkLoader:
             )  # fmt: skip
             self._first = (window, future, [thread, *(t for t in older if t.is_alive())])
 
-    def _timed_call(self, epoch: _Epoch, start: int, end: int) -> tuple[tuple, float, float]:
+    def _timed_call(self, epoch: Epoch, start: int, end: int) -> tuple[tuple, float, float]:
         begin = time.perf_counter()
         arrays = self._call(epoch, start, end)
         return arrays, begin, time.perf_counter()
 
-    def _call(self, epoch: _Epoch, start: int, end: int):
+    def _call(self, epoch: Epoch, start: int, end: int):
         """``load_fn(start, end)``, counted for ``epoch``; a store it opens is this loader's."""
         token = CALLER.set(self._claims)
         try:
@@ -247,7 +183,7 @@ class RandomChunkLoader:
                     window=window,
                 )
 
-    def _build(self, epoch: _Epoch) -> None:
+    def _build(self, epoch: Epoch) -> None:
         """Wait for the epoch's first window, learn the shapes from it, start the pipeline."""
         window = self._first[0]
         arrays, read_begin, read_end = self._await_first(*self._first)
