@@ -142,4 +142,7 @@ class LoaderClosedError(ChunkstreamError, RuntimeError):
 
 
 class ReadAmplificationWarning(UserWarning):
-    """A field decodes many more bytes than it uses, given the zarr chunk grid."""
+    """A field decodes many more bytes than it uses, given the zarr chunk grid.
+
+    Issued when a ``ZarrSource`` opens, once per store and field in a process.
+    """
