@@ -192,6 +192,21 @@ def test_a_failure_after_the_first_chunk_raises_too():
     loader.cleanup()
 
 
+def test_a_window_of_another_shape_than_the_first_raises():
+    def load_fn(start, end):
+        width = 4 if load_fn.calls == 0 else 5  # the second window grows a column
+        load_fn.calls += 1
+        return np.zeros((end - start, width), np.float32), np.zeros((end - start, 2), np.float32)
+
+    load_fn.calls = 0
+    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0) as loader:
+        loader.start_epoch(3)
+        with pytest.raises(cs.ChunkLoadError) as info:  # at the first chunk or the second
+            for _ in range(3):
+                loader.get_next_chunk()
+        assert "shape" in str(info.value.__cause__) and "(100, 4)" in str(info.value.__cause__)
+
+
 # -- load_fn's call pattern: only delivered windows, each chunk_size long -------------------
 
 

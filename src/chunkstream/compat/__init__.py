@@ -46,16 +46,24 @@ already read and reads ahead from the second on.
   ``prefetch + 1`` on the CPU) were passed to ``load_fn`` and are dropped; a
   first read already begun when its epoch is abandoned runs to its end, and
   the next epoch's first read starts after it (one ``load_fn`` call at a time);
-* a failed read is retried like ``ChunkLoader``'s reads (transient I/O errors,
-  twice), except the first window of the loader's first delivered epoch, read
-  before the pipeline exists;
+* the pipeline exists from the first ``get_next_chunk()`` on, so in the first
+  epoch only its first window is read before that call (the original's reader
+  read ahead from ``start_epoch``);
+* a read that fails with a transient I/O error is retried twice, as
+  ``ChunkLoader``'s reads (the original retried nothing), except the first
+  window, read before the pipeline exists;
+* every window's arrays must keep the first window's per-timestep shape and
+  dtype (a ``ChunkLoadError`` otherwise), and ``start_epoch`` refuses a
+  ``num_chunks`` that is not an int >= 0 with a ``ConfigError``;
 * ``get_stats()['chunks_transferred']`` counts chunks delivered this epoch for
   both loaders (the original ``PipelineChunkLoader`` counted copies to the
   device, up to ``gpu_prefetch + 1`` ahead), and ``chunks_loaded`` counts
   ``load_fn`` calls of this epoch that returned, which depends on compat's
   read-ahead, not the original's;
-* under torchrun every rank reads the whole, unsharded sequence, as the
-  original did, and pinned host memory is a fixed pool, not a copy per chunk;
+* on CUDA chunks are copied from a fixed pool of pinned host memory, not a
+  pinned copy per chunk, and the host does not block on the copy (under
+  torchrun every rank still reads the whole, unsharded sequence, as the
+  original did);
 * ``ChunkLatencyStats.print_summary`` prints a table of the summary's keys;
 * ``cleanup()`` also closes the store that :func:`create_zarr_loader` opened,
   once no other live compat loader uses it (it reopens on its next call); a
