@@ -679,7 +679,7 @@ def test_device_is_a_torch_device_and_latency_stats_is_the_originals_dataclass()
 
 def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
     make_flyvis(tmp_path / "run", 600, N, chunks=(64, N, 1))  # zarr's I/O thread is up now
-    baseline = threading.active_count()
+    baseline = set(threading.enumerate())
     for i in range(5):
         # As the integration guide: load_fn wrapped in a lambda that offsets the split.
         zarr_load_fn = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
@@ -691,7 +691,8 @@ def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
         while loader.get_next_chunk()[0] is not None:
             pass
         loader.cleanup()
-        assert threading.active_count() == baseline, f"loader {i} left threads running"
+        left = [t.name for t in threading.enumerate() if t not in baseline]
+        assert left == [], f"loader {i} left threads running: {left}"
     # A load_fn shared by loaders in turn reopens its store when called again.
     shared = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
     for _ in range(2):
