@@ -79,15 +79,18 @@ def window_nbytes(fields: Mapping[str, FieldSpec], timesteps: int) -> int:
 
 
 def check_dtype(name: str, dtype: np.dtype, where: str) -> np.dtype:
-    """Return ``dtype`` if torch can hold it, else raise ``FieldDtypeError``."""
+    """The native-byte-order form of ``dtype`` if torch can hold it, else raise
+    ``FieldDtypeError``. A big-endian stored dtype is accepted: sources swap its
+    bytes as they read, so fields always hold native-order data."""
     dtype = np.dtype(dtype)
-    if dtype not in _TORCH_DTYPES:
+    native = dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype
+    if native not in _TORCH_DTYPES:
         raise FieldDtypeError(
             f"field {name!r} of {where} has dtype {dtype}, which cannot become a torch "
             f"tensor: expected one of {sorted(str(d) for d in _TORCH_DTYPES)}. "
-            "Convert the array (e.g. `chunkstream convert --dtype float32`)."
+            "Cast the data to one of them (e.g. numpy's .astype('float32')) and rewrite it."
         )
-    return dtype
+    return native
 
 
 def check_lengths(lengths: Mapping[str, int], where: str) -> int:

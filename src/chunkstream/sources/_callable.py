@@ -94,7 +94,7 @@ class CallableSource:
                 spec = self._fields[name]
                 arr = np.asarray(value)
                 expected = (stop - start, *spec.shape)
-                if arr.shape != expected or arr.dtype != spec.dtype:
+                if arr.shape != expected or arr.dtype.newbyteorder("=") != spec.dtype:
                     raise ValueError(
                         f"load_fn({start}, {stop}) returned field {name!r} with shape "
                         f"{arr.shape} and dtype {arr.dtype}; expected shape {expected} and "

@@ -10,13 +10,17 @@ one contiguous block). Other chunks decode into a per-thread scratch buffer and
 the needed sub-block is copied out.
 
 Eligible arrays (:func:`fast_decoder` returns ``None`` otherwise): a local
-store; zarr v3 with a ``bytes`` codec (little endian) and at most one of
-blosc / zstd / gzip, no transpose; zarr v3 sharded (``sharding_indexed`` the
-only codec) with such a chain inside the shards and an index of ``bytes``
-(+ zarr's default ``crc32c``) at either end (:mod:`._shards`); zarr v2 with C
-order, no filters and any numcodecs compressor (or none); a little-endian or
-one-byte dtype. Every chunk's decoded size is checked, so a truncated file
-raises ``CorruptChunkError`` instead of leaving stale bytes in ``out``.
+store; zarr v3 with a ``bytes`` codec (either byte order), at most one of
+blosc / zstd / gzip and an optional trailing ``crc32c``, no transpose; zarr v3
+sharded (``sharding_indexed`` the only codec) with such a chain inside the
+shards and an index of ``bytes`` (+ zarr's default ``crc32c``) at either end
+(:mod:`._shards`); zarr v2 in either order, with any numcodecs compressor (or
+none) and any numcodecs filters, in either byte order. A big-endian chunk is
+swapped to native order as it is decoded into ``out``. Every chunk's decoded
+size and any checksum is checked, so a truncated file raises
+``CorruptChunkError`` instead of leaving stale bytes in ``out``, and any codec's
+exception for a bad frame becomes ``CorruptChunkError`` naming the file and
+window.
 
 Sharded arrays: the chunks are the inner chunks. Each shard file a window
 needs is mapped once per read and its index checked (checksum, bounds); the
@@ -53,19 +57,21 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numcodecs
 import numpy as np
 import zarr
+from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
 from ._base import field_context
 from ._select import Selection, chunk_ranges, iter_chunk_coords
-from ._shards import Shard, ShardLayout, corrupt_error, open_shard, shard_layout
+from ._shards import Shard, ShardLayout, corrupt_error, crc32c, open_shard, shard_layout
 
-__all__ = ["FastChunkReader", "decode_pool", "fast_decoder"]
+__all__ = ["ChunkCodec", "FastChunkReader", "decode_pool", "fast_decoder"]
 
 _thread_ids = itertools.count()
 
@@ -79,24 +85,50 @@ def decode_pool(threads: int | None) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1, initializer=_name_thread)
 
 
-def fast_decoder(arr: zarr.Array) -> tuple[numcodecs.abc.Codec | None, ShardLayout | None] | None:
+@dataclass(frozen=True)
+class ChunkCodec:
+    """How one stored (inner) chunk decodes to its C-order bytes in native byte order.
+
+    The stored bytes are checked against a trailing crc32c (``checksum``), then
+    decompressed by ``compressor`` (``None``: raw), then passed back through the v2
+    ``filters`` in reverse; the result is the chunk in ``order`` ("C" or "F"),
+    big-endian when ``swap``.
+    """
+
+    compressor: numcodecs.abc.Codec | None
+    filters: tuple[numcodecs.abc.Codec, ...] = ()
+    checksum: bool = False
+    swap: bool = False
+    order: str = "C"
+
+    @property
+    def raw(self) -> bool:
+        """Whether the stored bytes are the decoded chunk (byte order aside)."""
+        return self.compressor is None and not self.filters and not self.checksum
+
+    @property
+    def direct(self) -> bool:
+        """Whether the compressor's output is the chunk's C-order bytes (swap aside)."""
+        return not self.filters and self.order == "C"
+
+
+def fast_decoder(arr: zarr.Array) -> tuple[ChunkCodec, ShardLayout | None] | None:
     """``(codec, shards)`` if ``arr`` suits the fast path, else ``None``.
 
-    ``codec`` decodes one (inner) chunk, ``None`` meaning raw bytes; ``shards`` is the
-    shard layout of a sharded array, else ``None``.
+    ``codec`` decodes one (inner) chunk; ``shards`` is the shard layout of a sharded
+    array, else ``None``.
     """
     from zarr.storage import LocalStore
 
     if not isinstance(arr.store, LocalStore):
         return None
     dtype = np.dtype(arr.dtype)
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
+    if dtype.hasobject or dtype.itemsize == 0:
         return None
     meta = arr.metadata
     if meta.zarr_format == 2:
-        if meta.order != "C" or meta.filters:
-            return None
-        return meta.compressor, None
+        swap = dtype.itemsize > 1 and not dtype.isnative
+        return ChunkCodec(meta.compressor, tuple(meta.filters or ()), False, swap, meta.order), None
     codecs = list(meta.codecs)
     layout = None
     if arr.shards is not None:
@@ -104,29 +136,31 @@ def fast_decoder(arr: zarr.Array) -> tuple[numcodecs.abc.Codec | None, ShardLayo
         if sharded is None:
             return None
         layout, codecs = sharded[0], list(sharded[1])
-    codec = _plain_codec(codecs, dtype)
-    return None if codec is None else (codec[0], layout)
+    codec = _v3_codec(codecs, dtype)
+    return None if codec is None else (codec, layout)
 
 
-def _plain_codec(codecs: list, dtype: np.dtype) -> tuple[numcodecs.abc.Codec | None] | None:
-    """``(codec,)`` for a v3 chain of ``bytes`` (little endian) and at most one of
-    blosc / zstd / gzip; ``None`` for any other chain."""
-    from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+def _v3_codec(codecs: list, dtype: np.dtype) -> ChunkCodec | None:
+    """The :class:`ChunkCodec` of a v3 chain of ``bytes``, at most one of blosc / zstd /
+    gzip and an optional trailing ``crc32c``; ``None`` for any other chain."""
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return None
     endian = codecs[0].endian
-    if endian is not None and endian.value != "little" and dtype.itemsize > 1:
-        return None
+    swap = endian is not None and endian.value == "big" and dtype.itemsize > 1
     rest = codecs[1:]
+    checksum = bool(rest) and isinstance(rest[-1], Crc32cCodec)
+    if checksum:
+        rest = rest[:-1]
     if not rest:
-        return (None,)
+        return ChunkCodec(None, (), checksum, swap)
     if len(rest) > 1:
         return None
     # The blosc/zstd/gzip frames carry what decoding needs, so default codecs decode them.
     table = {BloscCodec: numcodecs.Blosc, ZstdCodec: numcodecs.Zstd, GzipCodec: numcodecs.GZip}
     factory = table.get(type(rest[0]))
-    return None if factory is None else (factory(),)
+    return None if factory is None else ChunkCodec(factory(), (), checksum, swap)
 
 
 class FastChunkReader:
@@ -134,14 +168,15 @@ class FastChunkReader:
 
     ``fill_missing``: an absent chunk file is the fill value (zarr's behaviour)
     instead of raising ``MissingChunkError``; so are an absent shard file and an
-    inner chunk its shard's index marks empty. ``shards``: the layout of a sharded
-    array (chunks are then its inner chunks), from :func:`fast_decoder`.
+    inner chunk its shard's index marks empty. ``codec`` and ``shards`` (the
+    layout of a sharded array, whose chunks are then its inner chunks) come from
+    :func:`fast_decoder`.
     """
 
     def __init__(
         self,
         arr: zarr.Array,
-        codec: numcodecs.abc.Codec | None,
+        codec: ChunkCodec,
         selections: Mapping[str, Selection],
         *,
         fill_missing: bool,
@@ -152,10 +187,13 @@ class FastChunkReader:
         self._layout = shards
         self._root = Path(arr.store.root) / arr.store_path.path
         self._codec = codec
-        self._is_blosc = isinstance(codec, numcodecs.Blosc)
+        self._is_blosc = isinstance(codec.compressor, numcodecs.Blosc)
         self._chunks = tuple(arr.chunks)
-        self._dtype = np.dtype(arr.dtype)
-        self._chunk_nbytes = int(np.prod(self._chunks)) * self._dtype.itemsize
+        native = np.dtype(arr.dtype).newbyteorder("=")
+        self._dtype = native
+        #: how a decoded chunk's bytes are viewed: stored byte order and memory order
+        self._stored = native.newbyteorder(">") if codec.swap else native
+        self._chunk_nbytes = int(np.prod(self._chunks)) * native.itemsize
         self._fill = arr.fill_value if arr.fill_value is not None else 0
         self._selections = dict(selections)
         self._fill_missing = fill_missing
@@ -206,7 +244,7 @@ class FastChunkReader:
         read = _Read((start, stop), self._open_shards(uses, (start, stop)))
         tasks = []
         for coords, targets in uses.items():
-            if len(targets) == 1 and targets[0][3]:
+            if len(targets) == 1 and targets[0][3] and self._codec.direct:
                 name, dest, _, _ = targets[0]
                 # the chunk's decoded C-order bytes are exactly these rows of out[name]
                 tasks.append(self._direct_task(coords, name, out[name][dest[0]], read))
@@ -234,6 +272,8 @@ class FastChunkReader:
             with field_context(name):
                 if not self._decode(coords, view.reshape(-1).view(np.uint8), read):
                     view[...] = self._fill
+                elif self._codec.swap:
+                    view.byteswap(inplace=True)  # decoded as stored: big-endian
 
         return run
 
@@ -244,7 +284,8 @@ class FastChunkReader:
             scratch = self._scratch()
             with field_context(targets[0][0]):
                 present = self._decode(coords, scratch, read)
-            block = scratch.view(self._dtype).reshape(self._chunks)
+            # the assignment below converts a big-endian block to native order as it copies
+            block = scratch.view(self._stored).reshape(self._chunks, order=self._codec.order)
             for name, dest, src, _ in targets:
                 view = out[name][dest]
                 view[...] = block[src] if present else self._fill
@@ -292,7 +333,7 @@ class FastChunkReader:
         if read.shards is None:
             path = self.chunk_path(coords)
             label = f"zarr chunk file {path}"
-            raw = self._raw(path, into=target if self._codec is None else None)
+            raw = self._raw(path, into=target if self._codec.raw else None)
         else:
             where, position = self._layout.locate(coords)
             shard = read.shards[where]
@@ -306,35 +347,55 @@ class FastChunkReader:
         def bad(what: str) -> CorruptChunkError:
             return corrupt_error(label, what, read.window)
 
-        expected = self._chunk_nbytes
-        if self._codec is None:
+        codec, expected = self._codec, self._chunk_nbytes
+        if codec.checksum:
+            # zarr's crc32c codec appends the checksum of the bytes before it, little endian
+            if len(raw) < 4:
+                raise bad(f"holds {len(raw)} bytes, shorter than its crc32c checksum")
+            stored, computed = int.from_bytes(raw[-4:], "little"), crc32c(bytes(raw[:-4]))
+            if stored != computed:
+                raise bad(f"fails its crc32c checksum (stored {stored:#010x}, "
+                          f"computed {computed:#010x})")  # fmt: skip
+            raw = raw[:-4]
+        if codec.compressor is None and not codec.filters:
             if len(raw) != expected:
                 raise bad(f"holds {len(raw)} bytes, expected {expected}")
             raw_array = np.frombuffer(raw, np.uint8)
             if not np.may_share_memory(raw_array, target):  # read via the scratch buffer
                 target[:] = raw_array
             return True
+        # the compressor's output is the chunk itself only without filters
+        frame_size = expected if not codec.filters else None
         if self._is_blosc:
             # blosc trusts its header: a truncated tail decodes without error, so check it
             if len(raw) < 16:
                 raise bad(f"holds {len(raw)} bytes, shorter than a blosc header")
             nbytes, _, cbytes = struct.unpack("<III", bytes(raw[4:16]))
-            if cbytes != len(raw) or nbytes != expected:
+            if cbytes != len(raw) or nbytes != (frame_size or nbytes):
                 raise bad(
-                    f"is {len(raw)} bytes decoding to {nbytes}; header says {cbytes} "
-                    f"bytes decoding to {expected}",
+                    f"is {len(raw)} bytes decoding to {frame_size or 'its frame'}; header says "
+                    f"{cbytes} bytes decoding to {nbytes}",
                 )
-        else:
+        elif codec.compressor is not None:
             # gzip and zstd decode a frame of the wrong size into ``out`` without error,
             # leaving stale bytes behind it (an empty gzip file decodes to nothing): check
             # the size their frames declare.
-            declared = _declared_size(self._codec, raw)
-            if declared is not None and declared != expected:
-                raise bad(f"decodes to {declared} bytes, expected {expected}")
+            declared = _declared_size(codec.compressor, raw)
+            if declared == -1 or (None not in (declared, frame_size) and declared != frame_size):
+                raise bad(f"decodes to {declared} bytes, expected {frame_size}")
         try:
-            self._codec.decode(raw, out=target)
-        except Exception as exc:  # codecs raise assorted types (RuntimeError, EOFError, ...)
+            if not codec.filters:
+                codec.compressor.decode(raw, out=target)
+                return True
+            chunk = raw if codec.compressor is None else codec.compressor.decode(raw)
+            for f in reversed(codec.filters):
+                chunk = f.decode(chunk)
+            decoded = ensure_contiguous_ndarray(chunk).view(np.uint8).reshape(-1)
+        except Exception as exc:  # codecs raise assorted types (RuntimeError, OSError, ...)
             raise bad(f"does not decode ({type(exc).__name__}: {exc})") from exc
+        if decoded.nbytes != expected:
+            raise bad(f"decodes to {decoded.nbytes} bytes, expected {expected}")
+        target[:] = decoded
         return True
 
     def _missing(self, coords: tuple[int, ...], read: _Read) -> MissingChunkError:

@@ -41,6 +41,17 @@ class Selection:
         """The basic-indexing tuple for timesteps ``[start, stop)``."""
         return (slice(start, stop), *self.items)
 
+    def as_slab(self, start: int, stop: int) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+        """The index of timesteps ``[start, stop)`` with every int item a length-1 slice,
+        and the shape it reads (the field's shape with those axes kept, of length 1).
+
+        The field's rows reshaped to that shape are the same memory, so a reader can
+        write into them without knowing about int items (some engines mis-read int
+        indices; see :mod:`._zarrs`).
+        """
+        index = tuple(slice(i, i + 1) if isinstance(i, int) else i for i in self.items)
+        return (slice(start, stop), *index), (stop - start, *(s.stop - s.start for s in index))
+
 
 def normalize_selection(name: str, index: object, shape: Sequence[int], where: str) -> Selection:
     """Validate ``index`` against the non-time axes of ``shape``; raise ``FieldSelectionError``."""

@@ -28,11 +28,20 @@ import numpy as np
 from .._errors import CorruptChunkError
 
 try:
-    from google_crc32c import value as _crc32c  # what zarr >= 3.1.4 checks the index with
+    from google_crc32c import value as crc32c  # what zarr >= 3.1.4 checks the index with
 except ImportError:  # older zarr used the crc32c package
-    from crc32c import crc32c as _crc32c
+    from crc32c import crc32c
 
-__all__ = ["Shard", "ShardLayout", "corrupt_error", "open_shard", "shard_layout"]
+__all__ = [
+    "Shard",
+    "ShardLayout",
+    "corrupt_error",
+    "crc32c",
+    "is_empty",
+    "open_shard",
+    "parse_index",
+    "shard_layout",
+]
 
 _EMPTY = 2**64 - 1
 
@@ -140,11 +149,23 @@ def open_shard(path: Path, layout: ShardLayout, window: tuple[int, int]) -> Shar
     finally:
         os.close(fd)
     at = 0 if layout.index_at_start else size - need
-    raw = data[at : at + need]
+    index = parse_index(data[at : at + need], layout, label, window)
+    bounds = (need, size) if layout.index_at_start else (0, size - need)
+    return Shard(path, data, index, layout.chunks_per_shard, bounds, window)
+
+
+def parse_index(
+    raw: memoryview | bytes, layout: ShardLayout, label: str, window: tuple[int, int]
+) -> np.ndarray:
+    """The ``(inner chunks, 2)`` uint64 index from its ``layout.index_nbytes`` bytes, its
+    checksum checked; ``CorruptChunkError`` naming ``label`` and ``window`` if it fails."""
+    need = layout.index_nbytes
     pairs = need - 4 if layout.checksum else need
+    if len(raw) != need:
+        raise corrupt_error(label, f"has a {len(raw)}-byte shard index, expected {need}", window)
     if layout.checksum:
         stored = int.from_bytes(raw[pairs:], "little")
-        computed = _crc32c(bytes(raw[:pairs]))  # its C function takes bytes, not views
+        computed = crc32c(bytes(raw[:pairs]))  # its C function takes bytes, not views
         if stored != computed:
             raise corrupt_error(
                 label,
@@ -152,9 +173,13 @@ def open_shard(path: Path, layout: ShardLayout, window: tuple[int, int]) -> Shar
                 f"computed {computed:#010x})",
                 window,
             )
-    index = np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
-    bounds = (need, size) if layout.index_at_start else (0, size - need)
-    return Shard(path, data, index, layout.chunks_per_shard, bounds, window)
+    return np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
+
+
+def is_empty(index: np.ndarray, position: tuple[int, ...], layout: ShardLayout) -> bool:
+    """Whether ``index`` marks the inner chunk at ``position`` as not written."""
+    flat = int(np.ravel_multi_index(position, layout.chunks_per_shard))
+    return bool(index[flat, 0] == _EMPTY and index[flat, 1] == _EMPTY)
 
 
 def corrupt_error(label: str, what: str, window: tuple[int, int]) -> CorruptChunkError:

@@ -14,17 +14,34 @@ engines" has the race that set the default):
   (engine ``"zarr"``) or by the zarrs Rust pipeline (engine ``"zarrs"``,
   :mod:`._zarrs`, opt-in).
 
-Missing chunks: zarr reads an absent chunk as the fill value, which would train
-a model on zeros. ``check_missing="auto"`` lists a local store's chunk files
-once at open (``"open"``) and the fast path raises for any file that has
-vanished since; remote stores are not checked unless asked (``True``: each
-window's chunk keys are checked at read time; ``False``: never).
+One integrity rule holds on every engine (``engine="auto"`` never picks an
+engine that would break it, and an explicit engine that would is refused at
+open with a ``ConfigError`` saying why):
+
+* **Missing chunks.** zarr reads an absent chunk as the fill value, which would
+  train a model on zeros. ``check_missing="auto"`` lists a local store's chunk
+  files once at open (``"open"``) and every read raises ``MissingChunkError`` for
+  a file that has vanished since; an inner chunk that a shard's index marks empty
+  (zarr leaves out inner chunks equal to the fill value unless
+  ``write_empty_chunks=True``) is missing too, found from the index at read on
+  every engine. Remote stores are not checked unless asked (``True``: each
+  window's chunk keys and shard indices are checked at read time; ``False``:
+  never).
+* **Damaged chunks.** A chunk that is truncated, fails a checksum or does not
+  decode raises ``CorruptChunkError`` naming the store (our reader: the file) and
+  the window, whatever the codec raised; it is never retried as an I/O error.
+  Decoded sizes are checked wherever a codec can return short output (blosc
+  trusts its header: :mod:`._checked` checks it on zarr's pipeline).
+* **Byte order.** Big-endian arrays (v2 ``'>f4'``, v3 ``bytes`` codec with
+  ``endian="big"``) arrive in native order.
 """
 
 from __future__ import annotations
 
+import lzma
 import os
 import warnings
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from gzip import BadGzipFile
@@ -44,6 +61,7 @@ from .._errors import (
     SourceNotFoundError,
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
+from ._checked import FrameError, with_checked_codecs
 from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
 from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
@@ -53,13 +71,19 @@ from ._select import (
     normalize_selection,
     read_amplification,
 )
-from ._zarrs import with_zarrs_pipeline
+from ._shards import ShardLayout, corrupt_error, is_empty, parse_index, shard_layout
+from ._zarrs import with_zarrs_pipeline, zarrs_defect
 
 __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
 
 #: The values of ``ZarrSource(engine=...)``.
 ENGINES = ("auto", "chunkstream", "zarrs", "zarr")
-_DECODE_ERRORS: tuple[type[Exception], ...] = (ValueError, RuntimeError, EOFError, BadGzipFile)
+#: What codecs raise for a bad frame (bz2 and zarrs: a bare ``OSError``, see _is_decode;
+#: zstd: ``MemoryError`` for a damaged size field; blosc: ``SystemError``; zarrs: ``IndexError``)
+_DECODE_ERRORS: tuple[type[Exception], ...] = (
+    ValueError, RuntimeError, EOFError, OSError, zlib.error, lzma.LZMAError, MemoryError,
+    SystemError, IndexError,
+)  # fmt: skip
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _AMPLIFICATION_LIMIT = 1.5
@@ -151,8 +175,9 @@ class ZarrSource:
     ``"chunkstream"`` insists on our reader; ``"zarrs"`` is zarr with the zarrs
     Rust codec pipeline (the ``zarrs`` extra; not for URLs, whose I/O zarrs would do
     outside chunkstream's retries and error mapping); ``"zarr"`` is zarr's default
-    pipeline. Every engine keeps the missing-chunk check; the engine in use is
-    :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
+    pipeline. Every engine keeps the integrity rule of the module docs (an
+    engine that cannot is refused with a ``ConfigError`` saying why); the engine
+    in use is :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
     threads zarrs decodes on (default: all cores). Thread-safe for distinct
     ``out``.
     """
@@ -247,15 +272,23 @@ class ZarrSource:
                     'zarrs reads remote stores without chunkstream\'s error mapping (a server '
                     'error would read as a corrupt chunk); use engine="auto".',
                 )  # fmt: skip
+            defect = zarrs_defect(arr)
+            if defect is not None:
+                raise ConfigError.bad(
+                    "engine", engine, f'"auto" or "zarr" for {self.path!r}',
+                    f'{defect}, so it is refused for this array; engine="auto" reads it.',
+                )  # fmt: skip
             self.array = with_zarrs_pipeline(arr, read_threads)
+        elif decoder is None:
+            self.array = with_checked_codecs(arr)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
-        # the codecs' errors for a bad frame (zarrs' OSError for zstd and gzip: see _is_decode)
-        self._decode_errors = _DECODE_ERRORS + ((OSError,) if self.engine == "zarrs" else ())
+        self._shards = None if decoder is not None or mode is False else self._shard_index_layout()
         # A local chunk deleted after open reads as the fill value on the general path
-        # (the fast path raises itself); a local existence check per read is cheap.
+        # (the fast path raises itself); a local existence check per read is cheap. So is
+        # reading the index of each shard a window needs, to find inner chunks left out.
         self._check_each_read = mode is True or (
-            mode == "open" and decoder is None and local is not None
+            mode == "open" and decoder is None and (local is not None or self._shards is not None)
         )
         if decoder is not None:
             self._pool = decode_pool(read_threads)
@@ -293,23 +326,30 @@ class ZarrSource:
             with field_context(name):
                 if self._check_each_read:
                     self._check_chunks(sel, start, stop)
-                view = out[name][: stop - start]
+                index, shape = sel.as_slab(start, stop)
+                view = out[name][: stop - start].reshape(shape)  # the same memory
                 try:
                     # zarr writes into the wrapped array in place: no intermediate copy
                     with store_errors(self.path, f"timesteps [{start}, {stop}) of field {name!r}"):
                         self.array.get_basic_selection(
-                            sel.as_index(start, stop), out=nd_buffer.from_numpy_array(view)
+                            index, out=nd_buffer.from_numpy_array(view)
                         )
+                except FrameError as exc:
+                    raise self._corrupt(name, start, stop, str(exc)) from exc
                 except ChunkstreamError:
                     raise  # already says what failed (a RemoteStoreError is an OSError too)
-                except self._decode_errors as exc:
+                except _DECODE_ERRORS as exc:
                     if not _is_decode(exc):
                         raise
-                    raise CorruptChunkError(
-                        f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
-                        f"[{start}, {stop}) does not decode ({type(exc).__name__}: {exc}): "
-                        "a chunk file is truncated or corrupt. Rewrite the array and retry."
-                    ) from exc
+                    what = f"a chunk does not decode ({type(exc).__name__}: {exc})"
+                    raise self._corrupt(name, start, stop, what) from exc
+
+    def _corrupt(self, name: str, start: int, stop: int, what: str) -> CorruptChunkError:
+        return CorruptChunkError(
+            f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
+            f"[{start}, {stop}): {what}. A chunk file is truncated or corrupt: rewrite the "
+            "array (or restore that file) and retry."
+        )
 
     def close(self) -> None:
         """Stop the decode pool and close a store opened from a URL (with any HTTP
@@ -360,9 +400,10 @@ class ZarrSource:
         ranges = chunk_ranges(sel, self._key_grid, start, stop)
         return [self.array.metadata.encode_chunk_key(c) for c in iter_chunk_coords(ranges)]
 
-    def _missing_error(self, name: str, key: str, where: str) -> MissingChunkError:
+    def _missing_error(self, name: str, key: str, where: str, what: str = "") -> MissingChunkError:
+        what = what or f"zarr chunk {key!r}"
         return MissingChunkError(
-            f"zarr chunk {key!r} of field {name!r} is missing from {where}. zarr would read "
+            f"{what} of field {name!r} is missing from {where}. zarr would read "
             "it as the fill value and train on it silently. Rewrite the array (or that "
             "chunk) with write_empty_chunks=True (zarr's default skips chunks equal to the "
             "fill value); pass check_missing=False only if absent chunks are meant to be "
@@ -390,6 +431,9 @@ class ZarrSource:
     def _check_chunks(self, sel: Selection, start: int, stop: int) -> None:
         from zarr.core.sync import sync
 
+        if self._shards is not None:
+            self._check_inner_chunks(sel, start, stop)
+            return
         store, prefix = self.array.store, self.array.store_path.path
         for key in self._needed_keys(sel, start, stop):
             full = f"{prefix}/{key}" if prefix else key
@@ -405,13 +449,85 @@ class ZarrSource:
                 raise self._missing_error(name, key, f"{self.path!r}")
 
 
+    # -- sharded arrays on the general path: the shard index says which inner chunks exist
+
+    def _shard_index_layout(self) -> ShardLayout | None:
+        """The layout of this sharded array's shard index (``None``: not sharded)."""
+        arr = self.array
+        if getattr(arr, "shards", None) is None:
+            return None
+        codecs = list(arr.metadata.codecs)
+        sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
+        if sharded is None:
+            raise ConfigError.bad(
+                "check_missing", "auto", "False for this array",
+                "Its shard index is not little-endian bytes (+ crc32c), which chunkstream "
+                "reads, so inner chunks left out of a shard could not be told from fill "
+                "values. Rewrite the array with zarr's default index codecs, or pass "
+                "check_missing=False if absent chunks are meant to be fill values.",
+            )  # fmt: skip
+        return sharded[0]
+
+    def _check_inner_chunks(self, sel: Selection, start: int, stop: int) -> None:
+        """Raise ``MissingChunkError`` for a shard file or inner chunk the window needs
+        that is absent (an inner chunk is absent when its shard's index marks it empty)."""
+        layout = self._shards
+        name = next(n for n, s in self._selections.items() if s is sel)
+        positions: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for coords in iter_chunk_coords(chunk_ranges(sel, self.chunks, start, stop)):
+            shard, position = layout.locate(coords)
+            positions.setdefault(shard, []).append(position)
+        for shard, wanted in positions.items():
+            key = self.array.metadata.encode_chunk_key(shard)
+            index = self._read_shard_index(key, (start, stop))
+            if index is None:
+                raise self._missing_error(name, key, repr(self.path), f"zarr shard {key!r}")
+            for position in wanted:
+                if is_empty(index, position, layout):
+                    what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
+                            "marks it empty)")  # fmt: skip
+                    raise self._missing_error(name, key, repr(self.path), what)
+
+    def _read_shard_index(self, key: str, window: tuple[int, int]) -> Any:
+        """The parsed index of shard ``key`` (``None``: no such shard), read on its own."""
+        layout = self._shards
+        need = layout.index_nbytes
+        label = f"zarr shard {key!r} of {self.path!r}"
+        if self._root is not None:
+            try:
+                fd = os.open(self._root / key, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            label = f"zarr shard file {self._root / key}"
+            try:
+                size = os.fstat(fd).st_size
+                if size < need:
+                    raise corrupt_error(label, f"holds {size} bytes, fewer than its "
+                                        f"{need}-byte index", window)  # fmt: skip
+                raw = os.pread(fd, need, 0 if layout.index_at_start else size - need)
+            finally:
+                os.close(fd)
+            return parse_index(raw, layout, label, window)
+        from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        prefix = self.array.store_path.path
+        full = f"{prefix}/{key}" if prefix else key
+        request = RangeByteRequest(0, need) if layout.index_at_start else SuffixByteRequest(need)
+        with store_errors(self.path, f"the index of shard {key!r}"):
+            buf = sync(self.array.store.get(full, default_buffer_prototype(), byte_range=request))
+        return None if buf is None else parse_index(buf.to_bytes(), layout, label, window)
+
+
 def _is_decode(exc: BaseException) -> bool:
     """Whether a codec's exception means a bad frame, not an I/O failure.
 
     zarrs raises a bare ``OSError`` with no errno for a truncated zstd or gzip frame
-    ("incomplete frame", "unexpected end of file"); a real I/O error is an
-    ``OSError`` subclass or carries an errno (a ``PermissionError`` stays one), and
-    a Rust I/O error inside a ``RuntimeError`` names its "(os error N)".
+    ("incomplete frame", "unexpected end of file") and bz2 and lz4 one for a bad
+    stream ("Invalid data stream"); a real I/O error is an ``OSError`` subclass or
+    carries an errno (a ``PermissionError`` stays one), and a Rust I/O error inside
+    a ``RuntimeError`` names its "(os error N)".
     """
     if isinstance(exc, OSError) and not isinstance(exc, BadGzipFile):
         return type(exc) is OSError and exc.errno is None

@@ -9,17 +9,27 @@ instead of falling back silently to zarr's own pipeline on every read.
 What zarrs gives and what it does not (zarrs 0.2.3, checked by the tests):
 it writes straight into the caller's buffer and raises for a truncated or
 corrupt frame (``RuntimeError`` for blosc, ``OSError`` for zstd and gzip), but
-like zarr it reads an absent chunk as the fill value, so ``ZarrSource`` keeps
-its own missing-chunk check on this engine too.
+like zarr it reads an absent chunk, or an inner chunk a shard's index marks
+empty, as the fill value, so ``ZarrSource`` keeps its own missing-chunk check
+on this engine too. Layouts zarrs reads wrongly are refused at open
+(:func:`zarrs_defect`): big-endian complex data (its real and imaginary parts
+come back swapped on reads of part of a chunk) and a blosc ``typesize`` that
+does not divide the chunk's bytes (``IndexError``, or a valid chunk reported as
+corrupt). zarrs also fails on an int index into an axis with a partial edge
+chunk when the window spans two time chunks (``UnsupportedVIndexingError``);
+``ZarrSource`` reads int-indexed axes as length-1 slices, which avoids it.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import zarr
 
 from .._errors import ConfigError
 
-__all__ = ["with_zarrs_pipeline"]
+__all__ = ["with_zarrs_pipeline", "zarrs_defect"]
 
 
 def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
@@ -53,3 +63,29 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
                 f"zarrs cannot read this array's codecs or store ({exc}).",
             ) from exc  # fmt: skip
     return zarr.Array(inner)
+
+
+def zarrs_defect(arr: zarr.Array) -> str | None:
+    """Why zarrs would read ``arr`` wrongly (see the module docs), or ``None``."""
+    from zarr.codecs import BloscCodec, BytesCodec, ShardingCodec
+
+    dtype = np.dtype(arr.dtype)
+    meta = arr.metadata
+    chunks, codecs = tuple(arr.chunks), []
+    if meta.zarr_format == 3:
+        codecs = list(meta.codecs)
+        if codecs and isinstance(codecs[0], ShardingCodec):
+            chunks, codecs = tuple(codecs[0].chunk_shape), list(codecs[0].codecs)
+        big = any(isinstance(c, BytesCodec) and c.endian is not None and c.endian.value == "big"
+                  for c in codecs)  # fmt: skip
+    else:
+        big = dtype.byteorder == ">"
+    if big and dtype.kind == "c":
+        return ("zarrs swaps the real and imaginary parts of big-endian complex data on reads "
+                "of part of a chunk")  # fmt: skip
+    nbytes = math.prod(chunks) * dtype.itemsize
+    for codec in codecs:
+        if isinstance(codec, BloscCodec) and codec.typesize and nbytes % codec.typesize:
+            return (f"zarrs fails on blosc chunks of {nbytes} bytes, not a multiple of the "
+                    f"codec's typesize {codec.typesize}")  # fmt: skip
+    return None
