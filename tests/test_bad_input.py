@@ -80,11 +80,39 @@ def _missing_chunk(tmp: Path):
     cs.ZarrSource(path)
 
 
-def _checksummed_with_our_reader(tmp: Path):
+def _transposed_with_our_reader(tmp: Path):
     path = tmp / "s.zarr"
     zarr.create_array(path, shape=(20, 2), chunks=(5, 2), shards=(10, 2), dtype="f4",
-                      compressors=[zarr.codecs.Crc32cCodec()])[...] = 1  # fmt: skip
+                      filters=[zarr.codecs.TransposeCodec(order=(1, 0))])[...] = 1  # fmt: skip
     cs.ZarrSource(path, engine="chunkstream")
+
+
+def _big_endian_complex_on_zarrs(tmp: Path):
+    path = tmp / "c.zarr"
+    zarr.create_array(path, shape=(20, 2), chunks=(8, 2), dtype="complex64",
+                      serializer=zarr.codecs.BytesCodec(endian="big"))[...] = 1j  # fmt: skip
+    cs.ZarrSource(path, engine="zarrs")
+
+
+def _unreadable_shard_index(tmp: Path):
+    from zarr.codecs import BytesCodec, ShardingCodec
+
+    path = tmp / "s.zarr"
+    sharding = ShardingCodec(chunk_shape=(5, 2), codecs=[BytesCodec()],
+                             index_codecs=[BytesCodec(endian="big")])  # fmt: skip
+    zarr.create_array(path, shape=(20, 2), chunks=(10, 2), dtype="f4", serializer=sharding,
+                      compressors=None)[...] = 1  # fmt: skip
+    cs.ZarrSource(path, check_missing="open")
+
+
+def _inner_chunk_left_out(tmp: Path):
+    path = tmp / "s.zarr"
+    data = random_data((20, 2))
+    data[5:10] = 0  # zarr's default leaves this inner chunk out of its shard
+    zarr.create_array(path, shape=(20, 2), chunks=(5, 2), shards=(10, 2), dtype="f4",
+                      filters=[zarr.codecs.TransposeCodec(order=(1, 0))])[...] = data  # fmt: skip
+    source = cs.ZarrSource(path, engine="zarr")
+    source.read_into(0, 10, {"data": np.empty((10, 2), np.float32)})
 
 
 def _truncated_chunk(tmp: Path):
@@ -240,12 +268,21 @@ CASES = [
      cs.ConfigError, ValueError, ["read_threads=0", "positive int"]),
     ("ZarrSource.engine", lambda t: cs.ZarrSource(_zarr(t), engine="rust"),
      cs.ConfigError, ValueError, ["engine='rust'", '"auto"', '"zarrs"']),
-    ("ZarrSource.engine.unsuited", _checksummed_with_our_reader,
-     cs.ConfigError, ValueError, ["engine='chunkstream'", '"auto"', "checksum codecs"]),
+    ("ZarrSource.engine.unsuited", _transposed_with_our_reader,
+     cs.ConfigError, ValueError, ["engine='chunkstream'", '"auto"', "no transpose"]),
+    ("ZarrSource.engine.zarrs_defect", _big_endian_complex_on_zarrs,
+     cs.ConfigError, ValueError, ["engine='zarrs'", "c.zarr", "real and imaginary",
+                                  'engine="auto"']),
+    ("ZarrSource.check_missing.shard_index", _unreadable_shard_index,
+     cs.ConfigError, ValueError, ["check_missing='open'", "shard index",
+                                  "check_missing=False"]),
     ("ZarrSource.dtype", _uint32,
-     cs.FieldDtypeError, TypeError, ["dtype uint32", "u.zarr", "chunkstream convert"]),
+     cs.FieldDtypeError, TypeError, ["dtype uint32", "u.zarr", ".astype('float32')"]),
     ("ZarrSource.store.missing_chunk", _missing_chunk,
      cs.MissingChunkError, FileNotFoundError, ["c/2/0", "x.zarr", "write_empty_chunks=True"]),
+    ("ZarrSource.store.missing_inner_chunk", _inner_chunk_left_out,
+     cs.MissingChunkError, FileNotFoundError, ["inner chunk (1, 0)", "'c/0/0'", "s.zarr",
+                                               "write_empty_chunks=True"]),
     ("ZarrSource.store.truncated_chunk", _truncated_chunk,
      cs.CorruptChunkError, ValueError, ["x.zarr/c/1/0", "truncated", "Rewrite the array"]),
     ("NumpySource.arrays.empty", lambda t: cs.NumpySource({}),
@@ -259,7 +296,7 @@ CASES = [
     ("NumpySource.arrays.timesteps", lambda t: cs.NumpySource({"a": np.zeros((0, 3))}),
      cs.ConfigError, ValueError, ["arrays['a'].shape=(0, 3)", "at least one timestep"]),
     ("NumpySource.arrays.dtype", lambda t: cs.NumpySource({"a": np.empty((3, 2), object)}),
-     cs.FieldDtypeError, TypeError, ["field 'a'", "dtype object", "Convert"]),
+     cs.FieldDtypeError, TypeError, ["field 'a'", "dtype object", "Cast the data"]),
     ("NumpySource.arrays.lengths", _lengths,
      cs.FieldLengthError, ValueError, ["a=10", "b=9", "Slice the longer arrays"]),
     ("CallableSource.load_fn", lambda t: cs.CallableSource(3, 10),
@@ -431,3 +468,23 @@ def test_a_plain_file_is_not_a_zarr_store(tmp_path):
     path.write_bytes(b"not zarr at all")
     with pytest.raises(cs.NotZarrError, match=r"data\.zarr"):
         cs.ZarrSource(path)
+
+
+_HINT = re.compile(r"chunkstream (demo|synth|inspect|convert|plan|bench)\b([^`\"'\n]*)")
+
+
+def test_every_cli_flag_a_message_names_exists():
+    # issue 19: a dtype error's fix named `chunkstream convert --dtype`, which does not exist
+    from chunkstream.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    src = Path(cs.__file__).resolve().parent
+    named = []
+    for path in sorted(src.rglob("*.py")):
+        for m in _HINT.finditer(path.read_text(encoding="utf-8")):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
+                named.append((path.name, m.group(1), flag))
+    assert named, "no fix hint names a CLI flag: the pattern is wrong"
+    unknown = [(f, cmd, flag) for f, cmd, flag in named
+               if flag not in commands[cmd]._option_string_actions]  # fmt: skip
+    assert unknown == [], f"messages name flags the CLI does not have: {unknown}"

@@ -175,3 +175,27 @@ def test_unsupported_output_dtype_is_refused(store, tmp_path, dtype):
     with pytest.raises(ConfigError, match=rf"dtype='{dtype}'.*float16"):
         convert_store(path / "timeseries.zarr", tmp_path / "o", fields=FIELDS, dtype=dtype,
                       progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_big_endian_input_converts_to_native_order_and_verifies_its_values(
+    tmp_path, zarr_format
+):
+    # issue 19 item 4: a v2 '>f4' input was written correctly, then failed its own
+    # verification ("differs from the input") because the digests hashed raw bytes
+    from chunkstream import ZarrSource
+
+    data = np.random.default_rng(3).standard_normal((90, 6, 2)).astype(">f4")
+    zarr.create_array(str(tmp_path / "be.zarr"), shape=data.shape, dtype=data.dtype,
+                      chunks=(20, 6, 2), zarr_format=2)[...] = data  # fmt: skip
+    report = convert_store(tmp_path / "be.zarr", tmp_path / "out", fields=["v=:,0"],
+                           chunk_mb=CHUNK_MB, zarr_format=zarr_format, progress=False)  # fmt: skip
+    assert report.verified and report.fields[0].checksum_in == report.fields[0].checksum_out
+    out = zarr.open_array(str(tmp_path / "out" / "v"), mode="r")
+    assert np.dtype(out.dtype).isnative
+    np.testing.assert_array_equal(out[:], data[:, :, 0])
+    with ZarrSource(tmp_path / "out" / "v") as source:
+        assert source.uses_fast_path
+        got = np.empty((90, 6), np.float32)
+        source.read_into(0, 90, {"data": got})
+    np.testing.assert_array_equal(got, data[:, :, 0])

@@ -260,8 +260,9 @@ class ZarrSource:
         if engine == "chunkstream" and decoder is None:
             raise ConfigError.bad(
                 "engine", engine, '"auto", "zarrs" or "zarr" for this array',
-                "chunkstream's reader takes local arrays, sharded or not, with at most one of "
-                "blosc, zstd or gzip and no filters, transpose or checksum codecs.",
+                "chunkstream's reader takes local arrays: zarr v2 with any numcodecs "
+                "compressor and filters; zarr v3, sharded or not, with a bytes codec, at most "
+                "one of blosc, zstd or gzip and a trailing crc32c, and no transpose.",
             )  # fmt: skip
         if engine == "zarrs":
             if local is None and _is_remote_store(arr.store):
@@ -283,7 +284,9 @@ class ZarrSource:
             self.array = with_checked_codecs(arr)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
-        self._shards = None if decoder is not None or mode is False else self._shard_index_layout()
+        self._shards = None
+        if decoder is None and mode is not False:
+            self._shards = self._shard_index_layout(check_missing)
         # A local chunk deleted after open reads as the fill value on the general path
         # (the fast path raises itself); a local existence check per read is cheap. So is
         # reading the index of each shard a window needs, to find inner chunks left out.
@@ -451,7 +454,7 @@ class ZarrSource:
 
     # -- sharded arrays on the general path: the shard index says which inner chunks exist
 
-    def _shard_index_layout(self) -> ShardLayout | None:
+    def _shard_index_layout(self, check_missing: object) -> ShardLayout | None:
         """The layout of this sharded array's shard index (``None``: not sharded)."""
         arr = self.array
         if getattr(arr, "shards", None) is None:
@@ -460,7 +463,7 @@ class ZarrSource:
         sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
         if sharded is None:
             raise ConfigError.bad(
-                "check_missing", "auto", "False for this array",
+                "check_missing", check_missing, "False for this array",
                 "Its shard index is not little-endian bytes (+ crc32c), which chunkstream "
                 "reads, so inner chunks left out of a shard could not be told from fill "
                 "values. Rewrite the array with zarr's default index codecs, or pass "

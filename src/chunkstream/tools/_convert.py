@@ -13,16 +13,19 @@ How it runs:
 * **Bounded memory.** At most ``2 * workers`` slabs are in flight, each about
   ``chunk_mb`` MiB (plus the input chunks zarr decodes to fill it).
 * **Resumable.** While it runs, ``OUT/.chunkstream-convert.json`` records the
-  arguments and every slab finished (with the BLAKE2b digest of the bytes read
-  from IN), rewritten atomically after each slab. A rerun with the same
-  arguments skips finished slabs; an existing OUT made with other arguments is
-  an error unless ``overwrite``.
+  arguments and every slab finished (with the BLAKE2b digest of the values read
+  from IN: their bytes in native byte order), rewritten atomically after each
+  slab. A rerun with the same arguments skips finished slabs; an existing OUT
+  made with other arguments is an error unless ``overwrite``.
 * **Verified.** At the end every output slab is read back and its digest must
   equal the one taken from IN; each field's checksum is the digest of its
   slabs' digests in time order, reported for IN and OUT. On success the
   checksums and arguments move to the group attributes and the progress file is
   removed (zarr warns about unknown files in a group); rerunning a finished
   conversion only re-verifies OUT against those checksums.
+* **Native byte order.** OUT is written in native byte order whatever IN's
+  (a big-endian v2 ``'>f4'`` input becomes ``float32``); the digests compare
+  values, so such a conversion verifies.
 * **IN is never written**: it is opened read-only, and OUT may not lie inside it.
 * **Storage dtype.** ``dtype`` (e.g. ``float16``) writes every field in that
   dtype; the digests are then taken of the converted slabs, so verification
@@ -142,7 +145,15 @@ def _rounding_error(array: Any, index: tuple, target: Any, t_chunk: int, slabs: 
 
 
 def _digest(data: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(data).data, digest_size=16).hexdigest()
+    """The digest of ``data``'s values: its bytes in native byte order, so a big-endian
+    input and its native-order output agree."""
+    native = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("="))
+    return hashlib.blake2b(native.data, digest_size=16).hexdigest()
+
+
+def _native(dtype: Any) -> np.dtype:
+    """``dtype`` in native byte order: the output is written so, whatever IN's order."""
+    return np.dtype(dtype).newbyteorder("=")
 
 
 def _combine(digests: list[str]) -> str:
@@ -270,8 +281,9 @@ def convert_store(
                                       "fields": args["fields"]}  # fmt: skip
         for name, _, array, _, step_shape, t_chunk in plan:
             group.create_array(
-                name, shape=(int(array.shape[0]), *step_shape), dtype=out_dtype or array.dtype,
-                chunks=(t_chunk, *step_shape), compressors=compressors, fill_value=0,
+                name, shape=(int(array.shape[0]), *step_shape),
+                dtype=out_dtype or _native(array.dtype), chunks=(t_chunk, *step_shape),
+                compressors=compressors, fill_value=0,
                 config={"write_empty_chunks": True},
             )  # fmt: skip
         _save_progress(out / PROGRESS, state)
@@ -357,7 +369,8 @@ def convert_store(
         ok = ok and outs is not None
         results.append(FieldResult(
             name=name, source=source_sel, shape=(int(array.shape[0]), *step_shape),
-            chunks=(t_chunk, *step_shape), dtype=str(out_dtype or array.dtype), slabs=n,
+            chunks=(t_chunk, *step_shape), dtype=str(out_dtype or _native(array.dtype)),
+            slabs=n,
             checksum_in=checksum_in, checksum_out=checksum_out,
             max_abs_error=None if out_dtype is None else _rounding_error(
                 array, index, targets[name], t_chunk, n),
