@@ -499,13 +499,14 @@ def _filled(source: cs.ZarrSource, start: int, stop: int) -> dict[str, np.ndarra
 def test_an_inner_chunk_left_out_of_a_shard_is_missing_on_every_engine(tmp_path, engine, location):
     # issue 19 item 1: a crc32c inside the shards took auto to zarr's pipeline, where an inner
     # chunk zarr left out (write_empty_chunks=False) read as zeros on zarr and zarrs
-    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 
     path = tmp_path / "x.zarr"
     data = random_data((20, 2))
     data[4:6, 0] = 0  # inner chunk (2, 0) of shard (0, 0) equals the fill value
-    sharding = ShardingCodec(chunk_shape=(2, 1), codecs=[BytesCodec(), Crc32cCodec()],
-                             index_location=location)  # fmt: skip
+    # zarrs refuses an uncompressed chain with crc32c (test_zarrs_refuses_*): zstd for it
+    inner = [BytesCodec(), ZstdCodec() if engine == "zarrs" else Crc32cCodec()]
+    sharding = ShardingCodec(chunk_shape=(2, 1), codecs=inner, index_location=location)
     zarr.create_array(str(path), shape=data.shape, dtype=data.dtype, chunks=(10, 2),
                       serializer=sharding, compressors=None)[...] = data  # fmt: skip
     source = _engine_source(path, engine)
@@ -592,18 +593,32 @@ def test_any_codecs_error_for_a_damaged_chunk_is_corrupt_and_not_retried(tmp_pat
     source.close()
 
 
-def test_a_damaged_zstd_chunk_inside_a_shard_is_corrupt_on_zarrs_pipeline(tmp_path):
-    # issue 19 item 3: zarr's pipeline raised MemoryError for a zstd frame whose size field
-    # was damaged inside a shard (a crc32c inside the shard kept auto off our reader)
+def test_a_zstd_frame_claiming_a_huge_size_inside_a_shard_is_corrupt(tmp_path):
+    # issue 19 item 3: zarr's pipeline raised MemoryError (and zarrs aborted the process)
+    # for a zstd frame whose content size field was damaged inside a shard. A hand-made shard, as zarr's sharding codec
+    # writes it (no index checksum): inner chunk 0's frame claims 2**40 bytes
+    import struct
+
+    import numcodecs
+
     path = tmp_path / "x.zarr"
-    make_sharded(path, random_data((40, 3)), (10, 3), (20, 3), "zstd")
-    victim = path / "c" / "0" / "0"
-    raw = bytearray(victim.read_bytes())
-    raw[4:14] = b"\xff" * 10  # the frame header of the first inner chunk, index intact
-    victim.write_bytes(bytes(raw))
-    for engine in ["auto", "zarr"]:
-        with _engine_source(path, engine) as source, pytest.raises(cs.CorruptChunkError):
-            _filled(source, 0, 10)
+    data = make_sharded(path, random_data((40, 3)), (10, 3), (20, 3), "zstd", checksum=False)
+    frames = [bytearray(numcodecs.Zstd().encode(data[i : i + 10].tobytes())) for i in (0, 10)]
+    descriptor = frames[0][4]
+    single = descriptor >> 5 & 1
+    at = 5 + (0 if single else 1)
+    width = (1 if single else 0, 2, 4, 8)[descriptor >> 6]
+    frames[0] = (frames[0][:4] + bytes([3 << 6 | descriptor & 0x3F]) + frames[0][5:at]
+                 + struct.pack("<Q", 2**40) + frames[0][at + width :])  # fmt: skip
+    index = np.array([[0, len(frames[0])], [len(frames[0]), len(frames[1])]], "<u8")
+    (path / "c" / "0" / "0").write_bytes(bytes(frames[0] + frames[1]) + index.tobytes())
+    # on zarrs the frame's header is checked before zarrs would abort allocating 1 TiB
+    for engine in ENGINES:
+        with _engine_source(path, engine) as source:
+            np.testing.assert_array_equal(_filled(source, 10, 20)["data"], data[10:20])
+            with pytest.raises(cs.CorruptChunkError) as info:
+                _filled(source, 0, 10)
+            assert "[0, 10)" in str(info.value)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -634,9 +649,12 @@ def test_big_endian_arrays_stream_in_native_order(tmp_path, engine, zarr_format,
 
 def test_zarrs_refuses_the_layouts_it_misreads(tmp_path):
     # issue 19 item 5: zarrs swaps the real and imaginary parts of big-endian complex data on
-    # partial-chunk reads, and fails on blosc chunks that are not a multiple of the typesize
+    # partial-chunk reads, and fails on blosc chunks that are not a multiple of the typesize;
+    # found by the differential test: it skips the crc32c of an uncompressed chunk it reads in
+    # part, and the adler32 of a zlib stream
     pytest.importorskip("zarrs")
-    from zarr.codecs import BloscCodec, BytesCodec
+    import numcodecs
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 
     data = (random_data((20, 2), "float32") * (1 + 2j)).astype("complex64")
     zarr.create_array(str(tmp_path / "c.zarr"), shape=data.shape, dtype=data.dtype,
@@ -644,8 +662,14 @@ def test_zarrs_refuses_the_layouts_it_misreads(tmp_path):
     ints = random_data((11, 3), "int16")
     zarr.create_array(str(tmp_path / "b.zarr"), shape=ints.shape, dtype=ints.dtype,
                       chunks=(3, 1), compressors=BloscCodec(typesize=8))[...] = ints  # fmt: skip
+    zarr.create_array(str(tmp_path / "k.zarr"), shape=ints.shape, dtype=ints.dtype,
+                      chunks=(3, 3), compressors=Crc32cCodec())[...] = ints  # fmt: skip
+    zarr.create_array(str(tmp_path / "z.zarr"), shape=ints.shape, dtype=ints.dtype,
+                      chunks=(3, 3), zarr_format=2, compressors=numcodecs.Zlib())[...] = ints  # fmt: skip
     for name, expected, why in [("c.zarr", data, "real and imaginary"),
-                                ("b.zarr", ints, "typesize 8")]:  # fmt: skip
+                                ("b.zarr", ints, "typesize 8"),
+                                ("k.zarr", ints, "without checking its crc32c"),
+                                ("z.zarr", ints, "adler32")]:  # fmt: skip
         with pytest.raises(cs.ConfigError, match=why) as info:
             cs.ZarrSource(tmp_path / name, engine="zarrs")
         assert "engine='zarrs'" in str(info.value) and 'engine="auto"' in str(info.value)

@@ -71,7 +71,7 @@ from ._base import field_context
 from ._select import Selection, chunk_ranges, iter_chunk_coords
 from ._shards import Shard, ShardLayout, corrupt_error, crc32c, open_shard, shard_layout
 
-__all__ = ["ChunkCodec", "FastChunkReader", "decode_pool", "fast_decoder"]
+__all__ = ["ChunkCodec", "FastChunkReader", "declared_size", "decode_pool", "fast_decoder"]
 
 _thread_ids = itertools.count()
 
@@ -380,7 +380,7 @@ class FastChunkReader:
             # gzip and zstd decode a frame of the wrong size into ``out`` without error,
             # leaving stale bytes behind it (an empty gzip file decodes to nothing): check
             # the size their frames declare.
-            declared = _declared_size(codec.compressor, raw)
+            declared = declared_size(codec.compressor, raw)
             if declared == -1 or (None not in (declared, frame_size) and declared != frame_size):
                 raise bad(f"decodes to {declared} bytes, expected {frame_size}")
         try:
@@ -425,7 +425,7 @@ class _Read(NamedTuple):
     shards: dict[tuple[int, ...], Shard | None] | None
 
 
-def _declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:
+def declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:
     """The decoded size a gzip or zstd frame declares (``-1``: no valid frame); else ``None``."""
     if isinstance(codec, numcodecs.GZip):
         # RFC 1952: the last 4 bytes are the input size mod 2**32 (chunks are far smaller)

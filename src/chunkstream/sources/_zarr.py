@@ -39,6 +39,7 @@ open with a ``ConfigError`` saying why):
 from __future__ import annotations
 
 import lzma
+import math
 import os
 import warnings
 import zlib
@@ -62,7 +63,7 @@ from .._errors import (
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
 from ._checked import FrameError, with_checked_codecs
-from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
+from ._fastzarr import FastChunkReader, declared_size, decode_pool, fast_decoder
 from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
     Selection,
@@ -72,7 +73,7 @@ from ._select import (
     read_amplification,
 )
 from ._shards import ShardLayout, corrupt_error, is_empty, parse_index, shard_layout
-from ._zarrs import with_zarrs_pipeline, zarrs_defect
+from ._zarrs import with_zarrs_pipeline, zarrs_defect, zstd_frame_bound
 
 __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
 
@@ -256,6 +257,8 @@ class ZarrSource:
         if mode == "open":
             self._check_all_chunks(local)
         self._fast: FastChunkReader | None = None
+        #: zarrs only: the most a zstd frame may declare (see _zarrs.zstd_frame_bound)
+        self._zstd_bound = zstd_frame_bound(arr) if engine == "zarrs" else None
         decoder = fast_decoder(arr) if engine in ("auto", "chunkstream") else None
         if engine == "chunkstream" and decoder is None:
             raise ConfigError.bad(
@@ -285,13 +288,23 @@ class ZarrSource:
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
         self._shards = None
-        if decoder is None and mode is not False:
+        if decoder is None and (mode is not False or self._zstd_bound is not None):
             self._shards = self._shard_index_layout(check_missing)
         # A local chunk deleted after open reads as the fill value on the general path
         # (the fast path raises itself); a local existence check per read is cheap. So is
         # reading the index of each shard a window needs, to find inner chunks left out.
-        self._check_each_read = mode is True or (
-            mode == "open" and decoder is None and (local is not None or self._shards is not None)
+        # zarrs decodes an uncompressed chunk partially, reading only the bytes a window
+        # needs, so a truncated file may go unnoticed: its size is checked instead
+        self._raw_nbytes = _raw_file_nbytes(arr) if decoder is None and local is not None else None
+        self._check_missing = mode is not False
+        self._check_each_read = (
+            mode is True
+            or self._zstd_bound is not None
+            or (
+                decoder is None
+                and (mode == "open" or self._raw_nbytes is not None)
+                and (local is not None or self._shards is not None)
+            )
         )
         if decoder is not None:
             self._pool = decode_pool(read_threads)
@@ -442,14 +455,25 @@ class ZarrSource:
             full = f"{prefix}/{key}" if prefix else key
             # a local file is checked directly, not through zarr's event loop: a round trip
             # per chunk file on every read of the general path adds up
+            size = None
             if self._root is not None:
-                present = os.path.exists(self._root / key)
+                try:
+                    size = os.stat(self._root / key).st_size
+                    present = True
+                except FileNotFoundError:
+                    present = False
+                if present and self._zstd_bound is not None:
+                    self._check_zstd_frames(self._root / key, [0], (start, stop))
             else:
                 with store_errors(self.path, f"whether chunk {key!r} exists"):
                     present = sync(store.exists(full))
-            if not present:
+            if not present and self._check_missing:
                 name = next(n for n, s in self._selections.items() if s is sel)
                 raise self._missing_error(name, key, f"{self.path!r}")
+            if present and self._raw_nbytes not in (None, size):
+                raise corrupt_error(f"zarr chunk file {self._root / key}",
+                                    f"holds {size} bytes, expected {self._raw_nbytes}",
+                                    (start, stop))  # fmt: skip
 
 
     # -- sharded arrays on the general path: the shard index says which inner chunks exist
@@ -484,12 +508,41 @@ class ZarrSource:
             key = self.array.metadata.encode_chunk_key(shard)
             index = self._read_shard_index(key, (start, stop))
             if index is None:
+                if not self._check_missing:
+                    continue
                 raise self._missing_error(name, key, repr(self.path), f"zarr shard {key!r}")
+            offsets = []
             for position in wanted:
-                if is_empty(index, position, layout):
+                if not is_empty(index, position, layout):
+                    flat = int(np.ravel_multi_index(position, layout.chunks_per_shard))
+                    offsets.append(int(index[flat, 0]))
+                elif self._check_missing:
                     what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
                             "marks it empty)")  # fmt: skip
                     raise self._missing_error(name, key, repr(self.path), what)
+            if self._zstd_bound is not None and self._root is not None:
+                self._check_zstd_frames(self._root / key, offsets, (start, stop))
+
+    def _check_zstd_frames(self, path: Path, offsets: list[int], window: tuple[int, int]) -> None:
+        """Raise ``CorruptChunkError`` for a zstd frame at ``offsets`` of ``path`` that
+        declares more than ``_zstd_bound`` bytes (zarrs would abort allocating them)."""
+        import numcodecs
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for offset in offsets:
+                header = os.pread(fd, 18, offset)  # the longest zstd frame header
+                declared = declared_size(numcodecs.Zstd(), memoryview(header))
+                if declared is not None and declared > self._zstd_bound:
+                    raise corrupt_error(
+                        f"zarr chunk file {path}" if offset == 0 and self._shards is None
+                        else f"the inner chunk at byte {offset} of zarr shard file {path}",
+                        f"holds a zstd frame declaring {declared} bytes, more than the "
+                        f"chunk's {self._zstd_bound}",
+                        window,
+                    )  # fmt: skip
+        finally:
+            os.close(fd)
 
     def _read_shard_index(self, key: str, window: tuple[int, int]) -> Any:
         """The parsed index of shard ``key`` (``None``: no such shard), read on its own."""
@@ -535,6 +588,22 @@ def _is_decode(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and not isinstance(exc, BadGzipFile):
         return type(exc) is OSError and exc.errno is None
     return "(os error " not in str(exc)
+
+
+def _raw_file_nbytes(arr: zarr.Array) -> int | None:
+    """The exact size of every chunk file of an unsharded, uncompressed array; else ``None``."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, TransposeCodec
+
+    meta = arr.metadata
+    nbytes = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
+    if meta.zarr_format == 2:
+        return nbytes if meta.compressor is None and not meta.filters else None
+    if getattr(arr, "shards", None) is not None:
+        return None
+    codecs = list(meta.codecs)
+    if not all(isinstance(c, (BytesCodec, Crc32cCodec, TransposeCodec)) for c in codecs):
+        return None
+    return nbytes + 4 * sum(isinstance(c, Crc32cCodec) for c in codecs)
 
 
 def _is_remote_store(store: Any) -> bool:

@@ -13,9 +13,17 @@ like zarr it reads an absent chunk, or an inner chunk a shard's index marks
 empty, as the fill value, so ``ZarrSource`` keeps its own missing-chunk check
 on this engine too. Layouts zarrs reads wrongly are refused at open
 (:func:`zarrs_defect`): big-endian complex data (its real and imaginary parts
-come back swapped on reads of part of a chunk) and a blosc ``typesize`` that
+come back swapped on reads of part of a chunk), a blosc ``typesize`` that
 does not divide the chunk's bytes (``IndexError``, or a valid chunk reported as
-corrupt). zarrs also fails on an int index into an axis with a partial edge
+corrupt) and zarr v2's ``zlib`` compressor (zarrs ignores the stream's adler32
+checksum, so a zlib chunk cut short after its data reads without an error) and an
+uncompressed chain with a ``crc32c`` codec (zarrs reads part of such a chunk without
+checking the checksum: a flipped bit is delivered as data), and zstd (a damaged frame
+that claims a huge decoded size makes zarrs abort the process on a failed allocation:
+``ZarrSource`` reads each zstd frame's header before zarrs does, see
+:func:`zstd_frame_bound`, and refuses a chain where zstd is not the outermost codec).
+zarrs decodes an uncompressed chunk partially (only the bytes a window needs),
+so ``ZarrSource`` checks such chunk files' sizes itself. zarrs also fails on an int index into an axis with a partial edge
 chunk when the window spans two time chunks (``UnsupportedVIndexingError``);
 ``ZarrSource`` reads int-indexed axes as length-1 slices, which avoids it.
 """
@@ -29,7 +37,7 @@ import zarr
 
 from .._errors import ConfigError
 
-__all__ = ["with_zarrs_pipeline", "zarrs_defect"]
+__all__ = ["with_zarrs_pipeline", "zarrs_defect", "zstd_frame_bound"]
 
 
 def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
@@ -67,7 +75,14 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
 
 def zarrs_defect(arr: zarr.Array) -> str | None:
     """Why zarrs would read ``arr`` wrongly (see the module docs), or ``None``."""
-    from zarr.codecs import BloscCodec, BytesCodec, ShardingCodec
+    from zarr.codecs import (
+        BloscCodec,
+        BytesCodec,
+        Crc32cCodec,
+        ShardingCodec,
+        TransposeCodec,
+        ZstdCodec,
+    )
 
     dtype = np.dtype(arr.dtype)
     meta = arr.metadata
@@ -80,12 +95,48 @@ def zarrs_defect(arr: zarr.Array) -> str | None:
                   for c in codecs)  # fmt: skip
     else:
         big = dtype.byteorder == ">"
+        if getattr(meta.compressor, "codec_id", None) == "zlib":
+            return ("zarrs does not check a zlib stream's trailing adler32 checksum, so a "
+                    "truncated or altered zlib chunk can read without an error")  # fmt: skip
     if big and dtype.kind == "c":
         return ("zarrs swaps the real and imaginary parts of big-endian complex data on reads "
                 "of part of a chunk")  # fmt: skip
+    if any(isinstance(c, ZstdCodec) for c in codecs) and zstd_frame_bound(arr) is None:
+        return ("zarrs aborts the whole process (a failed allocation in Rust) on a damaged "
+                "zstd frame that claims a huge decoded size, and chunkstream checks the "
+                "frame only where zstd is the outermost codec")  # fmt: skip
+    if any(isinstance(c, Crc32cCodec) for c in codecs) and all(
+        isinstance(c, (BytesCodec, Crc32cCodec, TransposeCodec)) for c in codecs
+    ):
+        return ("zarrs reads part of an uncompressed chunk without checking its crc32c "
+                "checksum, so a damaged chunk can read as data")  # fmt: skip
     nbytes = math.prod(chunks) * dtype.itemsize
     for codec in codecs:
         if isinstance(codec, BloscCodec) and codec.typesize and nbytes % codec.typesize:
             return (f"zarrs fails on blosc chunks of {nbytes} bytes, not a multiple of the "
                     f"codec's typesize {codec.typesize}")  # fmt: skip
     return None
+
+
+def zstd_frame_bound(arr: zarr.Array) -> int | None:
+    """The most bytes a stored (inner) chunk's zstd frame may declare, where zstd is the
+    outermost codec (its frame starts the chunk's bytes); ``None`` without zstd there.
+
+    A frame declaring more is damaged: zarrs would try to allocate it and abort the
+    process, so ``ZarrSource`` raises ``CorruptChunkError`` before zarrs reads it.
+    """
+    from zarr.codecs import Crc32cCodec, ShardingCodec, ZstdCodec
+
+    meta = arr.metadata
+    nbytes = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
+    if meta.zarr_format == 2:
+        if getattr(meta.compressor, "codec_id", None) != "zstd":
+            return None
+        # filters may change the size (e.g. astype); no filter grows data beyond 8x
+        return nbytes * (8 if meta.filters else 1)
+    codecs = list(meta.codecs)
+    if codecs and isinstance(codecs[0], ShardingCodec):
+        codecs = list(codecs[0].codecs)
+    while codecs and isinstance(codecs[-1], Crc32cCodec):
+        codecs.pop()
+    return nbytes if codecs and isinstance(codecs[-1], ZstdCodec) else None

@@ -1,0 +1,274 @@
+"""Differential test: every engine reads what zarr-python reads, or raises the documented error.
+
+Random small zarr stores (formats 2 and 3; every numcodecs compressor on v2, with or without
+a filter, either memory order; blosc, zstd, gzip and crc32c on v3, with or without a
+transpose; sharded with the index at either end, with or without its checksum; every
+streamable dtype in both byte orders; chunks that overhang the array) are read through
+every engine and compared element for element with ``zarr.open_array(...)[...]``. Damaged
+stores (a chunk or shard file truncated, overwritten with random bytes or deleted, an inner
+chunk left out of its shard) must raise the error ``docs/parameters.md`` documents:
+``MissingChunkError`` or ``CorruptChunkError``, never data. An engine may refuse an array at
+open only for a documented reason (``ZarrSource.engine.*``); ``"auto"`` and ``"zarr"`` never
+refuse. ``tensorstore`` documents that it reads absent chunks as fill values, so it is
+compared on undamaged stores only.
+
+Bounded for CI: ``max_examples`` small stores, derandomized so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
+
+import chunkstream as cs
+
+DTYPES = ["float32", "float64", "int16", "int64", "uint8", "bool", "complex64"]
+V2_COMPRESSORS = [None, "blosc", "zstd", "gzip", "bz2", "lz4", "lzma", "zlib"]
+V3_COMPRESSORS = [None, "blosc", "zstd", "gzip"]
+DAMAGE = ["none", "none", "truncate", "garbage", "delete", "left-out"]
+ENGINES = ["auto", "chunkstream", "zarr", "zarrs"]
+
+
+def _v2_compressor(name: str | None):
+    return {
+        None: None, "blosc": numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE),
+        "zstd": numcodecs.Zstd(), "gzip": numcodecs.GZip(), "bz2": numcodecs.BZ2(),
+        "lz4": numcodecs.LZ4(), "lzma": numcodecs.LZMA(), "zlib": numcodecs.Zlib(),
+    }[name]  # fmt: skip
+
+
+def _v3_compressor(name: str | None) -> list:
+    return {None: [], "blosc": [BloscCodec(cname="zstd", shuffle="bitshuffle")],
+            "zstd": [ZstdCodec()], "gzip": [GzipCodec()]}[name]  # fmt: skip
+
+
+@st.composite
+def _case(draw) -> dict:
+    ndim = draw(st.integers(2, 3))
+    shape = (draw(st.integers(4, 40)), *(draw(st.integers(1, 5)) for _ in range(ndim - 1)))
+    chunks = tuple(draw(st.integers(1, s + 1)) for s in shape)  # may overhang the array
+    fmt = draw(st.sampled_from([2, 3]))
+    dtype = draw(st.sampled_from(DTYPES))
+    sharded = fmt == 3 and draw(st.booleans())
+    case = {
+        "shape": shape, "chunks": chunks, "fmt": fmt, "dtype": dtype,
+        "big": draw(st.booleans()), "sharded": sharded, "seed": draw(st.integers(0, 2**16)),
+        "compressor": draw(st.sampled_from(V2_COMPRESSORS if fmt == 2 else V3_COMPRESSORS)),
+        "order": draw(st.sampled_from(["C", "F"])),
+        "delta": fmt == 2 and dtype.startswith(("int", "uint")) and draw(st.booleans()),
+        "crc32c": fmt == 3 and draw(st.booleans()),
+        "transpose": fmt == 3 and not sharded and draw(st.booleans()),
+        "shards": tuple(c * draw(st.integers(1, 3)) for c in chunks) if sharded else None,
+        "index_at": draw(st.sampled_from(["end", "start"])),
+        "index_crc": draw(st.booleans()),
+        "damage": draw(st.sampled_from(DAMAGE)),
+    }  # fmt: skip
+    if case["damage"] == "garbage" and case["compressor"] is None and not case["crc32c"]:
+        case["damage"] = "truncate"  # raw bytes of the right size cannot be told from data
+    if sharded and not case["index_crc"] and case["damage"] in ("truncate", "garbage"):
+        case["damage"] = "delete"  # without its checksum a damaged index is found only likely
+    item = draw(st.sampled_from(["all", "int", "part"]))
+    size = shape[1]
+    case["index"] = {"all": (), "int": (draw(st.integers(0, size - 1)),),
+                     "part": (slice(draw(st.integers(0, size - 1)), size),)}[item]  # fmt: skip
+    start = draw(st.integers(0, shape[0] - 1))
+    case["window"] = (start, draw(st.integers(start + 1, shape[0])))
+    return case
+
+
+def _data(case: dict) -> np.ndarray:
+    rng = np.random.default_rng(case["seed"])
+    shape, dtype = case["shape"], np.dtype(case["dtype"])
+    if dtype.kind == "b":
+        # all True where a chunk is left out on purpose: no other chunk equals the fill value
+        return np.ones(shape, bool) if case["damage"] == "left-out" else rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(1, 100, size=shape).astype(dtype)  # never the fill value 0
+    values = rng.standard_normal(shape) + 3.0
+    if dtype.kind == "c":
+        values = values + 1j * (rng.standard_normal(shape) - 3.0)
+    return values.astype(dtype)
+
+
+def _write(path: Path, case: dict, data: np.ndarray) -> None:
+    big = case["big"] and data.dtype.itemsize > 1
+    config = {"write_empty_chunks": case["damage"] != "left-out"}
+    if case["fmt"] == 2:
+        dtype = data.dtype.newbyteorder(">") if big else data.dtype
+        filters = [numcodecs.Delta(dtype=dtype.str)] if case["delta"] else None
+        arr = zarr.create_array(
+            str(path), shape=data.shape, dtype=dtype, chunks=case["chunks"], zarr_format=2,
+            order=case["order"], compressors=_v2_compressor(case["compressor"]),
+            filters=filters, config=config,
+        )  # fmt: skip
+    else:
+        serializer = BytesCodec(endian="big" if big else "little")
+        compressors = _v3_compressor(case["compressor"]) + [Crc32cCodec()] * case["crc32c"]
+        filters = [TransposeCodec(order=tuple(reversed(range(data.ndim))))]
+        kwargs = {"filters": filters if case["transpose"] else None,
+                  "serializer": serializer, "compressors": compressors}  # fmt: skip
+        chunks = case["chunks"]
+        if case["sharded"]:
+            sharding = ShardingCodec(
+                chunk_shape=case["chunks"], codecs=[serializer, *compressors],
+                index_location=case["index_at"],
+                index_codecs=[BytesCodec()] + [Crc32cCodec()] * case["index_crc"],
+            )  # fmt: skip
+            kwargs = {"serializer": sharding, "compressors": None}
+            chunks = case["shards"]
+        arr = zarr.create_array(str(path), shape=data.shape, dtype=data.dtype, chunks=chunks,
+                                config=config, **kwargs)  # fmt: skip
+    arr[...] = data
+
+
+def _first_element(case: dict) -> tuple[int, ...]:
+    """The array index of the window's first element of the field."""
+    rest = tuple(i.start if isinstance(i, slice) else i for i in case["index"])
+    return (case["window"][0], *rest, *[0] * (len(case["shape"]) - 1 - len(rest)))
+
+
+def _damage(path: Path, case: dict) -> str:
+    """Damage the file holding the window's first element; the outcome every engine owes."""
+    arr = zarr.open_array(str(path), mode="r")
+    grid = case["shards"] or case["chunks"]
+    coords = tuple(e // g for e, g in zip(_first_element(case), grid, strict=True))
+    victim = path / arr.metadata.encode_chunk_key(coords)
+    damage = case["damage"]
+    if damage == "none":
+        return "none"
+    if damage == "left-out":
+        # zarr leaves out a chunk file, or a shard file whose inner chunks are all left out
+        return "missing-at-read" if victim.exists() else "missing-at-open"
+    raw = victim.read_bytes()
+    if damage == "delete":
+        victim.unlink()
+        return "missing-at-open"
+    if damage == "truncate":
+        cut = raw[: len(raw) // 2]
+        if case["sharded"] and case["index_at"] == "start":
+            cut = raw[len(raw) // 2 :]  # the index is lost, as at the end
+        victim.write_bytes(cut)
+    else:
+        victim.write_bytes(np.random.default_rng(case["seed"]).bytes(len(raw)))
+    return "corrupt"
+
+
+def _left_out(case: dict, data: np.ndarray) -> np.ndarray:
+    """``data`` with the (inner) chunk holding the window's first element set to 0."""
+    data = data.copy()
+    pairs = zip(_first_element(case), case["chunks"], strict=True)
+    region = tuple(slice(e // c * c, e // c * c + c) for e, c in pairs)
+    data[region] = 0
+    return data
+
+
+def _open(path: Path, engine: str, index: tuple, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
+        return cs.ZarrSource(path, {"x": index}, engine=engine, read_threads=2, **kwargs)
+
+
+def _read(source, start: int, stop: int) -> np.ndarray:
+    spec = source.fields["x"]
+    out = {"x": np.full((stop - start, *spec.shape), 1, spec.dtype)}  # not the fill value
+    source.read_into(start, stop, out)
+    return out["x"]
+
+
+def _refusal_is_documented(engine: str, case: dict, error: cs.ConfigError) -> bool:
+    message = str(error)
+    if engine == "chunkstream":
+        return case["transpose"] and "no transpose" in message
+    if engine == "zarrs":
+        return "zarrs" in message  # its defects, or a codec it cannot read (strict pipeline)
+    return False
+
+
+def _run(case: dict, tmp: Path) -> None:
+    path = tmp / "x.zarr"
+    data = _data(case)
+    if case["damage"] == "left-out":
+        data = _left_out(case, data)
+    _write(path, case, data)
+    reference = zarr.open_array(str(path), mode="r")
+    index = (slice(None), *case["index"])
+    start, stop = case["window"]
+    # zarr's own read, before any damage: the bytes every engine must deliver
+    expected = reference[(slice(start, stop), *case["index"])]
+    whole = reference[index]
+    np.testing.assert_array_equal(whole, data[index])  # the store holds the data
+    outcome = _damage(path, case)
+    zarrs_installed = True
+    try:
+        import zarrs  # noqa: F401
+    except ImportError:
+        zarrs_installed = False
+    for engine in ENGINES:
+        if engine == "zarrs" and not zarrs_installed:
+            continue
+        try:
+            source = _open(path, engine, case["index"])
+        except cs.MissingChunkError as exc:
+            assert outcome == "missing-at-open", (engine, outcome, exc)
+            continue
+        except cs.ConfigError as exc:
+            assert _refusal_is_documented(engine, case, exc), (engine, exc)
+            continue
+        assert outcome != "missing-at-open", (engine, "opened a store with a chunk missing")
+        with source:
+            if outcome == "none":
+                np.testing.assert_array_equal(_read(source, start, stop), expected)
+                np.testing.assert_array_equal(_read(source, 0, case["shape"][0]), whole)
+            elif outcome == "missing-at-read":
+                with pytest.raises(cs.MissingChunkError):
+                    _read(source, start, stop)
+            else:
+                with pytest.raises(cs.CorruptChunkError) as info:
+                    _read(source, start, stop)
+                assert str(path) in str(info.value) and f"[{start}, {stop})" in str(info.value)
+    if outcome.startswith("missing"):
+        # absent chunks allowed: every engine reads zarr's fill values
+        fill = zarr.open_array(str(path), mode="r")[(slice(start, stop), *case["index"])]
+        for engine in ["auto", "zarr"]:
+            with _open(path, engine, case["index"], check_missing=False) as source:
+                np.testing.assert_array_equal(_read(source, start, stop), fill)
+    if outcome == "none" and not case["sharded"]:
+        pytest.importorskip("tensorstore")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
+                ts_source = cs.TensorStoreSource(path, {"x": case["index"]})
+        except ValueError as exc:  # a codec or filter tensorstore does not implement
+            assert any(why in str(exc) for why in ("not supported", "not registered")), exc
+            return
+        try:
+            np.testing.assert_array_equal(_read(ts_source, start, stop), expected)
+        finally:
+            ts_source.close()
+
+
+@settings(
+    max_examples=60, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+@given(case=_case())
+def test_every_engine_reads_zarrs_bytes_or_raises_the_documented_error(case):
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(case, Path(tmp))
