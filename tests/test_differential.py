@@ -265,7 +265,7 @@ def _run(case: dict, tmp: Path) -> None:
 
 
 @settings(
-    max_examples=60, deadline=None, derandomize=True, database=None,
+    max_examples=150, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 @given(case=_case())

@@ -54,6 +54,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -91,8 +92,8 @@ class ChunkCodec:
 
     The stored bytes are checked against a trailing crc32c (``checksum``), then
     decompressed by ``compressor`` (``None``: raw), then passed back through the v2
-    ``filters`` in reverse; the result is the chunk in ``order`` ("C" or "F"),
-    big-endian when ``swap``.
+    ``filters`` in reverse; the result is the chunk in ``order`` ("C" or "F"), in
+    the other byte order when ``swap``.
     """
 
     compressor: numcodecs.abc.Codec | None
@@ -127,8 +128,9 @@ def fast_decoder(arr: zarr.Array) -> tuple[ChunkCodec, ShardLayout | None] | Non
         return None
     meta = arr.metadata
     if meta.zarr_format == 2:
-        swap = dtype.itemsize > 1 and not dtype.isnative
-        return ChunkCodec(meta.compressor, tuple(meta.filters or ()), False, swap, meta.order), None
+        codec = ChunkCodec(meta.compressor, filters=tuple(meta.filters or ()),
+                           swap=dtype.itemsize > 1 and not dtype.isnative, order=meta.order)  # fmt: skip
+        return codec, None
     codecs = list(meta.codecs)
     layout = None
     if arr.shards is not None:
@@ -148,19 +150,19 @@ def _v3_codec(codecs: list, dtype: np.dtype) -> ChunkCodec | None:
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return None
     endian = codecs[0].endian
-    swap = endian is not None and endian.value == "big" and dtype.itemsize > 1
+    swap = endian is not None and endian.value != sys.byteorder and dtype.itemsize > 1
     rest = codecs[1:]
     checksum = bool(rest) and isinstance(rest[-1], Crc32cCodec)
     if checksum:
         rest = rest[:-1]
     if not rest:
-        return ChunkCodec(None, (), checksum, swap)
+        return ChunkCodec(None, checksum=checksum, swap=swap)
     if len(rest) > 1:
         return None
     # The blosc/zstd/gzip frames carry what decoding needs, so default codecs decode them.
     table = {BloscCodec: numcodecs.Blosc, ZstdCodec: numcodecs.Zstd, GzipCodec: numcodecs.GZip}
     factory = table.get(type(rest[0]))
-    return None if factory is None else ChunkCodec(factory(), (), checksum, swap)
+    return None if factory is None else ChunkCodec(factory(), checksum=checksum, swap=swap)
 
 
 class FastChunkReader:
@@ -192,7 +194,7 @@ class FastChunkReader:
         native = np.dtype(arr.dtype).newbyteorder("=")
         self._dtype = native
         #: how a decoded chunk's bytes are viewed: stored byte order and memory order
-        self._stored = native.newbyteorder(">") if codec.swap else native
+        self._stored = native.newbyteorder("S") if codec.swap else native
         self._chunk_nbytes = int(np.prod(self._chunks)) * native.itemsize
         self._fill = arr.fill_value if arr.fill_value is not None else 0
         self._selections = dict(selections)

@@ -475,7 +475,6 @@ class ZarrSource:
                                     f"holds {size} bytes, expected {self._raw_nbytes}",
                                     (start, stop))  # fmt: skip
 
-
     # -- sharded arrays on the general path: the shard index says which inner chunks exist
 
     def _shard_index_layout(self, check_missing: object) -> ShardLayout | None:
@@ -485,6 +484,13 @@ class ZarrSource:
             return None
         codecs = list(arr.metadata.codecs)
         sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
+        if sharded is None and check_missing is False:  # only zarrs' zstd check needs it
+            raise ConfigError.bad(
+                "engine", "zarrs", f'"auto" or "zarr" for {self.path!r}',
+                "zarrs aborts the process on a damaged zstd frame claiming a huge size, and "
+                "this array's shard index is not one chunkstream reads to check the frames "
+                'first; engine="auto" reads it.',
+            )  # fmt: skip
         if sharded is None:
             raise ConfigError.bad(
                 "check_missing", check_missing, "False for this array",
