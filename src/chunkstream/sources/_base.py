@@ -88,7 +88,8 @@ def check_dtype(name: str, dtype: np.dtype, where: str) -> np.dtype:
         raise FieldDtypeError(
             f"field {name!r} of {where} has dtype {dtype}, which cannot become a torch "
             f"tensor: expected one of {sorted(str(d) for d in _TORCH_DTYPES)}. "
-            "Cast the data to one of them (e.g. numpy's .astype('float32')) and rewrite it."
+            "Convert the array (e.g. `chunkstream convert IN OUT --fields ... --dtype float32`, "
+            "or numpy's .astype('float32'))."
         )
     return native
 
