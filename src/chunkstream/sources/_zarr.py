@@ -31,7 +31,8 @@ open with a ``ConfigError`` saying why):
   decode raises ``CorruptChunkError`` naming the store (our reader: the file) and
   the window, whatever the codec raised; it is never retried as an I/O error.
   Decoded sizes are checked wherever a codec can return short output (blosc
-  trusts its header: :mod:`._checked` checks it on zarr's pipeline).
+  trusts its header: :mod:`._checked_codecs` checks it on zarr's pipeline; the
+  checks zarr and zarrs lack before each read are :mod:`._read_checks`).
 * **Byte order.** Big-endian arrays (v2 ``'>f4'``, v3 ``bytes`` codec with
   ``endian="big"``) arrive in native order.
 """
@@ -39,7 +40,6 @@ open with a ``ConfigError`` saying why):
 from __future__ import annotations
 
 import lzma
-import math
 import os
 import warnings
 import zlib
@@ -56,23 +56,26 @@ from .._errors import (
     ChunkstreamError,
     ConfigError,
     CorruptChunkError,
-    MissingChunkError,
     NotZarrError,
     ReadAmplificationWarning,
     SourceNotFoundError,
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
-from ._checked import FrameError, with_checked_codecs
-from ._fastzarr import FastChunkReader, declared_size, decode_pool, fast_decoder
+from ._checked_codecs import FrameError, with_checked_codecs
+from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
+from ._read_checks import (
+    ReadChecks,
+    missing_error,
+    needed_keys,
+    raw_file_nbytes,
+    shard_index_layout,
+)
 from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
     Selection,
-    chunk_ranges,
-    iter_chunk_coords,
     normalize_selection,
     read_amplification,
 )
-from ._shards import ShardLayout, corrupt_error, is_empty, parse_index, shard_layout
 from ._zarrs import with_zarrs_pipeline, zarrs_defect, zstd_frame_bound
 
 __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
@@ -231,9 +234,6 @@ class ZarrSource:
         if arr.ndim < 1:
             raise NotZarrError(f"zarr array {self.path!r} is 0-d: it has no time axis.")
         self.chunks: tuple[int, ...] = tuple(arr.chunks)
-        # store keys follow the shard grid when sharded (the fast path finds absent inner
-        # chunks at read, from the shard's index)
-        self._key_grid = tuple(getattr(arr, "shards", None) or arr.chunks)
         where = f"zarr array {self.path!r} (shape {arr.shape})"
         raw_fields = {"data": ()} if fields is None else dict(fields)
         if not raw_fields:
@@ -257,8 +257,7 @@ class ZarrSource:
         if mode == "open":
             self._check_all_chunks(local)
         self._fast: FastChunkReader | None = None
-        #: zarrs only: the most a zstd frame may declare (see _zarrs.zstd_frame_bound)
-        self._zstd_bound = zstd_frame_bound(arr) if engine == "zarrs" else None
+        self._checks: ReadChecks | None = None
         decoder = fast_decoder(arr) if engine in ("auto", "chunkstream") else None
         if engine == "chunkstream" and decoder is None:
             raise ConfigError.bad(
@@ -287,26 +286,9 @@ class ZarrSource:
             self.array = with_checked_codecs(arr)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
-        self._shards = None
-        if decoder is None and (mode is not False or self._zstd_bound is not None):
-            self._shards = self._shard_index_layout(check_missing)
-        # A local chunk deleted after open reads as the fill value on the general path
-        # (the fast path raises itself); a local existence check per read is cheap. So is
-        # reading the index of each shard a window needs, to find inner chunks left out.
-        # zarrs decodes an uncompressed chunk partially, reading only the bytes a window
-        # needs, so a truncated file may go unnoticed: its size is checked instead
-        self._raw_nbytes = _raw_file_nbytes(arr) if decoder is None and local is not None else None
-        self._check_missing = mode is not False
-        self._check_each_read = (
-            mode is True
-            or self._zstd_bound is not None
-            or (
-                decoder is None
-                and (mode == "open" or self._raw_nbytes is not None)
-                and (local is not None or self._shards is not None)
-            )
-        )
-        if decoder is not None:
+        if decoder is None:
+            self._checks = self._read_checks(arr, mode, check_missing, engine == "zarrs")
+        else:
             self._pool = decode_pool(read_threads)
             self._fast = FastChunkReader(
                 arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool,
@@ -340,8 +322,8 @@ class ZarrSource:
         nd_buffer = default_buffer_prototype().nd_buffer
         for name, sel in self._selections.items():
             with field_context(name):
-                if self._check_each_read:
-                    self._check_chunks(sel, start, stop)
+                if self._checks is not None:
+                    self._checks.check(name, start, stop)
                 index, shape = sel.as_slab(start, stop)
                 view = out[name][: stop - start].reshape(shape)  # the same memory
                 try:
@@ -412,27 +394,40 @@ class ZarrSource:
             return Path(store.root) / self.array.store_path.path
         return None
 
-    def _needed_keys(self, sel: Selection, start: int, stop: int) -> list[str]:
-        ranges = chunk_ranges(sel, self._key_grid, start, stop)
-        return [self.array.metadata.encode_chunk_key(c) for c in iter_chunk_coords(ranges)]
-
-    def _missing_error(self, name: str, key: str, where: str, what: str = "") -> MissingChunkError:
-        what = what or f"zarr chunk {key!r}"
-        return MissingChunkError(
-            f"{what} of field {name!r} is missing from {where}. zarr would read "
-            "it as the fill value and train on it silently. Rewrite the array (or that "
-            "chunk) with write_empty_chunks=True (zarr's default skips chunks equal to the "
-            "fill value); pass check_missing=False only if absent chunks are meant to be "
-            "fill values."
+    def _read_checks(
+        self, arr: zarr.Array, mode: object, check_missing: object, zarrs: bool
+    ) -> ReadChecks | None:
+        """The general path's checks before each read (:mod:`._read_checks`), or ``None``."""
+        local = self._root
+        # zarrs only: the most a zstd frame may declare (see _zarrs.zstd_frame_bound)
+        zstd_bound = zstd_frame_bound(arr) if zarrs else None
+        shards = None
+        if mode is not False or zstd_bound is not None:
+            shards = shard_index_layout(arr, self.path, check_missing)
+        raw_nbytes = raw_file_nbytes(arr) if local is not None else None
+        # A local chunk deleted after open reads as the fill value on these pipelines; an
+        # existence check per chunk file, or a read of each shard index, per read is cheap.
+        # Remote stores only where asked (check_missing=True, or "open" for shard indices).
+        wanted = (
+            mode is True
+            or zstd_bound is not None
+            or (local is not None and (mode == "open" or raw_nbytes is not None))
+            or shards is not None
         )
+        if not wanted:
+            return None
+        return ReadChecks(
+            arr, self.path, local, self._selections, check_missing=mode is not False,
+            shards=shards, raw_nbytes=raw_nbytes, zstd_bound=zstd_bound,
+        )  # fmt: skip
 
     def _check_all_chunks(self, local: Path | None) -> None:
         """List the store once and raise ``MissingChunkError`` for the first absent chunk."""
         present = _list_local(local) if local is not None else self._list_remote()
         for name, sel in self._selections.items():
-            for key in self._needed_keys(sel, 0, self._len):
+            for key in needed_keys(self.array, sel, 0, self._len):
                 if key not in present:
-                    raise self._missing_error(name, key, f"{self.path!r}")
+                    raise missing_error(f"zarr chunk {key!r}", name, repr(self.path))
 
     def _list_remote(self) -> set[str]:
         from zarr.core.sync import collect_aiterator
@@ -443,143 +438,6 @@ class ZarrSource:
             keys = collect_aiterator(self.array.store.list_prefix(prefix))
         cut = len(prefix) + 1 if prefix else 0
         return {k[cut:] for k in keys}
-
-    def _check_chunks(self, sel: Selection, start: int, stop: int) -> None:
-        from zarr.core.sync import sync
-
-        if self._shards is not None:
-            self._check_inner_chunks(sel, start, stop)
-            return
-        store, prefix = self.array.store, self.array.store_path.path
-        for key in self._needed_keys(sel, start, stop):
-            full = f"{prefix}/{key}" if prefix else key
-            # a local file is checked directly, not through zarr's event loop: a round trip
-            # per chunk file on every read of the general path adds up
-            size = None
-            if self._root is not None:
-                try:
-                    size = os.stat(self._root / key).st_size
-                    present = True
-                except FileNotFoundError:
-                    present = False
-                if present and self._zstd_bound is not None:
-                    self._check_zstd_frames(self._root / key, [0], (start, stop))
-            else:
-                with store_errors(self.path, f"whether chunk {key!r} exists"):
-                    present = sync(store.exists(full))
-            if not present and self._check_missing:
-                name = next(n for n, s in self._selections.items() if s is sel)
-                raise self._missing_error(name, key, f"{self.path!r}")
-            if present and self._raw_nbytes not in (None, size):
-                raise corrupt_error(f"zarr chunk file {self._root / key}",
-                                    f"holds {size} bytes, expected {self._raw_nbytes}",
-                                    (start, stop))  # fmt: skip
-
-    # -- sharded arrays on the general path: the shard index says which inner chunks exist
-
-    def _shard_index_layout(self, check_missing: object) -> ShardLayout | None:
-        """The layout of this sharded array's shard index (``None``: not sharded)."""
-        arr = self.array
-        if getattr(arr, "shards", None) is None:
-            return None
-        codecs = list(arr.metadata.codecs)
-        sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
-        if sharded is None and check_missing is False:  # only zarrs' zstd check needs it
-            raise ConfigError.bad(
-                "engine", "zarrs", f'"auto" or "zarr" for {self.path!r}',
-                "zarrs aborts the process on a damaged zstd frame claiming a huge size, and "
-                "this array's shard index is not one chunkstream reads to check the frames "
-                'first; engine="auto" reads it.',
-            )  # fmt: skip
-        if sharded is None:
-            raise ConfigError.bad(
-                "check_missing", check_missing, "False for this array",
-                "Its shard index is not little-endian bytes (+ crc32c), which chunkstream "
-                "reads, so inner chunks left out of a shard could not be told from fill "
-                "values. Rewrite the array with zarr's default index codecs, or pass "
-                "check_missing=False if absent chunks are meant to be fill values.",
-            )  # fmt: skip
-        return sharded[0]
-
-    def _check_inner_chunks(self, sel: Selection, start: int, stop: int) -> None:
-        """Raise ``MissingChunkError`` for a shard file or inner chunk the window needs
-        that is absent (an inner chunk is absent when its shard's index marks it empty)."""
-        layout = self._shards
-        name = next(n for n, s in self._selections.items() if s is sel)
-        positions: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        for coords in iter_chunk_coords(chunk_ranges(sel, self.chunks, start, stop)):
-            shard, position = layout.locate(coords)
-            positions.setdefault(shard, []).append(position)
-        for shard, wanted in positions.items():
-            key = self.array.metadata.encode_chunk_key(shard)
-            index = self._read_shard_index(key, (start, stop))
-            if index is None:
-                if not self._check_missing:
-                    continue
-                raise self._missing_error(name, key, repr(self.path), f"zarr shard {key!r}")
-            offsets = []
-            for position in wanted:
-                if not is_empty(index, position, layout):
-                    flat = int(np.ravel_multi_index(position, layout.chunks_per_shard))
-                    offsets.append(int(index[flat, 0]))
-                elif self._check_missing:
-                    what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
-                            "marks it empty)")  # fmt: skip
-                    raise self._missing_error(name, key, repr(self.path), what)
-            if self._zstd_bound is not None and self._root is not None:
-                self._check_zstd_frames(self._root / key, offsets, (start, stop))
-
-    def _check_zstd_frames(self, path: Path, offsets: list[int], window: tuple[int, int]) -> None:
-        """Raise ``CorruptChunkError`` for a zstd frame at ``offsets`` of ``path`` that
-        declares more than ``_zstd_bound`` bytes (zarrs would abort allocating them)."""
-        import numcodecs
-
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for offset in offsets:
-                header = os.pread(fd, 18, offset)  # the longest zstd frame header
-                declared = declared_size(numcodecs.Zstd(), memoryview(header))
-                if declared is not None and declared > self._zstd_bound:
-                    raise corrupt_error(
-                        f"zarr chunk file {path}" if offset == 0 and self._shards is None
-                        else f"the inner chunk at byte {offset} of zarr shard file {path}",
-                        f"holds a zstd frame declaring {declared} bytes, more than the "
-                        f"chunk's {self._zstd_bound}",
-                        window,
-                    )  # fmt: skip
-        finally:
-            os.close(fd)
-
-    def _read_shard_index(self, key: str, window: tuple[int, int]) -> Any:
-        """The parsed index of shard ``key`` (``None``: no such shard), read on its own."""
-        layout = self._shards
-        need = layout.index_nbytes
-        label = f"zarr shard {key!r} of {self.path!r}"
-        if self._root is not None:
-            try:
-                fd = os.open(self._root / key, os.O_RDONLY)
-            except FileNotFoundError:
-                return None
-            label = f"zarr shard file {self._root / key}"
-            try:
-                size = os.fstat(fd).st_size
-                if size < need:
-                    raise corrupt_error(label, f"holds {size} bytes, fewer than its "
-                                        f"{need}-byte index", window)  # fmt: skip
-                raw = os.pread(fd, need, 0 if layout.index_at_start else size - need)
-            finally:
-                os.close(fd)
-            return parse_index(raw, layout, label, window)
-        from zarr.abc.store import RangeByteRequest, SuffixByteRequest
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
-
-        prefix = self.array.store_path.path
-        full = f"{prefix}/{key}" if prefix else key
-        request = RangeByteRequest(0, need) if layout.index_at_start else SuffixByteRequest(need)
-        with store_errors(self.path, f"the index of shard {key!r}"):
-            buf = sync(self.array.store.get(full, default_buffer_prototype(), byte_range=request))
-        return None if buf is None else parse_index(buf.to_bytes(), layout, label, window)
 
 
 def _is_decode(exc: BaseException) -> bool:
@@ -594,22 +452,6 @@ def _is_decode(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and not isinstance(exc, BadGzipFile):
         return type(exc) is OSError and exc.errno is None
     return "(os error " not in str(exc)
-
-
-def _raw_file_nbytes(arr: zarr.Array) -> int | None:
-    """The exact size of every chunk file of an unsharded, uncompressed array; else ``None``."""
-    from zarr.codecs import BytesCodec, Crc32cCodec, TransposeCodec
-
-    meta = arr.metadata
-    nbytes = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
-    if meta.zarr_format == 2:
-        return nbytes if meta.compressor is None and not meta.filters else None
-    if getattr(arr, "shards", None) is not None:
-        return None
-    codecs = list(meta.codecs)
-    if not all(isinstance(c, (BytesCodec, Crc32cCodec, TransposeCodec)) for c in codecs):
-        return None
-    return nbytes + 4 * sum(isinstance(c, Crc32cCodec) for c in codecs)
 
 
 def _is_remote_store(store: Any) -> bool:
