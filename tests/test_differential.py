@@ -12,7 +12,8 @@ open only for a documented reason (``ZarrSource.engine.*``); ``"auto"`` and ``"z
 refuse. ``tensorstore`` documents that it reads absent chunks as fill values, so it is
 compared on undamaged stores only.
 
-Bounded for CI: ``max_examples`` small stores, derandomized so a run is reproducible.
+Bounded for CI: 400 small stores, derandomized so a run is reproducible (about 30 s on
+2 cores).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def _run(case: dict, tmp: Path) -> None:
 
 
 @settings(
-    max_examples=150, deadline=None, derandomize=True, database=None,
+    max_examples=400, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 @given(case=_case())
