@@ -553,6 +553,7 @@ def test_a_truncated_v2_blosc_chunk_in_fortran_order_is_corrupt(tmp_path, engine
     with pytest.raises(cs.CorruptChunkError) as info:
         _filled(source, 0, 50)
     assert str(path) in str(info.value) and "[0, 50)" in str(info.value)
+    assert "0.0" in str(info.value)  # the chunk, on every engine
     source.close()
 
 
@@ -575,6 +576,7 @@ def test_any_codecs_error_for_a_damaged_chunk_is_corrupt_and_not_retried(tmp_pat
     with pytest.raises(cs.CorruptChunkError) as info:
         _filled(source, 0, 50)
     assert str(path) in str(info.value) and "[0, 50)" in str(info.value)
+    assert "0.0" in str(info.value)  # the chunk, on every engine
     calls = []
     read = source.read_into
 
@@ -618,7 +620,7 @@ def test_a_zstd_frame_claiming_a_huge_size_inside_a_shard_is_corrupt(tmp_path):
             np.testing.assert_array_equal(_filled(source, 10, 20)["data"], data[10:20])
             with pytest.raises(cs.CorruptChunkError) as info:
                 _filled(source, 0, 10)
-            assert "[0, 10)" in str(info.value)
+            assert "[0, 10)" in str(info.value) and "c/0/0" in str(info.value)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

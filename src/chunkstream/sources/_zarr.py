@@ -73,6 +73,8 @@ from ._read_checks import (
 from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
     Selection,
+    chunk_ranges,
+    iter_chunk_coords,
     normalize_selection,
     read_amplification,
 )
@@ -91,6 +93,7 @@ _DECODE_ERRORS: tuple[type[Exception], ...] = (
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _AMPLIFICATION_LIMIT = 1.5
+_LOCATE_LIMIT = 64  # chunks of a failed window decoded one by one to name the bad one
 _AMPLIFICATION_WARNED: set[tuple[str, str]] = set()  # (store, field) already warned about
 
 
@@ -333,21 +336,49 @@ class ZarrSource:
                             index, out=nd_buffer.from_numpy_array(view)
                         )
                 except FrameError as exc:
-                    raise self._corrupt(name, start, stop, str(exc)) from exc
+                    raise self._corrupt(name, sel, start, stop, str(exc)) from exc
                 except ChunkstreamError:
                     raise  # already says what failed (a RemoteStoreError is an OSError too)
                 except _DECODE_ERRORS as exc:
                     if not _is_decode(exc):
                         raise
                     what = f"a chunk does not decode ({type(exc).__name__}: {exc})"
-                    raise self._corrupt(name, start, stop, what) from exc
+                    raise self._corrupt(name, sel, start, stop, what) from exc
 
-    def _corrupt(self, name: str, start: int, stop: int, what: str) -> CorruptChunkError:
+    def _corrupt(
+        self, name: str, sel: Selection, start: int, stop: int, what: str
+    ) -> CorruptChunkError:
+        """The error for a window that does not decode, naming the chunk where it is found."""
+        chunk = self._find_bad_chunk(sel, start, stop)
         return CorruptChunkError(
-            f"a zarr chunk of {self.path!r} needed by field {name!r} for timesteps "
-            f"[{start}, {stop}): {what}. A chunk file is truncated or corrupt: rewrite the "
-            "array (or restore that file) and retry."
+            f"{chunk or 'a zarr chunk'} of {self.path!r} needed by field {name!r} for "
+            f"timesteps [{start}, {stop}): {what}. A chunk file is truncated or corrupt: "
+            "rewrite the array (or restore that file) and retry."
         )
+
+    def _find_bad_chunk(self, sel: Selection, start: int, stop: int) -> str | None:
+        """Which of the window's chunks fails to decode on its own ("zarr chunk 'c/1/0'"),
+        or ``None`` if that cannot be told (too many chunks to try, or each decodes).
+
+        zarr's pipeline says what failed but not which chunk; this runs only after a
+        failure, so the extra reads cost nothing on the normal path.
+        """
+        coords = list(iter_chunk_coords(chunk_ranges(sel, self.chunks, start, stop)))
+        if len(coords) > _LOCATE_LIMIT:
+            return None
+        shards = getattr(self.array, "shards", None)
+        for chunk in coords:
+            try:
+                self.array.get_block_selection(chunk)
+            except Exception:  # any failure marks the chunk; the caller raises the error
+                if shards is None:
+                    return f"zarr chunk {self.array.metadata.encode_chunk_key(chunk)!r}"
+                per_shard = [s // c for s, c in zip(shards, self.chunks, strict=True)]
+                shard = tuple(c // n for c, n in zip(chunk, per_shard, strict=True))
+                position = tuple(c % n for c, n in zip(chunk, per_shard, strict=True))
+                key = self.array.metadata.encode_chunk_key(shard)
+                return f"inner chunk {position} of zarr shard {key!r}"
+        return None
 
     def close(self) -> None:
         """Stop the decode pool and close a store opened from a URL (with any HTTP
