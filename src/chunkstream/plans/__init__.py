@@ -1,6 +1,8 @@
-"""Window plans (which windows an epoch visits) and epoch arithmetic."""
+"""Window plans (which windows an epoch visits), pieced chunks, segments, epoch arithmetic."""
 
 from ._epoch import EpochPlan, calculate_chunk_params, plan_epoch
+from ._pieces import Piece, PiecePlan, chunk_pieces
+from ._segments import Segment, Segments, split_segments
 from ._windows import (
     RandomPlan,
     SequentialPlan,
@@ -12,12 +14,18 @@ from ._windows import (
 
 __all__ = [
     "EpochPlan",
+    "Piece",
+    "PiecePlan",
     "RandomPlan",
+    "Segment",
+    "Segments",
     "SequentialPlan",
     "ShuffledPlan",
     "WindowPlan",
     "calculate_chunk_params",
+    "chunk_pieces",
     "make_plan",
     "plan_epoch",
     "remaining_indices",
+    "split_segments",
 ]
