@@ -84,6 +84,7 @@ def test_thread_init_runs_in_every_worker_and_its_failure_outlives_reset():
 
 def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
     from chunkstream.pipeline._jobs import read_job
+    from chunkstream.plans import Piece
 
     class BrokenPool:
         def acquire(self, cancelled=None):
@@ -91,7 +92,7 @@ def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
 
     live = types.SimpleNamespace(_closed=False, _generation=1)
     with pytest.raises(ChunkLoadError, match=r"free host buffer for window \[10, 20\)") as info:
-        read_job(0, Ticket(live, 1), windows=[(10, 20)], source=None, pool=BrokenPool(),
+        read_job(0, Ticket(live, 1), windows=[(Piece(0, 10, 20),)], source=None, pool=BrokenPool(),
                  check_finite=False, retries=0)  # fmt: skip
     assert info.value.window == (10, 20)
     assert "illegal memory access" in str(info.value.__cause__)

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-__all__ = ["Chunk"]
+from ..plans._pieces import Piece
+
+__all__ = ["Chunk", "Piece"]
 
 
 class Chunk(Mapping[str, torch.Tensor]):
-    """One window ``[start, stop)`` of every field, as tensors on the loader's device.
+    """One chunk of every field, as tensors on the loader's device.
 
-    ``chunk["voltage"]`` has shape ``(stop - start, *field_shape)``. ``epoch`` and
-    ``index`` (the position within the epoch on this rank) say where it came from.
+    ``chunk.pieces`` is a tuple of :class:`Piece` ``(offset, start, stop,
+    segment)``: rows ``[offset, offset + stop - start)`` of every field hold
+    timesteps ``[start, stop)``. A contiguous chunk is one piece ``(0, start,
+    stop, None)``, and ``chunk["voltage"]`` has shape ``(stop - start,
+    *field_shape)``; a pieced chunk (``ChunkLoader(pieces=k)``) has ``length``
+    rows, the pieces' lengths together, and ``start``/``stop`` are its first
+    piece's bounds. ``epoch`` and ``index`` (the position within the epoch on
+    this rank) say where it came from.
     A tensor handed out here is never overwritten by the loader while the user
     still holds it.
 
@@ -36,7 +44,7 @@ class Chunk(Mapping[str, torch.Tensor]):
     Receiving inside ``with torch.cuda.stream(side):`` needs neither.
     """
 
-    __slots__ = ("_ready", "_tensors", "epoch", "index", "start", "stop")
+    __slots__ = ("_ready", "_starts", "_tensors", "epoch", "index", "pieces", "start", "stop")
 
     def __init__(
         self,
@@ -47,6 +55,7 @@ class Chunk(Mapping[str, torch.Tensor]):
         epoch: int,
         index: int,
         ready: torch.cuda.Event | None = None,
+        pieces: Sequence[Piece] | None = None,
     ) -> None:
         self._tensors = tensors
         self._ready = ready  # the event recorded after the copy (CUDA), else None
@@ -54,6 +63,12 @@ class Chunk(Mapping[str, torch.Tensor]):
         self.stop = int(stop)
         self.epoch = int(epoch)
         self.index = int(index)
+        self.pieces: tuple[Piece, ...] = (
+            tuple(Piece(*p) for p in pieces) if pieces else (Piece(0, self.start, self.stop),)
+        )
+        # Valid window starts per window length, built once per chunk on its device
+        # (consumer/_sampling.py), so drawing a batch never copies host to device.
+        self._starts: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         try:
@@ -94,8 +109,9 @@ class Chunk(Mapping[str, torch.Tensor]):
 
     @property
     def length(self) -> int:
-        """Timesteps in this chunk: ``stop - start``."""
-        return self.stop - self.start
+        """Rows (timesteps) in this chunk: its pieces' lengths together."""
+        last = self.pieces[-1]
+        return last.offset + last.stop - last.start
 
     @property
     def nbytes(self) -> int:
@@ -111,5 +127,6 @@ class Chunk(Mapping[str, torch.Tensor]):
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self._tensors.items())
         return (
             f"Chunk(epoch={self.epoch}, index={self.index}, window=[{self.start}, {self.stop}), "
-            f"{shapes}, device={self.device})"
+            + (f"pieces={len(self.pieces)}, " if len(self.pieces) > 1 else "")
+            + f"{shapes}, device={self.device})"
         )

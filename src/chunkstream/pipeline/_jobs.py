@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
+from ..plans._pieces import Piece
 from ..sources._base import Source
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
+from ._pieces import chunk_rows, piece_views, read_pieces
 from ._stage import OrderedStage, StageClosed, Ticket
 
 _T = TypeVar("_T")
@@ -45,7 +47,10 @@ _RETRY_BACKOFF_S = 0.05
 
 @dataclass
 class Loaded:
-    """A window read into a host buffer set (owned by the pipeline until handed on)."""
+    """A chunk read into a host buffer set (owned by the pipeline until handed on).
+
+    ``start``/``stop`` are the first piece's bounds; ``rows`` the rows filled.
+    """
 
     job: int
     start: int
@@ -54,6 +59,11 @@ class Loaded:
     read_begin: float
     read_end: float
     thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
+    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return chunk_rows(self.pieces) if self.pieces else self.stop - self.start
 
 
 @dataclass
@@ -77,13 +87,14 @@ def read_job(
     job: int,
     ticket: Ticket,
     *,
-    windows: list[tuple[int, int]],
+    windows: list[tuple[Piece, ...]],
     source: Source,
     pool: HostBufferPool | PinnedSlotPool,
     check_finite: bool,
     retries: int,
 ) -> Loaded:
-    start, stop = windows[job]
+    pieces = windows[job]
+    start, stop = pieces[0].start, pieces[0].stop
     try:
         buffers = pool.acquire(ticket.cancelled)
     except BaseException as exc:
@@ -97,17 +108,22 @@ def read_job(
             window=(start, stop),
         ) from exc
     begin = time.perf_counter()
-    try:
-        call_with_retries(
-            lambda: source.read_into(start, stop, buffers.views(stop - start)),
-            retries, (start, stop), ticket.cancelled,
-        )  # fmt: skip
+    views = buffers.views(chunk_rows(pieces))
+
+    def read(call: Callable[[], None], piece: Piece) -> None:
+        call_with_retries(call, retries, (piece.start, piece.stop), ticket.cancelled)
         if check_finite:
-            _check_finite(buffers, start, stop)
+            _check_finite(piece_views(views, piece), piece.start, piece.stop)
+
+    try:
+        read_pieces(source, pieces, views, read=read)
     except BaseException as exc:
         pool.release(buffers)
         if isinstance(exc, ChunkLoadError):
             raise
+        failed = getattr(exc, "chunkstream_piece", None)
+        if failed is not None:
+            start, stop = failed.start, failed.stop
         field = getattr(exc, "chunkstream_field", None)
         where = f" field {field!r}" if field else ""
         raise ChunkLoadError(
@@ -116,7 +132,7 @@ def read_job(
             window=(start, stop),
             field=field,
         ) from exc
-    return Loaded(job, start, stop, buffers, begin, time.perf_counter())
+    return Loaded(job, start, stop, buffers, begin, time.perf_counter(), pieces=tuple(pieces))
 
 
 def call_with_retries(
@@ -151,8 +167,8 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, ConnectionError, TimeoutError))
 
 
-def _check_finite(buffers: BufferSet, start: int, stop: int) -> None:
-    for name, array in buffers.views(stop - start).items():
+def _check_finite(views: dict[str, np.ndarray], start: int, stop: int) -> None:
+    for name, array in views.items():
         if array.dtype.kind not in "fc":
             continue
         finite = np.isfinite(array)
@@ -183,7 +199,7 @@ def transfer_job(
         except TimeoutError:
             if ticket.cancelled():
                 raise StageClosed("transfer") from None
-    rows = loaded.stop - loaded.start
+    rows = loaded.rows
     issued = time.perf_counter()
     try:
         if stream is None:  # a non-CUDA accelerator: a plain synchronous copy

@@ -39,13 +39,14 @@ from .._errors import (
 )
 from ..distributed import EpochShare, Uneven, epoch_share
 from ..distributed import resolve_rank as _resolve_rank
-from ..plans import WindowPlan, make_plan
+from ..plans import PiecePlan, Segments, WindowPlan, chunk_pieces, make_plan
 from ..sources._base import Source, window_nbytes
 from ..stats._latency import ChunkRecord, LatencyStats
 from ._buffers import HostBufferPool, PinnedSlotPool
-from ._chunk import Chunk
+from ._chunk import Chunk, Piece
 from ._config import LoaderConfig, resolve_device, warn_if_not_local_rank
 from ._jobs import OnDevice, describe_source, discard_loaded, read_job, transfer_job
+from ._pieces import stored_time_chunk
 from ._stage import EndOfJobs, OrderedStage, StageClosed
 
 __all__ = ["ChunkLoader"]
@@ -77,6 +78,16 @@ class ChunkLoader:
     sampling, align, seed:
         The window plan: ``"random"``, ``"shuffled"``, ``"sequential"`` or a
         :class:`~chunkstream.plans.WindowPlan`; starts are multiples of ``align``.
+    pieces, segments, window:
+        ``pieces=k`` makes each chunk ``k`` pieces of ``chunk_size // k``
+        timesteps from independent places (:class:`~chunkstream.plans.PiecePlan`;
+        starts aligned to the source's stored time chunks when the piece length
+        is a multiple of them); ``chunk.pieces`` says which rows hold which
+        timesteps. ``segments`` (a :class:`~chunkstream.Segments`, a sequence of
+        ``(start, stop[, name])`` or a CSV/JSON path) bounds every piece: no
+        chunk, piece or sampled window crosses a segment's end. ``window`` (the
+        batch window) must fit in a piece; segments shorter than it are
+        skipped with a warning.
     rank, world_size:
         This process's share of every epoch (defaults from torch.distributed
         when it is initialised, else 0 and 1).
@@ -123,6 +134,9 @@ class ChunkLoader:
         read_retries: int = 2,
         stats: LatencyStats | None = None,
         close_source: bool = False,
+        pieces: int = 1,
+        segments: Segments | str | object | None = None,
+        window: int | None = None,
     ) -> None:
         self._closed = True  # until fully built, so __del__ and close() are safe
         if not isinstance(close_source, bool):
@@ -173,8 +187,8 @@ class ChunkLoader:
                 "Raise host_slots (or host_memory), or use fewer workers.",
             )
         self.rank, self.world_size = _resolve_rank(rank, world_size)
-        self.plan = make_plan(
-            sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
+        self.plan = _make_plan(
+            sampling, source, total, chunk_size, align, seed, pieces, segments, window
         )
         self.rows = rows
         if stats is not None and not isinstance(stats, LatencyStats):
@@ -188,7 +202,7 @@ class ChunkLoader:
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         # Buffers and stages. Nothing below refers to ``self``, so a loader the
         # user drops is collected, and its __del__ stops the threads.
-        self._windows: list[tuple[int, int]] = []
+        self._windows: list[tuple[Piece, ...]] = []
         if on_cuda:
             self._pool: HostBufferPool | PinnedSlotPool = PinnedSlotPool(
                 source.fields, rows, slots=self.config.slots, device=self.device
@@ -306,7 +320,7 @@ class ChunkLoader:
                 world_size=world,
                 uneven=self._uneven,
             )
-            windows = [self.plan.window(epoch, index) for index in share.indices]
+            windows = [chunk_pieces(self.plan, epoch, index) for index in share.indices]
             self._windows[:] = windows
             for stage in self._stages:
                 stage.reset(len(windows))
@@ -351,7 +365,7 @@ class ChunkLoader:
                     tensor.record_stream(consumer)
         else:
             loaded, ready = value, None
-            rows = loaded.stop - loaded.start
+            rows = loaded.rows
             tensors = {
                 name: torch.from_numpy(array) for name, array in loaded.buffers.views(rows).items()
             }
@@ -378,7 +392,7 @@ class ChunkLoader:
         self.stats.record_chunk(record)
         return Chunk(
             tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index,
-            ready=ready,
+            ready=ready, pieces=loaded.pieces,
         )  # fmt: skip
 
     def _check_stalled(self, asked: float) -> None:
@@ -402,7 +416,8 @@ class ChunkLoader:
                 message += self._shutdown(deadline_s=0.2, warn=False)
             except Exception as exc:  # handed on: the stall is what the consumer must see
                 message += f"; closing the loader also failed: {type(exc).__name__}: {exc}"
-            raise LoaderStalledError(message, window=windows[0] if windows else None)
+            first = (windows[0][0].start, windows[0][0].stop) if windows else None
+            raise LoaderStalledError(message, window=first)
 
     def _after_failure(self) -> None:
         # DESIGN: after a worker error the pipeline shuts down.
@@ -608,6 +623,44 @@ class ChunkLoader:
             f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )
+
+
+def _make_plan(
+    sampling: str | WindowPlan,
+    source: Source,
+    total: int,
+    chunk_size: int,
+    align: int,
+    seed: int,
+    pieces: int,
+    segments: object,
+    window: int | None,
+) -> WindowPlan | PiecePlan:
+    """The loader's plan: a window plan for contiguous chunks, a :class:`PiecePlan` for
+    pieces or segments (so ``pieces=1`` without segments keeps today's windows)."""
+    if pieces == 1 and segments is None:
+        if window is not None and isinstance(chunk_size, int) and window > min(chunk_size, total):
+            raise ConfigError.bad(
+                "window", window, f"at most the chunk length {min(chunk_size, total)}",
+                "Use a larger chunk_size or a shorter window.",
+            )  # fmt: skip
+        return make_plan(
+            sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
+        )
+    if not isinstance(sampling, str):
+        raise ConfigError.bad(
+            "sampling", type(sampling).__name__,
+            "'random', 'shuffled' or 'sequential' with pieces or segments",
+            "Pieces and segments need a built-in plan; use pieces=1 and no segments with a "
+            "custom WindowPlan.",
+        )  # fmt: skip
+    if isinstance(segments, str | os.PathLike):
+        segments = Segments.read(segments)
+    return PiecePlan(
+        total_timesteps=total, chunk_size=chunk_size, pieces=pieces, sampling=sampling,
+        segments=segments, align=align, seed=seed, grid=stored_time_chunk(source),
+        batch_window=1 if window is None else window,
+    )  # fmt: skip
 
 
 def _device_binder(device: torch.device) -> Callable[[], None]:
