@@ -186,8 +186,40 @@ def _load(_start, stop):
     return np.zeros((stop - _start, 2), np.float32), np.zeros((stop - _start, 1), np.float32)
 
 
+def _segments_file(tmp: Path, name: str, text: str):
+    path = tmp / name
+    path.write_text(text)
+    cs.Segments.read(path)
+
+
 # (row id, call(tmp_path), error class, built-in, strings the message must hold)
 CASES = [
+    ("ChunkLoader.pieces", lambda t: _loader(pieces=0),
+     cs.ConfigError, ValueError, ["pieces=0", ">= 1", "pieces=1"]),
+    ("ChunkLoader.pieces", lambda t: _loader(pieces=3),
+     cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2]"]),
+    ("ChunkLoader.pieces", lambda t: _loader(pieces=10, window=8),
+     cs.ConfigError, ValueError, ["pieces=10", "batch window 8", "pieces <= 6"]),
+    ("ChunkLoader.window", lambda t: _loader(window=80),
+     cs.ConfigError, ValueError, ["window=80", "chunk length 50", "shorter window"]),
+    ("ChunkLoader.segments", lambda t: _loader(segments=[(100, 200), (0, 50)]),
+     cs.ConfigError, ValueError, ["segments=(0, 50, 'seg1')", "sorted by start", "Sort them"]),
+    ("ChunkLoader.segments", lambda t: _loader(segments=[(0, 200), (150, 300)]),
+     cs.ConfigError, ValueError, ["segments=(150, 300, 'seg1')", "overlaps", "merge or trim"]),
+    ("ChunkLoader.segments", lambda t: _loader(segments=[(10, 10)]),
+     cs.ConfigError, ValueError, ["segments=(10, 10, 'seg0')", "non-empty", "Drop segment 0"]),
+    ("ChunkLoader.segments", lambda t: _loader(segments=[(400, 600, "late")]),
+     cs.ConfigError, ValueError, ["segments=(400, 600, 'late')", "[0, 500)", "belong"]),
+    ("ChunkLoader.segments", lambda t: _loader(segments=[(0, 5)], window=8),
+     cs.ConfigError, ValueError, ["segments=", ">= 8 timesteps", "longer segments"]),
+    ("Segments.read", lambda t: _segments_file(t, "s.csv", "start,stop\n0,10\n20,x\n"),
+     cs.ConfigError, ValueError, ["line 3", "'20,x'", "Fix line 3"]),
+    ("Segments.read", lambda t: _segments_file(t, "s.json", '[[0, 10],\n [20, 30'),
+     cs.ConfigError, ValueError, ["s.json", "valid JSON", "Line 2"]),
+    ("split_segments.fractions", lambda t: cs.split_segments([(0, 100)], (0.7, 0.2, 0.2)),
+     cs.ConfigError, ValueError, ["fractions=(0.7, 0.2, 0.2)", "sum to 1", "(0.7, 0.1, 0.2)"]),
+    ("split_segments.gap", lambda t: cs.split_segments([(0, 100)], gap=-1),
+     cs.ConfigError, ValueError, ["gap=-1", ">= 0", "window minus one"]),
     ("ChunkLoader.source", lambda t: cs.ChunkLoader([1, 2], 10, device="cpu"),
      cs.ConfigError, ValueError, ["source=", "'list'", "NumpySource"]),
     ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=0),

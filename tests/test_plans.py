@@ -52,14 +52,20 @@ def test_public_names():
     assert plans.__all__ == sorted(plans.__all__)
     assert set(plans.__all__) == {
         "EpochPlan",
+        "Piece",
+        "PiecePlan",
         "RandomPlan",
+        "Segment",
+        "Segments",
         "SequentialPlan",
         "ShuffledPlan",
         "WindowPlan",
         "calculate_chunk_params",
+        "chunk_pieces",
         "make_plan",
         "plan_epoch",
         "remaining_indices",
+        "split_segments",
     }
 
 

@@ -38,12 +38,16 @@ from .consumer import (
 from .pipeline import Chunk, ChunkLoader, LoaderConfig
 from .plans import (
     EpochPlan,
+    Piece,
+    PiecePlan,
     RandomPlan,
+    Segments,
     SequentialPlan,
     ShuffledPlan,
     WindowPlan,
     make_plan,
     plan_epoch,
+    split_segments,
 )
 from .sources import (
     CallableSource,
@@ -84,11 +88,14 @@ __all__ = [
     "NonFiniteError",
     "NotZarrError",
     "NumpySource",
+    "Piece",
+    "PiecePlan",
     "RandomPlan",
     "ReadAmplificationWarning",
     "RemoteOptions",
     "RemotePermissionError",
     "RemoteStoreError",
+    "Segments",
     "SequentialPlan",
     "ShuffledPlan",
     "Source",
@@ -109,5 +116,6 @@ __all__ = [
     "plans",
     "plot_timeline",
     "sample_windows",
+    "split_segments",
     "zero_neurons_with_neighbours",
 ]

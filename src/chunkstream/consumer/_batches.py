@@ -5,7 +5,8 @@ plain ``for batch in stream``): each ``iter(stream)`` runs one epoch of the
 :class:`~chunkstream.ChunkLoader` and yields ``batches_per_epoch`` batches of
 ``batch_size`` windows, ``batches_per_chunk`` from each chunk (the last chunk
 of an epoch gives only what is left), on the chunk's device
-(:func:`sample_windows` + :func:`gather_windows`). With a plan, an epoch is the
+(:func:`sample_windows` + :func:`gather_windows`; in a pieced chunk, only
+windows inside one piece). With a plan, an epoch is the
 plan's ``batches_per_epoch``: one pass over the data counted in batches, which
 is up to one chunk more than the chunk loop's ``chunks_per_epoch *
 batches_per_chunk``.
@@ -31,7 +32,7 @@ import torch
 from .._errors import ConfigError
 from ..pipeline import Chunk, ChunkLoader
 from ..pipeline._config import _positive_int  # the loader's int check, one for the package
-from ..plans import EpochPlan
+from ..plans import EpochPlan, PiecePlan
 from ..plans._hash import M64, hash_words, seed_key
 from ._sampling import _compute_dtype, gather_windows, sample_windows
 
@@ -139,6 +140,12 @@ class BatchStream:
             raise ConfigError.bad(
                 "window", window, f"at most the chunk length {length}",
                 "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
+            )  # fmt: skip
+        if isinstance(loader.plan, PiecePlan) and self.window > loader.plan.piece_size:
+            raise ConfigError.bad(
+                "window", window,
+                f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
+                "Use fewer pieces, a larger chunk_size or a shorter window.",
             )  # fmt: skip
         self.batch_size = _positive_int(
             "batch_size",

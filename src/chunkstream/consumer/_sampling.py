@@ -1,7 +1,11 @@
 """Batches of short windows drawn inside a chunk, on the chunk's device.
 
 A chunk of ``L`` timesteps holds ``L - window + 1`` windows of length ``window``;
-their starts are ``0 .. L - window``. Two ways to draw them:
+their starts are ``0 .. L - window``. A pieced chunk (``chunk.pieces``, see
+:class:`~chunkstream.Chunk`) holds only the windows that lie inside one piece:
+``offset .. offset + length - window`` for each piece (a piece shorter than the
+window gives none), and every draw is uniform over all of them. Two ways to draw
+them:
 
 * :func:`sample_windows`: one batch of starts, uniform, with replacement by
   default (the original behaviour) or distinct within the batch;
@@ -23,13 +27,15 @@ chunk from ``(seed, epoch, chunk index)``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from .._errors import ConfigError
+from ..pipeline._chunk import Chunk
+from ..plans._pieces import Piece
 
-__all__ = ["WindowSampler", "gather_windows", "sample_windows"]
+__all__ = ["WindowSampler", "gather_windows", "piece_starts", "sample_windows"]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -48,6 +54,41 @@ def _num_starts(length: int, window: int) -> int:
             "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
         )
     return length - window + 1
+
+
+def piece_starts(
+    pieces: Sequence[Piece], window: int, device: str | torch.device | None = None
+) -> torch.Tensor:
+    """Every valid window start of a pieced chunk, ascending, as a long tensor on ``device``.
+
+    Starts are row offsets ``p.offset .. p.offset + p.length - window`` of each
+    piece ``p`` long enough for the window. Raises :class:`ConfigError` when no
+    piece is.
+    """
+    window = _positive_int("window", window)
+    ranges = [
+        torch.arange(p.offset, p.offset + p.stop - p.start - window + 1)
+        for p in pieces
+        if p.stop - p.start >= window
+    ]
+    if not ranges:
+        longest = max((p.stop - p.start for p in pieces), default=0)
+        raise ConfigError.bad(
+            "window", window, f"at most the chunk's longest piece ({longest} timesteps)",
+            "No window fits inside one piece: use fewer pieces, a larger chunk_size, longer "
+            "segments or a shorter window.",
+        )  # fmt: skip
+    return torch.cat(ranges).to(device or "cpu")
+
+
+def _starts_table(chunk_or_length, window: int) -> torch.Tensor | None:
+    """The chunk's valid window starts when it is pieced (cached on the chunk), else None."""
+    if not isinstance(chunk_or_length, Chunk) or len(chunk_or_length.pieces) == 1:
+        return None
+    cache = chunk_or_length._starts
+    if window not in cache:
+        cache[window] = piece_starts(chunk_or_length.pieces, window, chunk_or_length.device)
+    return cache[window]
 
 
 def _length_and_device(chunk_or_length, device) -> tuple[int, torch.device]:
@@ -86,16 +127,19 @@ def sample_windows(
     """``batch_size`` window starts in ``[0, L - window]`` as a long tensor on the chunk's device.
 
     ``chunk_or_length`` is a :class:`~chunkstream.Chunk`, a tensor (its axis 0 is
-    time) or an int length (then ``device``, default CPU). With
+    time) or an int length (then ``device``, default CPU). A pieced chunk's
+    starts are uniform over the windows that lie inside one piece. With
     ``replacement=False`` the starts in one batch are distinct, which needs
     ``batch_size <= L - window + 1``.
     """
     length, dev = _length_and_device(chunk_or_length, device)
     batch_size = _positive_int("batch_size", batch_size)
-    n = _num_starts(length, window)
+    table = _starts_table(chunk_or_length, window)
+    n = _num_starts(length, window) if table is None else int(table.numel())
     _check_generator(generator, dev)
     if replacement:
-        return torch.randint(0, n, (batch_size,), generator=generator, device=dev)
+        idx = torch.randint(0, n, (batch_size,), generator=generator, device=dev)
+        return idx if table is None else table[idx]
     if batch_size > n:
         raise ConfigError.bad(
             "batch_size",
@@ -103,7 +147,8 @@ def sample_windows(
             f"at most {n} (the windows in a chunk of {length}) when replacement=False",
             "Use replacement=True, a smaller batch_size or a larger chunk.",
         )
-    return torch.randperm(n, generator=generator, device=dev)[:batch_size]
+    idx = torch.randperm(n, generator=generator, device=dev)[:batch_size]
+    return idx if table is None else table[idx]
 
 
 class WindowSampler:
@@ -114,6 +159,9 @@ class WindowSampler:
     (views of the permutation: no allocation per batch): every start appears
     exactly once per pass. With replacement a pass is ``len(self)`` independent
     uniform batches of ``batch_size``, the same count as without. Iterating again starts a new pass with fresh randomness.
+
+    ``pieces`` (a pieced chunk's ``chunk.pieces``) limits the starts to the windows
+    inside one piece; ``chunk_len`` is then the chunk's ``length``.
     """
 
     def __init__(
@@ -126,15 +174,21 @@ class WindowSampler:
         *,
         drop_last: bool = False,
         device: str | torch.device | None = None,
+        pieces: Sequence[Piece] | None = None,
     ) -> None:
         self.chunk_len = _positive_int("chunk_len", chunk_len)
         self.window = window
         self.batch_size = _positive_int("batch_size", batch_size)
-        self.num_starts = _num_starts(self.chunk_len, window)
         self.device = torch.device(device) if device is not None else (
             generator.device if generator is not None else torch.device("cpu")
         )  # fmt: skip
         _check_generator(generator, self.device)
+        self._table = (
+            piece_starts(pieces, window, self.device) if pieces and len(pieces) > 1 else None
+        )
+        self.num_starts = (
+            _num_starts(self.chunk_len, window) if self._table is None else self._table.numel()
+        )
         self.generator = generator
         self.replacement = bool(replacement)
         self.drop_last = bool(drop_last)
@@ -146,11 +200,15 @@ class WindowSampler:
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         n, b, gen, dev = self.num_starts, self.batch_size, self.generator, self.device
+        table = self._table
         if self.replacement:
             for _ in range(len(self)):
-                yield torch.randint(0, n, (b,), generator=gen, device=dev)
+                idx = torch.randint(0, n, (b,), generator=gen, device=dev)
+                yield idx if table is None else table[idx]
             return
         perm = torch.randperm(n, generator=gen, device=dev)
+        if table is not None:
+            perm = table[perm]
         for i in range(len(self)):
             yield perm[i * b : (i + 1) * b]
 
