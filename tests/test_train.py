@@ -128,3 +128,23 @@ def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path):
     assert [r.epoch for r in resumed.history] == [0, 1, 2]
     # the same windows and the same per-chunk batch seeds: the same model at the end
     assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
+
+
+def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment(flyvis_source):
+    segments = [(0, 900, "cond0"), (900, 2100, "cond1"), (2100, 3000, "cond2")]
+    config = _config(segments=segments, pieces=8, epochs=2, batches_per_epoch=20,
+                     chunk_size=256, val_fraction=0.2)  # fmt: skip
+    seen = []
+    trainer = Trainer(flyvis_source, config,
+                      on_chunk=lambda t, chunk: seen.extend(chunk.pieces))  # fmt: skip
+    assert trainer.pieces == 8
+    result = trainer.fit()
+    assert sorted(result.val_segments) == ["cond0/val", "cond1/val", "cond2/val"]
+    assert all(v > 0 for v in result.val_segments.values())
+    assert [r.batches for r in result.history] == [20, 20]
+    train = trainer.train_segments
+    for piece in seen:  # every streamed piece inside one training range, never held-out data
+        seg = train[piece.segment]
+        assert seg.start <= piece.start < piece.stop <= seg.stop and seg.name.endswith("/train")
+    # validation is the mean over every held-out window: the per-segment losses bracket it
+    assert min(result.val_segments.values()) <= result.val_loss <= max(result.val_segments.values())

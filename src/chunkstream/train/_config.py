@@ -17,7 +17,18 @@ class TrainConfig:
     A rollout covers ``time_units * evolve_multiple_steps`` timesteps (a window
     of one more, the start frame). The last ``val_fraction`` of the timesteps
     (at least one window) is held out for validation and kept on the device;
-    the rest is streamed in chunks of ``chunk_size``. The first
+    the rest is streamed in chunks of ``chunk_size``, each made of ``pieces``
+    pieces from independent places (``ChunkLoader(pieces=)``: batches drawn
+    from one chunk are then far less correlated; fewer pieces when
+    ``chunk_size // pieces`` would not hold a window or ``pieces`` does not
+    divide ``chunk_size``). With ``segments`` (anything
+    :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
+    ``val_fraction`` of *every* segment is held out instead
+    (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
+    window crosses a segment, and validation is also reported per segment.
+    ``batches_per_epoch`` (default: the plan's ``chunks_per_epoch *
+    batches_per_chunk``) fixes the batches an epoch trains, so that runs with
+    different chunkings train equally long. The first
     ``warmup_epochs`` train the reconstruction loss only. ``checkpoint_every``
     also checkpoints every that many chunks (0: at each epoch's end only).
     ``tensorboard=None`` logs when tensorboard is installed. ``time_every``
@@ -40,6 +51,9 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_windows: int = 512
     sampling: str = "shuffled"
+    pieces: int = 16
+    segments: Any = None
+    batches_per_epoch: int | None = None
     replacement: bool = True
     prefetch: int = 2
     workers: int = 2
@@ -53,7 +67,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
-                     "prefetch", "workers", "time_every"):  # fmt: skip
+                     "prefetch", "workers", "time_every", "pieces"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError.bad(name, value, "an int >= 1")
@@ -61,6 +75,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError.bad(name, value, "an int >= 0")
+        bpe = self.batches_per_epoch
+        if bpe is not None and (isinstance(bpe, bool) or not isinstance(bpe, int) or bpe < 1):
+            raise ConfigError.bad("batches_per_epoch", bpe, "an int >= 1, or None (the plan's)")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError.bad("val_fraction", self.val_fraction, "a fraction in (0, 1)")
         if self.lr <= 0 or self.recon_weight < 0:
@@ -77,7 +94,8 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EpochRecord:
-    """One epoch: mean train loss components, validation and baseline losses, timing."""
+    """One epoch: mean train loss components, validation and baseline losses, timing;
+    ``val_segments`` is the model's validation loss per held-out segment."""
 
     epoch: int
     losses: dict[str, float]
@@ -87,6 +105,7 @@ class EpochRecord:
     chunks: int
     batches: int
     seconds: float
+    val_segments: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,3 +129,4 @@ class TrainResult:
     seconds: float
     checkpoint: str | None
     windows: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, start, stop)
+    val_segments: dict[str, float] = field(default_factory=dict)  # model MSE per held-out segment

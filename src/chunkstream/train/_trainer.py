@@ -55,7 +55,8 @@ from ..consumer import WindowSampler, gather_windows
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..pipeline._config import resolve_device
-from ..plans import plan_epoch
+from ..plans import Segments, plan_epoch, split_segments
+from ..plans._segments import as_segments
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice, load_range
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
@@ -149,30 +150,63 @@ class Trainer:
         self.rank, self.world_size = resolve_rank()
         self.is_main = self.rank == 0
         total = len(source)
-        val_len = max(c.window, int(total * c.val_fraction))
-        self.train_len = total - val_len
-        if self.train_len < c.window:
-            raise ConfigError.bad(
-                "val_fraction", c.val_fraction, f"a split leaving >= {c.window} training timesteps"
+        self.train_segments: Segments | None = None
+        if c.segments is None:
+            val_len = max(c.window, int(total * c.val_fraction))
+            self.train_len = total - val_len
+            if self.train_len < c.window:
+                raise ConfigError.bad(
+                    "val_fraction", c.val_fraction,
+                    f"a split leaving >= {c.window} training timesteps",
+                )  # fmt: skip
+            val_ranges = [("val", self.train_len, total)]
+        else:
+            splits = split_segments(
+                as_segments(c.segments, total),
+                fractions={"train": 1.0 - c.val_fraction, "val": c.val_fraction},
+                gap=c.window - 1,
             )
+            self.train_segments = splits["train"]
+            self.train_len = self.train_segments.timesteps
+            val_ranges = [(s.name, s.start, s.stop) for s in splits["val"] if len(s) >= c.window]
+            if not val_ranges:
+                raise ConfigError.bad(
+                    "val_fraction", c.val_fraction,
+                    f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
+                    "Raise val_fraction or use longer segments.",
+                )  # fmt: skip
         self.chunk_size = min(c.chunk_size, self.train_len)
         if c.window > self.chunk_size:
             raise ConfigError.bad(
                 "chunk_size", c.chunk_size, f">= the window {c.window}",
                 "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
             )  # fmt: skip
+        #: Pieces per chunk: ``config.pieces``, or the largest divisor of ``chunk_size``
+        #: below it whose pieces still hold a window.
+        self.pieces = max(
+            d for d in range(1, c.pieces + 1)
+            if self.chunk_size % d == 0 and self.chunk_size // d >= c.window
+        )  # fmt: skip
+        if self.pieces != c.pieces:
+            _log.info("pieces=%d does not fit chunk_size=%d and window=%d; using %d",
+                      c.pieces, self.chunk_size, c.window, self.pieces)  # fmt: skip
         self.plan = plan_epoch(
             total_timesteps=self.train_len, chunk_size=self.chunk_size,
             batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
             world_size=self.world_size,
         )  # fmt: skip
-        self.val = load_range(source, self.train_len, total, self.device)
-        n_val = val_len - c.window + 1
+        # Held-out ranges, kept on the device; each rank validates every world_size-th
+        # window of each range, and the sums are all-reduced.
+        n_val = sum(stop - start - c.window + 1 for _, start, stop in val_ranges)
         stride = max(1, -(-n_val // c.val_windows))
-        # Each rank validates every world_size-th held-out window; the sums are all-reduced.
-        self.val_starts = torch.arange(0, n_val, stride, device=self.device)[
-            self.rank :: self.world_size
-        ]
+        self.val_parts: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
+        for name, start, stop in val_ranges:
+            starts = torch.arange(0, stop - start - c.window + 1, stride, device=self.device)
+            self.val_parts.append(
+                (name, load_range(source, start, stop, self.device),
+                 starts[self.rank :: self.world_size])
+            )  # fmt: skip
+        self.val_segments: dict[str, float] = {}
         torch.manual_seed(c.seed)  # the same initial weights on every rank
         self.model = LatentDynamics(
             self.neurons, self.stim_dims, latent_dim=c.latent_dim, hidden_dim=c.hidden_dim
@@ -209,26 +243,37 @@ class Trainer:
         """``(model rollout MSE, constant-baseline MSE)`` on the held-out windows.
 
         The baseline predicts the streamed per-neuron training mean at every target frame.
+        The model's loss per held-out range is left in :attr:`val_segments`.
         Under torch.distributed each rank evaluates its share of the windows and the
         sums are all-reduced, so every rank returns the mean over all of them.
         """
         c, model = self.config, self.model
         model.eval()
-        x_all, s_all = self.val[c.data_field], self.val.get(c.stim_field) if c.stim_field else None
-        mean = self.moments.mean.to(x_all.dtype)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        base = torch.zeros_like(total)
-        for starts in self.val_starts.split(c.batch_size * 4):
-            x = gather_windows(x_all, starts, c.window)
-            s = gather_windows(s_all, starts, c.window) if s_all is not None else None
-            target = x[:, c.time_units :: c.time_units]
-            pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
-            total += ((pred - target) ** 2).sum(dtype=torch.float64)
-            base += ((target - mean) ** 2).sum(dtype=torch.float64)
+        mean = self.moments.mean
+        sums = []
+        for _, val, val_starts in self.val_parts:
+            x_all = val[c.data_field]
+            s_all = val.get(c.stim_field) if c.stim_field else None
+            total = torch.zeros((), dtype=torch.float64, device=self.device)
+            base = torch.zeros_like(total)
+            for starts in val_starts.split(c.batch_size * 4):
+                x = gather_windows(x_all, starts, c.window)
+                s = gather_windows(s_all, starts, c.window) if s_all is not None else None
+                target = x[:, c.time_units :: c.time_units]
+                pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
+                total += ((pred - target) ** 2).sum(dtype=torch.float64)
+                base += ((target - mean.to(x.dtype)) ** 2).sum(dtype=torch.float64)
+            count = val_starts.numel() * c.evolve_multiple_steps * self.neurons
+            sums.append(torch.stack([total, base, total.new_tensor(float(count))]))
         model.train()
-        count = self.val_starts.numel() * c.evolve_multiple_steps * self.neurons
-        sums = _all_reduce_sum(torch.stack([total, base, total.new_tensor(float(count))]))
-        return float(sums[0] / sums[2]), float(sums[1] / sums[2])
+        per_part = _all_reduce_sum(torch.stack(sums)).cpu()
+        overall = per_part.sum(0)
+        self.val_segments = {
+            name: float(row[0] / row[2])
+            for (name, _, _), row in zip(self.val_parts, per_part, strict=True)
+            if row[2] > 0
+        }
+        return float(overall[0] / overall[2]), float(overall[1] / overall[2])
 
     def sync_moments(self) -> None:
         """Merge every rank's rows since the last sync into :attr:`moments` (collective)."""
@@ -295,10 +340,15 @@ class Trainer:
         """
         c, began = self.config, time.perf_counter()
         writer = self._writer() if self.is_main else None
-        source = TimeSlice(self.source, 0, self.train_len)
+        source = (
+            TimeSlice(self.source, 0, self.train_len)
+            if self.train_segments is None
+            else self.source
+        )
         loader = ChunkLoader(
             source, self.chunk_size, device=self.device, prefetch=c.prefetch, workers=c.workers,
-            sampling=c.sampling, seed=c.seed,
+            sampling=c.sampling, seed=c.seed, pieces=self.pieces, segments=self.train_segments,
+            window=c.window,
         )  # fmt: skip
         self.loader = loader
         try:
@@ -328,14 +378,16 @@ class Trainer:
             memory=self._memory(loader), device=str(self.device),
             seconds=time.perf_counter() - began,
             checkpoint=str(self.checkpoint_path) if self.checkpoint_path else None,
-            windows=list(self.windows),
+            windows=list(self.windows), val_segments=dict(self.val_segments),
         )  # fmt: skip
 
     def _epoch(self, loader: ChunkLoader, epoch: int, timer: Any) -> EpochRecord:
         c, began, meter = self.config, time.perf_counter(), LossMeter()
         warm = epoch < c.warmup_epochs
         chunks = batches = 0
-        iterator = loader.epoch(self.plan.chunks_per_epoch)
+        per_chunk = self.plan.batches_per_chunk
+        budget = c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk
+        iterator = loader.epoch(-(-budget // per_chunk))
         bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
         for chunk in iterator:
             x_chunk = chunk[c.data_field]
@@ -347,9 +399,9 @@ class Trainer:
             generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index, self.rank))
             sampler = WindowSampler(
                 chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
-                device=self.device,
+                device=self.device, pieces=chunk.pieces,
             )  # fmt: skip
-            for starts in itertools.islice(sampler, self.plan.batches_per_chunk):
+            for starts in itertools.islice(sampler, min(per_chunk, budget - batches)):
                 x = gather_windows(x_chunk, starts, c.window)
                 s = gather_windows(s_chunk, starts, c.window) if s_chunk is not None else None
                 with timer.batch() as timed:
@@ -381,7 +433,7 @@ class Trainer:
         return EpochRecord(
             epoch=epoch, losses=meter.means(), val_loss=val_loss, baseline_val=baseline_val,
             baseline_train=self.moments.constant_loss(), chunks=chunks, batches=batches,
-            seconds=time.perf_counter() - began,
+            seconds=time.perf_counter() - began, val_segments=dict(self.val_segments),
         )  # fmt: skip
 
     # -- reporting ------------------------------------------------------------------
@@ -421,7 +473,9 @@ class Trainer:
             "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
             "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
             "loader_host": (cfg.slots if cuda else cfg.reader_capacity + 1) * chunk_bytes,
-            "validation": sum(t.numel() * t.element_size() for t in self.val.values()),
+            "validation": sum(
+                t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()
+            ),
             "train_split": self.train_len * step_bytes,
             "host_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
