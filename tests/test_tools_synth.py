@@ -113,3 +113,24 @@ def test_existing_dataset_needs_overwrite(tmp_path):
     with pytest.raises(ConfigError, match="overwrite"):
         write_synthetic(tmp_path / "run", **SMALL)
     write_synthetic(tmp_path / "run", overwrite=True, **SMALL)
+
+
+def test_regimes_write_blocks_with_their_own_statistics_and_a_segments_file(tmp_path):
+    import chunkstream as cs
+    from chunkstream.tools._synth import regime_bounds
+
+    def block_means(out, regimes):
+        write_synthetic(out, timesteps=900, neurons=16, stim_dims=4, regimes=regimes,
+                        progress=False)  # fmt: skip
+        v = zarr.open_array(str(out / "timeseries.zarr"))[:, :, 0]
+        return np.stack([v[a:b].mean(0) for a, b in regime_bounds(900, 3)])
+
+    plain = block_means(tmp_path / "plain", 1)
+    changing = block_means(tmp_path / "regimes", 3)
+    assert not (tmp_path / "plain" / "regimes.csv").exists()
+    segs = cs.Segments.read(tmp_path / "regimes" / "regimes.csv")
+    assert [(s.start, s.stop, s.name) for s in segs] == [
+        (0, 300, "regime0"), (300, 600, "regime1"), (600, 900, "regime2")
+    ]
+    # the blocks differ from each other far more than the blocks of a plain recording
+    assert changing.std(0).mean() > 3 * plain.std(0).mean()

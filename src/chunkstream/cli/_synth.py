@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="chunk shape: t,n,c for flyvis or t,n for arrays "
                         "(default: ~8 MiB along time, other axes whole)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--regimes", type=int, default=1,
+                   help="K stimulus regimes in consecutive blocks (conditions that change over "
+                        "time), listed in OUT/regimes.csv for --segments (default 1: none)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         args.out, layout=args.layout, timesteps=args.timesteps, neurons=args.neurons,
         stim_dims=args.stim_dims, dtype=args.dtype, zarr_format=args.zarr_format,
         codec=args.codec, chunks=args.chunks, seed=args.seed, overwrite=args.overwrite,
-        progress=not args.no_progress,
+        progress=not args.no_progress, regimes=args.regimes,
     )  # fmt: skip
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
@@ -74,4 +77,6 @@ def run(args: argparse.Namespace) -> int:
     for name, path in info.arrays.items():
         print(f"  {name:<12} {info.shapes[name]!s:<22} {info.dtype}  {path}")
     print(f"  {info.nbytes / 1e6:.1f} MB decoded; connectivity in {info.out}/connectivity.npz")
+    if info.regimes > 1:
+        print(f"  {info.regimes} stimulus regimes, blocks in {info.out}/regimes.csv (--segments)")
     return 0

@@ -8,6 +8,13 @@ recordings::
     c[t+1] = c[t] + ac * (v[t+1] - c[t])          (calcium: low-passed voltage)
     f[t]   = sigmoid(4 c[t]) + 0.02 * noise        (fluorescence)
 
+With ``regimes=K > 1`` the recording is cut into ``K`` equal blocks of
+consecutive timesteps, each with its own stimulus (frequencies, phases,
+amplitudes) and its own per-neuron bias: experimental conditions that change
+over time, so that neighbouring windows resemble each other more than distant
+ones. The blocks are written to ``<out>/regimes.csv`` (``start,stop,name``,
+readable by :meth:`chunkstream.Segments.read`).
+
 ``W`` is an ``N x N`` CSR matrix with a fixed fan-in ``K = clip(3% of N, 4, 32)``
 and Gaussian weights of scale ``0.9 / sqrt(K)``, so its spectral radius is about
 0.9 (< 1, stable). ``s`` (``stim_dims`` channels, fed to the first ``stim_dims``
@@ -34,6 +41,7 @@ Output is a pure function of the arguments (the seed included).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -48,7 +56,13 @@ import numpy as np
 from .._errors import ConfigError
 from ._codecs import compressors_for
 
-__all__ = ["SynthInfo", "default_chunks", "ensure_synthetic", "write_synthetic"]
+__all__ = [
+    "SynthInfo",
+    "default_chunks",
+    "ensure_synthetic",
+    "regime_bounds",
+    "write_synthetic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +92,7 @@ class SynthInfo:
     shapes: dict[str, tuple[int, ...]]
     nbytes: int
     seconds: float
+    regimes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -89,6 +104,12 @@ def default_chunks(layout: str, timesteps: int, neurons: int, itemsize: int = 4)
     cols = 4 if layout == "flyvis" else 1
     t = max(1, min(timesteps, _CHUNK_BYTES // (neurons * cols * itemsize)))
     return (t, neurons, 4) if layout == "flyvis" else (t, neurons)
+
+
+def regime_bounds(timesteps: int, regimes: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each regime block: timestep ``t`` is in block ``t * K // T``."""
+    edges = [-(-r * timesteps // regimes) for r in range(regimes + 1)]
+    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
 def _validate(layout, timesteps, neurons, stim_dims, dtype, chunks) -> tuple[np.dtype, tuple]:
@@ -118,7 +139,9 @@ def _validate(layout, timesteps, neurons, stim_dims, dtype, chunks) -> tuple[np.
 class _Network:
     """The recurrent network and stimulus generator (module docs); state lives here."""
 
-    def __init__(self, neurons: int, stim_dims: int, seed: int) -> None:
+    def __init__(
+        self, neurons: int, stim_dims: int, seed: int, regimes: int = 1, timesteps: int = 1
+    ) -> None:
         rng = np.random.default_rng(seed)
         self.n, self.stim_dims, self.seed = neurons, stim_dims, seed
         k = int(np.clip(round(0.03 * neurons), 4, 32)) if neurons > 1 else 0
@@ -139,6 +162,16 @@ class _Network:
         self.amp = rng.uniform(0.2, 0.6, (n_sin, stim_dims))
         self.v = rng.normal(0.0, 0.1, neurons).astype(np.float32)
         self.c = self.v.copy()
+        # Regimes draw from their own generators, so regimes=1 writes what it always wrote.
+        self.regimes, self.timesteps = regimes, timesteps
+        gens = [np.random.default_rng([seed, 1 << 21, r]) for r in range(regimes)]
+        self.r_freq = np.stack([g.uniform(1 / 2000, 1 / 50, (n_sin, stim_dims)) for g in gens])
+        self.r_phase = np.stack([g.uniform(0, 2 * np.pi, (n_sin, stim_dims)) for g in gens])
+        self.r_amp = np.stack([g.uniform(0.1, 0.9, (n_sin, stim_dims)) for g in gens])
+        self.r_bias = np.stack([g.normal(0.0, 0.4, neurons) for g in gens]).astype(np.float32)
+
+    def _regime(self, t0: int, t1: int) -> np.ndarray:
+        return np.arange(t0, t1) * self.regimes // self.timesteps
 
     def csr(self) -> dict[str, np.ndarray]:
         """``W`` as CSR: row ``i`` holds neuron ``i``'s inputs (equal row lengths)."""
@@ -151,7 +184,12 @@ class _Network:
 
     def stimulus(self, t0: int, t1: int, rng: np.random.Generator) -> np.ndarray:
         t = np.arange(t0, t1, dtype=np.float64)[:, None, None]
-        s = (self.amp * np.sin(2 * np.pi * self.freq * t + self.phase)).sum(axis=1)
+        if self.regimes > 1:
+            r = self._regime(t0, t1)
+            wave = self.r_amp[r] * np.sin(2 * np.pi * self.r_freq[r] * t + self.r_phase[r])
+            s = wave.sum(axis=1)
+        else:
+            s = (self.amp * np.sin(2 * np.pi * self.freq * t + self.phase)).sum(axis=1)
         # Noise bursts: rare onsets with a 20-step exponential envelope.
         onsets = (rng.random(t1 - t0) < 1 / 400).astype(np.float64)
         envelope = np.convolve(onsets, np.exp(-np.arange(100) / 20.0))[: t1 - t0]
@@ -165,6 +203,8 @@ class _Network:
         stim = self.stimulus(t0, t1, rng)
         drive = rng.standard_normal((steps, self.n), dtype=np.float32) * 0.3
         drive += self.bias
+        if self.regimes > 1:
+            drive += self.r_bias[self._regime(t0, t1)]
         drive[:, : self.stim_dims] += stim * self.gain
         volt = np.empty((steps, self.n), dtype=np.float32)
         calc = np.empty_like(volt)
@@ -207,18 +247,24 @@ def write_synthetic(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
+    regimes: int = 1,
 ) -> SynthInfo:
     """Write a synthetic dataset under directory ``out`` (see module docs).
 
     Memory stays below one slab (~64 MiB, a whole number of time chunks) plus the
     network. ``chunks`` defaults to :func:`default_chunks`. An existing dataset at
     ``out`` is an error unless ``overwrite``. The progress bar (tqdm) shows only
-    on a terminal, and never when ``progress`` is False.
+    on a terminal, and never when ``progress`` is False. ``regimes`` > 1 cuts
+    the recording into that many stimulus regimes (module docs).
     """
     import zarr
     from tqdm.auto import tqdm
 
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
+    if isinstance(regimes, bool) or not isinstance(regimes, int) or not 1 <= regimes <= timesteps:
+        raise ConfigError.bad(
+            "regimes", regimes, f"an int in [1, timesteps={timesteps}]", "Use 1 for no regimes."
+        )
     compressors = compressors_for(codec, zarr_format)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -258,8 +304,12 @@ def write_synthetic(
         t_chunk = volt_arr.chunks[0]
     # A slab is a whole number of time chunks so each write fills chunks exactly once.
     slab = t_chunk * max(1, _SLAB_BYTES // max(1, step_bytes * t_chunk))
-    net = _Network(neurons, stim_dims, seed)
+    net = _Network(neurons, stim_dims, seed, regimes=regimes, timesteps=timesteps)
     np.savez(out / "connectivity.npz", **net.csr())
+    (out / "regimes.csv").unlink(missing_ok=True)
+    if regimes > 1:
+        rows = [f"{a},{b},regime{r}" for r, (a, b) in enumerate(regime_bounds(timesteps, regimes))]
+        (out / "regimes.csv").write_text("start,stop,name\n" + "\n".join(rows) + "\n")
     with tqdm(
         total=timesteps, unit="step", desc="synth", disable=None if progress else True
     ) as bar:
@@ -281,7 +331,7 @@ def write_synthetic(
         stim_dims=stim_dims, dtype=dt.name, zarr_format=zarr_format, codec=codec,
         chunks=chunks, seed=seed, arrays={n: str(out / f"{n}.zarr") for n in names},
         shapes=shapes, nbytes=int(timesteps * step_bytes),
-        seconds=time.perf_counter() - begin,
+        seconds=time.perf_counter() - begin, regimes=regimes,
     )  # fmt: skip
     log.info("synth wrote %s (%.1f MB) in %.1f s", out, info.nbytes / 1e6, info.seconds)
     return info
@@ -291,6 +341,7 @@ def _stamp_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     args = {
         "layout": "flyvis", "timesteps": 4096, "neurons": 512, "stim_dims": 64,
         "dtype": "float32", "zarr_format": 3, "codec": "none", "chunks": None, "seed": 0,
+        "regimes": 1,
     }  # fmt: skip
     unknown = set(kwargs) - set(args) - {"progress"}
     if unknown:
