@@ -50,3 +50,28 @@ def test_demo_trains_and_writes_its_outputs(tmp_path, capsys):
 def test_demo_rejects_a_missing_data_dir(tmp_path, capsys):
     assert main(["demo", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
     assert "timeseries.zarr" in capsys.readouterr().err
+
+
+def test_demo_trains_on_segments_with_pieces_and_reports_each(tmp_path, capsys):
+    segments = tmp_path / "conditions.csv"
+    segments.write_text("start,stop,name\n0,1500,calm\n1500,4096,storm\n")
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), *SMALL, "--epochs", "2", "--pieces", "4",
+            "--segments", str(segments)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "4 pieces/chunk" in text
+    assert "calm/val" in text and "storm/val" in text
+
+
+def test_the_table_says_when_the_model_loses_to_the_constant_baseline():
+    from types import SimpleNamespace
+
+    from chunkstream.cli._demo import versus_constant
+
+    lost = SimpleNamespace(val_loss=0.00212, baseline_val=0.00146)
+    assert versus_constant(lost) == (
+        "1.45x higher than constant: the model has not beaten the constant baseline"
+    )
+    won = SimpleNamespace(val_loss=0.011, baseline_val=0.0616)
+    assert versus_constant(won) == "5.6x lower than constant"
