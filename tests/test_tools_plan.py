@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,3 +149,19 @@ def test_store_errors_exit_2(tmp_path, capsys):
     assert main(["plan", str(run), "--flyvis", "--column", "xpos", "--chunk-size", "8",
                  "--batch-size", "2"]) == 2  # fmt: skip
     assert "--column" in capsys.readouterr().err
+
+
+def test_pieces_and_segments_print_valid_starts_chunks_and_read_amplification(tmp_path, capsys):
+    segments = tmp_path / "conditions.csv"
+    segments.write_text("start,stop,name\n0,10000,calm\n10000,24576,storm\n")
+    argv = ["plan", "--shape", "24576,128", "--chunk-size", "1024", "--batch-size", "32",
+            "--window", "5", "--pieces", "4", "--segments", str(segments), "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "pieces: 4 x 256 timesteps per chunk" in text
+    assert re.search(r"calm\s+9745 valid piece starts", text)  # 10000 - 256 + 1
+    assert re.search(r"storm\s+14321 valid piece starts", text)
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["pieces"]
+    assert report["chunks_per_epoch"] == 24 and report["chunks_per_pass"] == 24
+    assert report["read_amplification"] == 1.0

@@ -73,6 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--passes", type=int, default=1, help="data passes per epoch (default 1)")
     p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
     p.add_argument("--align", type=int, default=1, help="window starts multiple of (default 1)")
+    p.add_argument("--pieces", type=int, default=1,
+                   help="pieces per chunk (chunk_size // pieces timesteps each, from "
+                        "independent places; default 1: contiguous)")  # fmt: skip
+    p.add_argument("--segments", default=None,
+                   help="CSV or JSON file of (start, stop, name) segments no window may cross; "
+                        "prints the valid piece starts per segment")  # fmt: skip
+    p.add_argument("--sampling", choices=("random", "shuffled", "sequential"),
+                   default="shuffled", help="the plan, for chunks per pass (default shuffled)")  # fmt: skip
     p.add_argument("--val-fraction", type=float, default=0.0,
                    help="fraction of timesteps held out and kept on the device (default 0)")  # fmt: skip
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -100,6 +108,32 @@ def layout_from_args(args: argparse.Namespace):
     )
 
 
+def piece_summary(args: argparse.Namespace, layout) -> dict | None:
+    """Pieces and segments of the run (``None`` for contiguous chunks over the whole data)."""
+    if args.pieces == 1 and args.segments is None:
+        return None
+    from ..plans import PiecePlan, Segments, plan_epoch
+
+    segments = Segments.read(args.segments) if args.segments is not None else None
+    plan = PiecePlan(
+        total_timesteps=layout.total_timesteps, chunk_size=args.chunk_size, pieces=args.pieces,
+        sampling=args.sampling, segments=segments, align=args.align, grid=layout.time_chunk,
+        batch_window=args.window,
+    )  # fmt: skip
+    size, grid = plan.piece_size, layout.time_chunk
+    train = layout.total_timesteps - int(layout.total_timesteps * args.val_fraction)
+    epoch = plan_epoch(train, args.chunk_size, args.batch_size, args.passes,
+                       world_size=args.world_size, segments=segments)  # fmt: skip
+    # Unaligned, a piece touches up to ceil((size - 1) / grid) + 1 stored chunks.
+    touched = 1 + -(-(size - 1) // grid) if size % grid else size // grid
+    return {
+        "pieces": plan.pieces, "piece_size": size, "piece_align": plan.piece_align,
+        "time_chunk": grid, "sampling": plan.sampling, "chunks_per_pass": plan.windows_per_pass,
+        "valid_starts": plan.valid_starts(), "read_amplification": touched * grid / size,
+        "chunks_per_epoch": epoch.chunks_per_epoch, "timesteps": epoch.total_timesteps,
+    }  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from ..tools._layout import format_bytes, parse_bytes
     from ..tools._plan import plan_memory
@@ -113,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
         gpu_mem=None if args.gpu_mem is None else parse_bytes(args.gpu_mem, "--gpu-mem"),
         host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
     )  # fmt: skip
+    pieces = piece_summary(args, layout)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "pieces": pieces}, indent=2))
         return 0
     fields = ", ".join(f"{n} {tuple(s)} {d}" for n, (s, d) in report.fields.items())
     print(f"{report.where}: T={report.total_timesteps} ({fields}), "
@@ -124,6 +159,20 @@ def run(args: argparse.Namespace) -> int:
               f"{report.train_timesteps} for training")  # fmt: skip
     e = report.epoch
     print(f"epoch: {e.describe()}")
+    if pieces is not None:
+        print(f"pieces: {pieces['pieces']} x {pieces['piece_size']} timesteps per chunk, "
+              f"starts aligned to {pieces['piece_align']} (stored time chunk "
+              f"{pieces['time_chunk']}); {pieces['sampling']}: "
+              f"{pieces['chunks_per_pass'] or 'no'} chunks per pass; "
+              f"{pieces['chunks_per_epoch']} chunks per epoch over {pieces['timesteps']} "
+              "timesteps")  # fmt: skip
+        if pieces["read_amplification"] > 1:
+            print(f"note: pieces of {pieces['piece_size']} steps on a stored time chunk of "
+                  f"{pieces['time_chunk']} decode up to {pieces['read_amplification']:.2f}x "
+                  "the bytes they use: pick pieces so chunk_size // pieces is a multiple of it")  # fmt: skip
+        name_width = max(len(n) for n in pieces["valid_starts"])
+        for name, count in pieces["valid_starts"].items():
+            print(f"  {name:<{name_width}}  {count} valid piece starts")
     print(f"chunk: {report.chunk_size} timesteps = {format_bytes(report.chunk_bytes)}; "
           f"prefetch={report.prefetch}, gpu_prefetch={report.gpu_prefetch}, "
           f"workers={report.workers}, host_slots={report.host_slots} ({report.device})")  # fmt: skip

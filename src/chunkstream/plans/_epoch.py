@@ -85,13 +85,21 @@ def plan_epoch(
     passes_per_epoch: int = 1,
     *,
     world_size: int = 1,
+    segments: object = None,
 ) -> EpochPlan:
     """Chunks per epoch (per rank), batches per chunk and batches per epoch.
 
-    See the module docstring for the rule. Raises :class:`ConfigError` (a
+    See the module docstring for the rule. With ``segments`` (anything
+    :class:`~chunkstream.Segments` takes, or a CSV/JSON path), checked against
+    ``[0, total_timesteps)``, the rule counts only the timesteps inside them
+    (the plan's ``total_timesteps``). Raises :class:`ConfigError` (a
     ``ValueError``) naming the input to change when any count would be zero.
     """
     total = _positive("total_timesteps", total_timesteps)
+    if segments is not None:
+        from ._segments import as_segments
+
+        total = as_segments(segments, total).timesteps
     chunk = _positive("chunk_size", chunk_size)
     batch = _positive("batch_size", batch_size)
     passes = _positive("passes_per_epoch", passes_per_epoch)

@@ -8,6 +8,7 @@ a :class:`DataLayout` is the per-timestep shape of every field, taken from
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,7 @@ class DataLayout:
     fields: Mapping[str, FieldSpec]
     where: str
     zarr_chunk_bytes: int | None = None  # decoded bytes of the largest zarr chunk read, if known
+    time_chunk: int = 1  # stored time-chunk length (lcm over the arrays read); 1 if unknown
 
     @property
     def step_nbytes(self) -> int:
@@ -147,13 +149,15 @@ def layout_from_store(
         )
     specs: dict[str, FieldSpec] = {}
     lengths: dict[str, int] = {}
-    chunk_bytes = 0
+    chunk_bytes, time_chunk = 0, 1
     for request in requests:
         _, array, index = resolve_field(request, arrays)
         specs[request.name] = FieldSpec(selected_shape(index, tuple(array.shape[1:])), array.dtype)
         lengths[request.name] = int(array.shape[0])
         chunk_bytes = max(chunk_bytes, int(np.prod(array.chunks)) * array.dtype.itemsize)
+        time_chunk = math.lcm(time_chunk, int(array.chunks[0]))
     total = check_lengths(lengths, f"store {str(path)!r}")
     return DataLayout(
-        total_timesteps=total, fields=specs, where=str(path), zarr_chunk_bytes=chunk_bytes
-    )
+        total_timesteps=total, fields=specs, where=str(path), zarr_chunk_bytes=chunk_bytes,
+        time_chunk=time_chunk,
+    )  # fmt: skip
