@@ -6,6 +6,7 @@
     python -m benchmarks.run --only engines   # only the decode-engine race (results/engines.json)
     python -m benchmarks.run --only remote    # only the remote-store race (results/remote.json)
     python -m benchmarks.run --only dtype     # only float16 vs float32 storage (results/dtype.json)
+    python -m benchmarks.run --only quality   # only the quality race (results/quality.json)
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -27,6 +28,7 @@ from pathlib import Path
 from . import _measure as m
 from . import _overlap
 from ._engines import run_engines
+from ._quality import QualityReps, quality_targets, run_quality
 from ._remote import RemoteGeometry, run_remote
 from ._report import RESULTS_DIR, targets, write_markdown
 from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
@@ -49,6 +51,7 @@ class Reps:
     engine_windows: int = 6  # windows per repeat of the decode-engine race
     engine_repeats: int = 5
     remote: str = "full"  # the remote-store race's RemoteGeometry: "full", "quick" or "tiny"
+    quality: str = "full"  # the quality race's QualityReps: "full", "quick" or "smoke"
     dl_workers: tuple[int, ...] = (0, 2)
     job_stores: tuple[str, ...] = (
         "percol-blosc",
@@ -61,7 +64,7 @@ class Reps:
     def quick() -> Reps:
         return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
                     overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"),
-                    engine_windows=4, engine_repeats=3, remote="quick")  # fmt: skip
+                    engine_windows=4, engine_repeats=3, remote="quick", quality="quick")  # fmt: skip
 
     @staticmethod
     def full() -> Reps:
@@ -73,7 +76,7 @@ class Reps:
         return Reps(ceiling_windows=2, chunks=3, runs=1, job_chunks=1, dl_batches=1,
                     overlap_chunks=3, abandon=2, rss_epochs=22, dl_workers=(0,),
                     job_stores=("percol-blosc",), engine_windows=2, engine_repeats=1,
-                    remote="tiny")  # fmt: skip
+                    remote="tiny", quality="smoke")  # fmt: skip
 
 
 def machine() -> dict:
@@ -170,6 +173,15 @@ def run_cpu(geo: Geometry, reps: Reps, *, data_dir: Path = DATA_DIR) -> dict:
     res["overlap"] = run_overlap(spec, geo, reps)
     res["engines"] = engines(geo, reps, data_dir)
     res["remote"] = remote(reps, data_dir)
+    res["quality"] = quality(reps, data_dir)
+    return res
+
+
+def quality(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
+    """The quality race (benchmarks/_quality.py) at ``reps``' size."""
+    _log(f"quality race: contiguous vs pieced chunks vs i.i.d. ({reps.quality})")
+    res = run_quality(getattr(QualityReps, reps.quality)(), data_dir=data_dir, log=_log)
+    res["targets"] = quality_targets(res)
     return res
 
 
@@ -216,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines", "remote", "dtype"),
+        "--only", choices=("engines", "remote", "dtype", "quality"),
         help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
-             "dtype: only float16 vs float32 storage",
+             "dtype: only float16 vs float32 storage; quality: only the quality race "
+             "(batch correlation)",
     )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
@@ -228,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "remote-quick" if args.quick else "remote"
     if args.only == "dtype":
         mode = "dtype-quick" if args.quick else "dtype"
+    if args.only == "quality":
+        mode = "quality-quick" if args.quick else "quality"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -245,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         from ._dtype import run_dtype
 
         results = {"dtype": run_dtype(quick=args.quick or args.tiny)}
+    elif args.only == "quality":
+        reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
+        results = {"quality": quality(reps)}
     else:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = run_cpu(geo, reps)
@@ -255,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     results["seconds"] = time.perf_counter() - begin
     results["load_1min_after"] = os.getloadavg()[0]
-    results["targets"] = [] if args.only else targets(results)
+    if args.only == "quality":
+        results["targets"] = results["quality"]["targets"]
+    else:
+        quality_met = results.get("quality", {}).get("targets", [])
+        results["targets"] = [] if args.only else targets(results) + quality_met
     name = f"{mode}-tiny" if args.tiny else mode
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"

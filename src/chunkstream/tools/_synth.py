@@ -347,6 +347,8 @@ def _stamp_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigError.bad("ensure_synthetic kwargs", sorted(unknown), f"any of {sorted(args)}")
     args.update({k: v for k, v in kwargs.items() if k != "progress"})
+    if args["regimes"] == 1:
+        del args["regimes"]  # stamps written before regimes existed stay valid
     if args["chunks"] is not None:
         args["chunks"] = [int(c) for c in args["chunks"]]
     args["dtype"] = np.dtype(args["dtype"]).name
@@ -370,6 +372,7 @@ def ensure_synthetic(out: str | os.PathLike, **kwargs: Any) -> SynthInfo:
             info["shapes"] = {k: tuple(v) for k, v in info["shapes"].items()}
             return SynthInfo(**info)
     call = dict(args, chunks=None if args["chunks"] is None else tuple(args["chunks"]))
+    call.setdefault("regimes", 1)
     info = write_synthetic(out, overwrite=True, progress=kwargs.get("progress", True), **call)
     tmp = stamp.with_suffix(".tmp")
     tmp.write_text(json.dumps({"args": args, "info": info.to_dict()}, indent=1))

@@ -175,7 +175,9 @@ class Trainer:
                     f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
                     "Raise val_fraction or use longer segments.",
                 )  # fmt: skip
-        self.chunk_size = min(c.chunk_size, self.train_len)
+        # With segments a chunk may hold several whole segments (one piece each), so it is
+        # bounded by the source, not by the training timesteps.
+        self.chunk_size = min(c.chunk_size, self.train_len if c.segments is None else total)
         if c.window > self.chunk_size:
             raise ConfigError.bad(
                 "chunk_size", c.chunk_size, f">= the window {c.window}",
