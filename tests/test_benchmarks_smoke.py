@@ -83,6 +83,23 @@ def test_remote_race_figures(results: dict) -> None:
     assert set(r["decision"]["contract_met"]) == set(_remote.STORES)
 
 
+def test_quality_race_figures(results: dict) -> None:
+    q = results["quality"]
+    for key in ("demo", "regimes_data"):
+        arms = q[key]["arms"]
+        assert set(arms) == {"iid", "contiguous", "pieces=4", "pieces=16", "pieces=32"}
+        assert arms["iid"]["ratio"]["mean"] == 1.0
+        for arm in arms.values():
+            assert len(arm["runs"]) == 2 and all(r["val_loss"] > 0 for r in arm["runs"])
+            # equal batches in every arm, every epoch
+            assert all(b == q[key]["batches_per_epoch"] for r in arm["runs"] for b in r["batches"])
+    assert q["regimes_data"]["arms"]["contiguous"]["runs"][0]["val_segments"]
+    assert q["reads"]["ratio"]["contiguous"] == 1.0 and len(q["reads"]["rates"]) >= 2
+    assert {t["what"].split(":")[0] for t in q["targets"]} >= {
+        "batch correlation, demo data", "batch correlation, 8 regimes"
+    }
+
+
 def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     whats = [t["what"] for t in results["targets"]]
     assert any("thread-pool reader" in w for w in whats)
@@ -103,6 +120,8 @@ def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     assert "| sharded-blosc | ours (`_fastzarr.py`)" in text
     # and the remote-store table with its decision
     assert "### remote stores" in text and "| S3 (moto server) | zarr `ObjectStore`" in text
+    # and the quality race's batch-correlation table
+    assert "### batch correlation (the quality race)" in text and "| demo | pieces=16 |" in text
 
 
 def test_dtype_benchmark_runs_and_renders(tmp_path: Path) -> None:

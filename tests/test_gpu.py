@@ -32,6 +32,27 @@ def test_device_chunks_equal_the_stored_bytes():
                 )
 
 
+def test_pieced_chunks_on_the_device_hold_the_slices_their_pieces_name():
+    arrays = make_arrays(4000, neurons=64)
+    segments = [(0, 1500), (1600, 4000)]
+    with cs.ChunkLoader(ArraySource(arrays), 512, device="cuda", pieces=8, segments=segments,
+                        window=9, seed=3) as loader:  # fmt: skip
+        for chunk in loader.epoch(6):
+            x = chunk["voltage"].cpu().numpy()
+            for p in chunk.pieces:
+                np.testing.assert_array_equal(
+                    x[p.offset : p.offset + p.length], arrays["voltage"][p.start : p.stop]
+                )
+            starts = cs.sample_windows(chunk, batch_size=64, window=9)
+            assert starts.is_cuda  # the start table lives on the device: no host copy per batch
+            batch = cs.gather_windows(chunk["voltage"], starts, 9).cpu().numpy()
+            for s, w in zip(starts.tolist(), batch, strict=True):
+                p = next(p for p in chunk.pieces if p.offset <= s < p.offset + p.length)
+                assert s + 9 <= p.offset + p.length
+                t = p.start + s - p.offset
+                np.testing.assert_array_equal(w, arrays["voltage"][t : t + 9])
+
+
 def _loader_peak(loader, *, drop: bool, epochs: int = 3, n: int = 10) -> int:
     """The allocator's true peak over ``epochs`` epochs, above what was allocated before."""
     torch.cuda.synchronize()
