@@ -95,7 +95,7 @@ class PiecePlan:
     seed: int = 0
     grid: int = 1
     batch_window: int = 1
-    _geo: dict = field(default_factory=dict, repr=False, compare=False)
+    _geo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         total = _int("total_timesteps", self.total_timesteps, 1, "The source must hold data.")
