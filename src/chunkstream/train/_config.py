@@ -128,5 +128,6 @@ class TrainResult:
     device: str
     seconds: float
     checkpoint: str | None
-    windows: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, start, stop)
+    # (epoch, start, stop) of every piece streamed, in order
+    windows: list[tuple[int, int, int]] = field(default_factory=list)
     val_segments: dict[str, float] = field(default_factory=dict)  # model MSE per held-out segment

@@ -396,14 +396,17 @@ class Trainer:
             s_chunk = chunk[c.stim_field] if c.stim_field else None
             if epoch == 0:
                 self._pending.update(x_chunk)
-            self.windows.append((epoch, chunk.start, chunk.stop))
+            self.windows.extend((epoch, p.start, p.stop) for p in chunk.pieces)
             generator = torch.Generator(device=self.device)
             generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index, self.rank))
             sampler = WindowSampler(
                 chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
                 device=self.device, pieces=chunk.pieces,
             )  # fmt: skip
-            for starts in itertools.islice(sampler, min(per_chunk, budget - batches)):
+            # Passes of the sampler back to back: a pieced chunk has fewer valid starts
+            # than a contiguous one (none across piece ends), yet feeds as many batches.
+            passes = itertools.chain.from_iterable(itertools.repeat(sampler))
+            for starts in itertools.islice(passes, min(per_chunk, budget - batches)):
                 x = gather_windows(x_chunk, starts, c.window)
                 s = gather_windows(s_chunk, starts, c.window) if s_chunk is not None else None
                 with timer.batch() as timed:
