@@ -82,7 +82,7 @@ class QualityReps:
 def _dataset(root: Path, reps: QualityReps, regimes: int) -> Path:
     out = root / f"quality-T{reps.timesteps}-R{regimes}"
     ensure_synthetic(out, timesteps=reps.timesteps, neurons=128, stim_dims=32,
-                     chunks=(64, 32, 1), seed=0, regimes=regimes, progress=False)  # fmt: skip
+                     chunks=(32, 32, 1), seed=0, regimes=regimes, progress=False)  # fmt: skip
     return out
 
 

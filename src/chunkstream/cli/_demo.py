@@ -18,11 +18,11 @@ __all__ = ["register"]
 
 DEFAULTS = {
     "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
-    "pieces": 16,
+    "pieces": 32,
 }  # fmt: skip
-#: Stored time chunk of the synthetic dataset: a divisor of the default piece
-#: (chunk_size // pieces = 64), so a piece decodes whole stored chunks.
-TIME_CHUNK = 64
+#: Stored time chunk of the synthetic dataset: the default piece (chunk_size // pieces
+#: = 32 timesteps), so a piece decodes whole stored chunks and nothing more.
+TIME_CHUNK = 32
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

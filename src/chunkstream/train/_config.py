@@ -51,7 +51,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_windows: int = 512
     sampling: str = "shuffled"
-    pieces: int = 16
+    pieces: int = 32
     segments: Any = None
     batches_per_epoch: int | None = None
     replacement: bool = True
