@@ -112,11 +112,12 @@ def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path):
     class Killed(Exception):
         pass
 
-    seen = []
+    seen, chunks = [], []
 
     def kill_after_some(trainer, chunk):
-        seen.append((chunk.epoch, chunk.start, chunk.stop))
-        if len(seen) == 6:  # in the middle of epoch 1 (5 chunks per epoch)
+        seen.extend((chunk.epoch, p.start, p.stop) for p in chunk.pieces)
+        chunks.append(chunk.index)
+        if len(chunks) == 6:  # in the middle of epoch 1 (5 chunks per epoch)
             raise Killed
 
     run = tmp_path / "killed"
