@@ -200,6 +200,8 @@ CASES = [
      cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2]"]),
     ("ChunkLoader.pieces", lambda t: _loader(pieces=10, window=8),
      cs.ConfigError, ValueError, ["pieces=10", "batch window 8", "pieces <= 6"]),
+    ("ChunkLoader.pieces", lambda t: _loader(chunk_size=800, pieces=4),
+     cs.ConfigError, ValueError, ["pieces=4", "exceeds the data (500 timesteps)", "pieces=1"]),
     ("ChunkLoader.window", lambda t: _loader(window=80),
      cs.ConfigError, ValueError, ["window=80", "chunk length 50", "shorter window"]),
     ("ChunkLoader.segments", lambda t: _loader(segments=[(100, 200), (0, 50)]),

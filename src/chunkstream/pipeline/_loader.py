@@ -656,6 +656,12 @@ def _make_plan(
         )  # fmt: skip
     if isinstance(segments, str | os.PathLike):
         segments = Segments.read(segments)
+    if pieces != 1 and isinstance(chunk_size, int) and chunk_size > total:
+        # Buffers hold min(chunk_size, T) rows; k pieces drawn from less data could need more.
+        raise ConfigError.bad(
+            "pieces", pieces, f"1 when chunk_size={chunk_size} exceeds the data ({total} timesteps)",
+            "Use pieces=1 (a chunk is then the whole data) or a chunk_size <= the data.",
+        )  # fmt: skip
     return PiecePlan(
         total_timesteps=total, chunk_size=chunk_size, pieces=pieces, sampling=sampling,
         segments=segments, align=align, seed=seed, grid=stored_time_chunk(source),
