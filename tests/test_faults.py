@@ -413,15 +413,15 @@ def test_close_honours_one_deadline_across_stages(store):
                             sampling="sequential")  # fmt: skip
     loader.config = dataclasses.replace(loader.config, close_timeout=2.0)
 
-    class StuckStage:  # a second stage whose thread never stops: it uses up its deadline
+    class StuckExecutor:  # a second executor whose thread never stops: it uses up the deadline
         threads = ()
 
-        def close(self, deadline_s):
-            time.sleep(deadline_s)
+        def close(self, deadline):
+            time.sleep(max(0.0, deadline - time.monotonic()))
             return ["chunkstream-transfer-0"]
 
     iterator = iter(loader.epoch(3))
-    loader._stages.append(StuckStage())
+    loader._executors.append(StuckExecutor())
     time.sleep(0.2)  # the reader of window 0 is stuck
     begin = time.monotonic()
     try:

@@ -66,6 +66,14 @@ class ConfigError(ChunkstreamError, ValueError):
         return cls(message)
 
 
+def check_int(name: str, value: object, minimum: int = 1, fix: str = "") -> int:
+    """``value`` if it is an int >= ``minimum`` (bools are not ints here), else
+    :class:`ConfigError` naming ``name``, the value, the range and ``fix``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError.bad(name, value, f"an integer >= {minimum}", fix)
+    return value
+
+
 class SourceError(ChunkstreamError):
     """A store, array or callable cannot be streamed as given."""
 

@@ -1,31 +1,32 @@
-"""Host buffers the readers fill: a fixed pinned pool (CUDA) or reusable host arrays (CPU).
+"""Host buffers the readers fill: one arena of buffer sets, pinned on CUDA.
 
 A *buffer set* holds one array per field, ``chunk_size`` rows long; a reader
 fills the first ``stop - start`` rows of each in place.
 
-Ownership, CUDA (:class:`PinnedSlotPool`)
-    ``slots`` buffer sets are carved out of one page-locked *arena* allocated
-    once, at start, and released at :meth:`PinnedSlotPool.close`. A slot is
-    owned by the pool (free), then by one reader (filling), then by the
-    transfer stage (copying); the transfer stage gives it back with
-    :meth:`PinnedSlotPool.release_after` and the event recorded after its copy
-    (after a failed copy too: an event recorded after whatever was queued), and
-    the slot is handed out again only once that event has completed. User
-    tensors never alias a slot: they get device copies.
+The arena (both paths)
+    One anonymous ``mmap`` carved into ``slots`` buffer sets (each field's
+    offset aligned to 256 B, the total rounded up to a page), allocated at
+    construction. On the CPU it is written once per page there, so no read
+    pays for fresh pages, and where the kernel offers transparent huge pages
+    the mapping asks for them (``madvise(MADV_HUGEPAGE)``) before it is
+    touched. On CUDA ``cudaHostRegister`` faults the arena in and pins it.
 
-Pinned bytes, CUDA
-    The arena is anonymous ``mmap`` memory page-locked with ``cudaHostRegister``,
-    so ``PinnedSlotPool.nbytes`` (``slots * chunk_bytes``, each field's offset
-    aligned to 256 B, the total rounded up to a page) is what is really pinned.
-    It bypasses torch's caching host allocator on purpose: that allocator
-    (``pin_memory=True``) rounds every block up to a power of two (up to 2x:
-    4 slots of 4.06 GB would pin 32 GB) and keeps blocks cached after they are
-    freed. Only if registration fails does the pool fall back to one
-    ``pin_memory=True`` arena (allocated under the pool's device), report its
-    rounded size, warn, and empty torch's host cache at close so the memory
-    goes back to the system. Register and unregister run in a throwaway thread
-    joined with a deadline (a failed call must not leave the caller's thread
-    with a CUDA "last error"); a failure is warned about, with its text.
+Ownership, CUDA (:class:`PinnedSlotPool`)
+    The arena is page-locked with ``cudaHostRegister``, so
+    ``PinnedSlotPool.nbytes`` is what is really pinned. A slot is owned by the
+    pool (free), then by one reader (filling), then by the copy job; the copy
+    job gives it back with :meth:`PinnedSlotPool.release_after` and the event
+    recorded after its copy (after a failed copy too: an event recorded after
+    whatever was queued), and the slot is handed out again only once that event
+    has completed. User tensors never alias a slot: they get device copies.
+    The arena bypasses torch's caching host allocator on purpose: that
+    allocator (``pin_memory=True``) rounds every block up to a power of two and
+    keeps blocks cached after they are freed. Only if registration fails does
+    the pool fall back to one ``pin_memory=True`` arena (allocated under the
+    pool's device), report its rounded size, warn, and empty torch's host cache
+    at close. Register and unregister run in a throwaway thread joined with a
+    deadline (a failed call must not leave the caller's thread with a CUDA
+    "last error"); a failure is warned about, with its text.
 
 Closing after a CUDA error
     An event whose ``query()`` raises (a sticky error), or a device that cannot
@@ -37,10 +38,10 @@ Ownership, CPU (:class:`HostBufferPool`)
     The consumer's tensors are zero-copy views of the buffer set, so a set
     is reused only once no tensor of the user's refers to it any more. That is
     detected from reference counts: ``torch.from_numpy`` keeps a reference to
-    its array for as long as any tensor or view of that memory is alive. The
-    pool keeps at most ``max_free`` idle sets (reused pages are ~40% cheaper to
-    fill than fresh ones); sets still held by the user are simply forgotten and
-    freed by Python when the user drops them.
+    its array (whose base is the set's own array) for as long as any tensor or
+    view of that memory is alive. When every arena set is still held by the
+    user, a further set is allocated; such extra sets are kept while idle only
+    up to the arena's size.
 """
 
 from __future__ import annotations
@@ -57,57 +58,132 @@ import numpy as np
 import torch
 
 from ..sources._base import FieldSpec
+from ._run import POLL_S as _POLL_S
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
-
-_POLL_S = 0.1
 
 
 class BufferSet:
     """One array per field, ``rows`` timesteps long; ``arrays`` is what a reader fills."""
 
-    __slots__ = ("arrays", "busy", "tensors")
+    __slots__ = ("arrays", "baseline", "busy", "in_arena", "tensors")
 
-    def __init__(self, arrays: dict[str, np.ndarray], tensors: dict[str, torch.Tensor] | None):
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        tensors: dict[str, torch.Tensor] | None,
+        *,
+        in_arena: bool = True,
+    ) -> None:
         self.arrays = arrays
         self.tensors = tensors  # the pinned tensors behind ``arrays`` (CUDA slots only)
         self.busy = False  # held by the pipeline (CPU pool): not reusable whatever the refcount
+        self.in_arena = in_arena
+        self.baseline = _refs(self)  # the reference count while nobody else holds the set
 
     def views(self, rows: int) -> dict[str, np.ndarray]:
         return {name: array[:rows] for name, array in self.arrays.items()}
 
 
-class HostBufferPool:
-    """Reusable pageable host buffer sets for the CPU path (see module docs)."""
+def _owner(array: np.ndarray) -> object:
+    """The object every view of ``array`` references (numpy collapses view chains to it)."""
+    return array if array.base is None else array.base
 
-    def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, max_free: int) -> None:
+
+def _refs(buffers: BufferSet) -> int:
+    return max((sys.getrefcount(_owner(a)) for a in buffers.arrays.values()), default=0)
+
+
+_ALIGN = 256  # each field's offset in the arena: aligned for any dtype and for DMA
+_PAGE = mmap.PAGESIZE
+HUGEPAGES = True  # ask for transparent huge pages where the kernel offers them
+
+_Layout = list[tuple[str, int, int, np.dtype, tuple[int, ...]]]
+
+
+def _layout(fields: Mapping[str, FieldSpec], rows: int, slots: int) -> tuple[_Layout, int]:
+    """Where each slot's fields lie in the arena, and the bytes they use."""
+    layout: _Layout = []
+    offset = 0
+    for _ in range(slots):
+        for name, spec in fields.items():
+            dtype = np.dtype(spec.dtype)
+            size = int(rows) * int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+            layout.append((name, offset, size, dtype, (int(rows), *spec.shape)))
+            offset += -(-max(size, 1) // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+def _anonymous(nbytes: int, *, touch: bool) -> mmap.mmap:
+    """Private anonymous pages (as malloc would give), page-aligned, at least ``nbytes``.
+
+    ``touch`` (the CPU arena) asks for huge pages (:data:`HUGEPAGES`) and writes
+    one byte per page so every page is faulted in now. The CUDA arena is left
+    untouched: ``cudaHostRegister`` faults it in and pins it.
+    """
+    size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+    private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+    mapping = mmap.mmap(-1, size, **private)
+    if touch:
+        if HUGEPAGES and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                mapping.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without THP: plain pages
+                pass
+        np.frombuffer(mapping, dtype=np.uint8)[::_PAGE] = 0
+    return mapping
+
+
+def _carve(arena: np.ndarray, layout: _Layout, fields: int, *, tensors: bool) -> list[BufferSet]:
+    """The buffer sets ``layout`` describes, as views of ``arena`` (a flat uint8 array)."""
+    sets = []
+    memory = memoryview(arena)
+    for k in range(len(layout) // max(1, fields)):
+        # One buffer object per array, so each array is the base of its own views and
+        # its reference count tells whether anyone still holds this set (_refs).
+        arrays = {
+            name: np.frombuffer(memory[begin : begin + length], dtype=dtype).reshape(shape)
+            for name, begin, length, dtype, shape in layout[k * fields : (k + 1) * fields]
+        }
+        pinned = {name: torch.from_numpy(a) for name, a in arrays.items()} if tensors else None
+        sets.append(BufferSet(arrays, pinned))
+    return sets
+
+
+class HostBufferPool:
+    """Reusable pageable host buffer sets for the CPU path: an arena of ``slots`` sets
+    faulted in at construction, plus extra sets while the user holds them all."""
+
+    def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, slots: int) -> None:
         self._fields = dict(fields)
         self._rows = int(rows)
-        self._max_free = int(max_free)
+        self.slots = int(slots)
         self._lock = threading.Lock()
-        self._sets: list[BufferSet] = []  # every set the pool still tracks
-        self.allocated = 0  # how many sets were ever allocated (a test and stats figure)
-        # The reference count of an array nobody else holds, as _refs sees it.
-        self._baseline = self._refs(BufferSet({"probe": np.empty(0)}, None))
+        layout, nbytes = _layout(self._fields, self._rows, self.slots)
+        mapping = _anonymous(nbytes, touch=True)
+        # Every set's arrays reference the mapping; it is freed with the last of them.
+        self._sets = _carve(np.frombuffer(mapping, dtype=np.uint8), layout, len(self._fields),
+                            tensors=False)  # fmt: skip
+        self.nbytes = len(mapping)
+        self.allocated = len(self._sets)  # sets ever allocated, the arena's included
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
-        del cancelled  # never waits: a new set is allocated when none is free
+        """A set no one holds (an arena set first); never waits: allocates one if none is."""
+        del cancelled
         with self._lock:
-            free = [b for b in self._sets if not b.busy and self._is_free(b)]
-            # Keep at most max_free idle sets; sets still in use stay tracked so they
-            # can be reused once the user lets go.
-            for extra in free[self._max_free :]:
-                self._sets.remove(extra)
+            free = [b for b in self._sets if not b.busy and _refs(b) <= b.baseline]
+            extra_idle = [b for b in free if not b.in_arena]
+            for extra in extra_idle[max(0, self.slots - (len(free) - len(extra_idle))) :]:
+                self._sets.remove(extra)  # idle sets beyond the arena's size are let go
+                free.remove(extra)
             if free:
                 buffers = free[0]
             else:
-                buffers = BufferSet(
-                    {
-                        name: np.empty((self._rows, *spec.shape), dtype=spec.dtype)
-                        for name, spec in self._fields.items()
-                    },
-                    None,
-                )
+                arrays = {
+                    name: np.empty((self._rows, *spec.shape), dtype=spec.dtype)
+                    for name, spec in self._fields.items()
+                }
+                buffers = BufferSet(arrays, None, in_arena=False)
                 self.allocated += 1
                 self._sets.append(buffers)
             buffers.busy = True
@@ -117,22 +193,9 @@ class HostBufferPool:
         """The pipeline is done with ``buffers``; reuse waits until the user's tensors die."""
         buffers.busy = False
 
-    @staticmethod
-    def _refs(buffers: BufferSet) -> int:
-        return max(sys.getrefcount(array) for array in buffers.arrays.values())
-
-    def _is_free(self, buffers: BufferSet) -> bool:
-        # Any view or tensor made from an array (a reader's slice, a user's
-        # tensor) adds a reference above the baseline measured at start.
-        return self._refs(buffers) <= self._baseline
-
     def close(self) -> None:
         with self._lock:
             self._sets.clear()
-
-
-_ALIGN = 256  # each field's offset in the arena: aligned for any dtype and for DMA
-_PAGE = mmap.PAGESIZE
 
 
 def _power_of_two_ceil(n: int) -> int:
@@ -221,20 +284,11 @@ class PinnedSlotPool:
         self._released: bool | None = None  # what close() returned, once it ran
         # Arenas (or mappings) a CUDA call may still use: never freed, on purpose.
         self._kept: list[object] = []
-        layout: list[tuple[str, int, int, np.dtype, tuple[int, ...]]] = []
-        offset = 0
-        for _ in range(self.slots):
-            for name, spec in fields.items():
-                dtype = np.dtype(spec.dtype)
-                size = int(rows) * int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
-                layout.append((name, offset, size, dtype, (int(rows), *spec.shape)))
-                offset += -(-max(size, 1) // _ALIGN) * _ALIGN
+        layout, offset = _layout(fields, rows, self.slots)
         self.requested_nbytes = offset
-        size = max(_PAGE, -(-offset // _PAGE) * _PAGE)
-        # Private anonymous pages, as malloc would give (a shared mapping would be
-        # shmem-backed); page-aligned and exactly `size` long.
-        private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
-        self._mmap: mmap.mmap | None = mmap.mmap(-1, size, **private)
+        # Registration faults every page in, so the mapping is not touched here.
+        self._mmap: mmap.mmap | None = _anonymous(offset, touch=False)
+        size = len(self._mmap)
         arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self._ptr: int | None = arena.ctypes.data
         self._torch_arena: torch.Tensor | None = None
@@ -261,13 +315,7 @@ class PinnedSlotPool:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        per_slot = len(fields)
-        for k in range(self.slots):
-            arrays, tensors = {}, {}
-            for name, begin, length, dtype, shape in layout[k * per_slot : (k + 1) * per_slot]:
-                array = arena[begin : begin + length].view(dtype).reshape(shape)
-                arrays[name], tensors[name] = array, torch.from_numpy(array)
-            self._free.append(BufferSet(arrays, tensors))
+        self._free.extend(_carve(arena, layout, len(fields), tensors=True))
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
         """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is.

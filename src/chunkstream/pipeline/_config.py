@@ -8,15 +8,44 @@ from dataclasses import dataclass
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
+from ..sources import Source, window_nbytes
 
-__all__ = ["LoaderConfig", "resolve_device", "warn_if_not_local_rank"]
+__all__ = ["LoaderConfig", "check_source", "resolve_device", "streaming_bytes", "warn_if_not_local_rank"]
 
 
 def _positive_int(name: str, value: object, fix: str = "", minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError.bad(name, value, f"an integer >= {minimum}", fix)
-    return value
+    return check_int(name, value, minimum, fix)
+
+
+def check_source(source: object) -> Source:
+    """``source`` if it is a :class:`Source` with at least one timestep, else ConfigError."""
+    if not isinstance(source, Source):
+        raise ConfigError.bad(
+            "source",
+            type(source).__name__,
+            "a chunkstream Source (fields, __len__, read_into, close)",
+            "Wrap arrays in cs.NumpySource, zarr in cs.ZarrSource, a function in cs.CallableSource.",
+        )
+    if len(source) < 1:
+        raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
+    return source
+
+
+def streaming_bytes(
+    chunk_bytes: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
+    host_slots: int,
+) -> tuple[int | None, int, int]:  # fmt: skip
+    """The memory model: ``(device, pinned host, pageable host)`` bytes a loader holds.
+
+    CUDA: ``gpu_prefetch + 1`` chunks on the device for a loop that drops each
+    chunk before asking for the next, and ``host_slots`` pinned chunks. CPU: the
+    host arena, ``prefetch + workers`` sets for the pipeline plus two for the
+    chunks a plain ``for`` loop holds (device ``None``: there is none).
+    """
+    if on_cuda:
+        return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
+    return None, 0, (prefetch + workers + 2) * chunk_bytes
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -146,6 +175,56 @@ class LoaderConfig:
     def slots(self) -> int:
         return self.host_slots if self.host_slots is not None else self.reader_capacity
 
+    def host_sets(self, on_cuda: bool) -> int:
+        """Buffer sets in the host arena (:func:`streaming_bytes`): the pinned slots on
+        CUDA; on the CPU the pipeline's ``prefetch + workers`` and two a loop holds."""
+        return self.slots if on_cuda else self.reader_capacity + 2
+
+    @classmethod
+    def for_source(
+        cls,
+        source: Source,
+        chunk_size: int,
+        *,
+        on_cuda: bool,
+        prefetch: int | None = None,
+        gpu_prefetch: int | None = None,
+        workers: int = 2,
+        host_slots: int | None = None,
+        host_memory: int | None = None,
+        device_memory: int | None = None,
+        **rest: object,
+    ) -> tuple[LoaderConfig, int, int]:
+        """Validate a loader's settings for ``source``; derive depths from byte budgets.
+
+        Returns ``(config, rows, chunk_bytes)``: the rows of one window (``chunk_size``,
+        clamped to the source's length) and its bytes over every field. Raises
+        :class:`ConfigError` naming the parameter at fault.
+        """
+        total = len(check_source(source))
+        probe = chunk_size if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) else 0
+        rows = min(probe, total) if probe > 0 else 1
+        chunk_bytes = window_nbytes(source.fields, rows)
+        budget = cls.from_budget(chunk_bytes=chunk_bytes, workers=workers, host_memory=host_memory,
+                                 device_memory=device_memory, on_cuda=on_cuda)  # fmt: skip
+        config = cls(
+            chunk_size=chunk_size,
+            prefetch=prefetch if prefetch is not None else budget.get("prefetch", 2),
+            gpu_prefetch=gpu_prefetch if gpu_prefetch is not None
+            else budget.get("gpu_prefetch", 1),
+            workers=workers,
+            host_slots=host_slots if host_slots is not None else budget.get("host_slots"),
+            **rest,  # type: ignore[arg-type]
+        )  # fmt: skip
+        if on_cuda and config.slots < config.workers:
+            raise ConfigError.bad(
+                "host_slots",
+                config.slots,
+                f"at least workers={workers} pinned slots",
+                "Raise host_slots (or host_memory), or use fewer workers.",
+            )
+        return config, rows, chunk_bytes
+
     @classmethod
     def from_budget(
         cls,
@@ -160,7 +239,7 @@ class LoaderConfig:
         derived: dict[str, int] = {}
         if host_memory is not None:
             fit = int(host_memory) // max(1, chunk_bytes)
-            if fit < workers + 1:
+            if not isinstance(workers, int) or fit < workers + 1:
                 raise ConfigError.bad(
                     "host_memory",
                     host_memory,

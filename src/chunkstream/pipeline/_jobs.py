@@ -1,20 +1,23 @@
-"""The work each stage does: a reader job fills a host buffer, a transfer job copies it.
+"""The work of one window: read it into a host buffer, then (CUDA) copy it to the device.
 
 These are plain functions of their inputs (they never see the loader), so the
-stage threads hold no reference to a :class:`~chunkstream.ChunkLoader` and a
-loader the user drops can be collected and stopped.
+executor threads hold no reference to a :class:`~chunkstream.ChunkLoader` and a
+loader the user drops can be collected and stopped. Each call gets its own
+window and a ``dropped()`` callable that turns true once its epoch run is
+abandoned, so a long wait inside can give up early.
 
 Buffer ownership along the way: :func:`read_job` takes a buffer set from the
 pool and either hands it on inside a :class:`Loaded` or gives it back when the
-read fails; :func:`transfer_job` gives the slot back with the event recorded
-after its copy (``PinnedSlotPool.release_after``), so the slot is refilled only
-once the copy has finished. A copy that fails part-way gives its slot back the
-same way, behind an event recorded after whatever copies it had queued.
+read fails. On the CPU, :func:`read_to_host` turns it into the user's tensors
+at once (zero copy; the pool reuses the set only once those tensors are gone).
+On CUDA, :func:`copy_job` gives the slot back with the event recorded after its
+copy (``PinnedSlotPool.release_after``), so the slot is refilled only once the
+copy has finished; a copy that fails part-way gives its slot back the same way,
+behind an event recorded after whatever copies it had queued.
 
-Threads: both jobs run in stage threads that set the loader's CUDA device at
-start (``OrderedStage(thread_init=...)``), so their CUDA calls (an event's
-``query()`` while waiting for a slot, allocations, copies) run in the right
-device's context.
+Threads: both jobs run in executor threads that set the loader's CUDA device at
+start (``Executor(init=...)``), so their CUDA calls (an event's ``query()``
+while waiting for a slot, allocations, copies) run in the right device's context.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,52 +33,72 @@ import numpy as np
 import torch
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
-from ..plans._pieces import Piece
-from ..sources._base import Source
+from ..plans import Piece
+from ..sources import Source
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
 from ._pieces import chunk_rows, piece_views, read_pieces
-from ._stage import OrderedStage, StageClosed, Ticket
 
 _T = TypeVar("_T")
 
-__all__ = ["Loaded", "OnDevice", "describe_source", "discard_loaded", "read_job", "transfer_job"]
+__all__ = [
+    "Delivery",
+    "Loaded",
+    "call_with_retries",
+    "copy_job",
+    "describe_source",
+    "read_job",
+    "read_to_host",
+    "read_window",
+]
 
 _log = logging.getLogger("chunkstream.pipeline")
-_POLL_S = 0.1
 _RETRY_BACKOFF_S = 0.05
+
+Window = tuple[int, int]
+Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
 
 
 @dataclass
 class Loaded:
-    """A chunk read into a host buffer set (owned by the pipeline until handed on).
+    """A chunk's pieces read into a host buffer set (owned by the pipeline until handed on)."""
 
-    ``start``/``stop`` are the first piece's bounds; ``rows`` the rows filled.
-    """
-
-    job: int
-    start: int
-    stop: int
+    pieces: Pieces
     buffers: BufferSet
     read_begin: float
     read_end: float
     thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
-    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def window(self) -> Window:
+        """The first piece's bounds (the chunk's ``start``/``stop``)."""
+        return self.pieces[0].start, self.pieces[0].stop
 
     @property
     def rows(self) -> int:
-        return chunk_rows(self.pieces) if self.pieces else self.stop - self.start
+        return chunk_rows(self.pieces)
 
 
 @dataclass
-class OnDevice:
-    """A window copied to device tensors; ``done`` is the event recorded after the copy."""
+class Delivery:
+    """A window's finished tensors on the loader's device, and how they got there.
 
-    loaded: Loaded
+    ``events`` is ``(begin, done)``, the CUDA events around the copy (``None`` off
+    CUDA); the consumer's stream must wait on ``done`` before using the tensors.
+    """
+
+    pieces: Pieces
     tensors: dict[str, torch.Tensor]
-    begin: Any
-    done: Any
-    issued: float
-    thread: str = field(default_factory=lambda: threading.current_thread().name)  # the copier
+    read_begin: float
+    read_end: float
+    issued: float | None = None
+    events: tuple[Any, Any] | None = None
+    read_thread: str | None = None  # the threads that read and copied it (trace tracks)
+    transfer_thread: str | None = None
+
+    @property
+    def window(self) -> Window:
+        """The first piece's bounds (the chunk's ``start``/``stop``)."""
+        return self.pieces[0].start, self.pieces[0].stop
 
 
 def describe_source(source: Source) -> str:
@@ -83,47 +106,34 @@ def describe_source(source: Source) -> str:
     return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
 
 
-def read_job(
-    job: int,
-    ticket: Ticket,
-    *,
-    windows: list[tuple[Piece, ...]],
+def read_window(
     source: Source,
-    pool: HostBufferPool | PinnedSlotPool,
+    pieces: Pieces,
+    out: Mapping[str, np.ndarray],
+    *,
     check_finite: bool,
     retries: int,
-) -> Loaded:
-    pieces = windows[job]
-    start, stop = pieces[0].start, pieces[0].stop
-    try:
-        buffers = pool.acquire(ticket.cancelled)
-    except BaseException as exc:
-        # Waiting for a pinned slot queries CUDA events, which can fail (a sticky
-        # error from the user's kernels); the consumer must get a ChunkLoadError,
-        # which shuts the pipeline down, not a bare RuntimeError. A cancelled wait
-        # is dropped by the stage as stale, wrapped or not.
-        raise ChunkLoadError(
-            f"waiting for a free host buffer for window [{start}, {stop}) failed: "
-            f"{type(exc).__name__}: {exc}",
-            window=(start, stop),
-        ) from exc
-    begin = time.perf_counter()
-    views = buffers.views(chunk_rows(pieces))
+    cancelled: Callable[[], bool] = lambda: False,
+) -> None:
+    """Read a chunk's ``pieces`` of every field into consecutive rows of ``out``.
+
+    Transient errors are retried (:func:`call_with_retries`); any failure is
+    raised as :class:`ChunkLoadError` naming the piece's window and, when known,
+    the field.
+    """
 
     def read(call: Callable[[], None], piece: Piece) -> None:
-        call_with_retries(call, retries, (piece.start, piece.stop), ticket.cancelled)
+        call_with_retries(call, retries, (piece.start, piece.stop), cancelled)
         if check_finite:
-            _check_finite(piece_views(views, piece), piece.start, piece.stop)
+            _check_finite(piece_views(out, piece), piece.start, piece.stop)
 
     try:
-        read_pieces(source, pieces, views, read=read)
+        read_pieces(source, pieces, out, read=read)
+    except ChunkLoadError:
+        raise
     except BaseException as exc:
-        pool.release(buffers)
-        if isinstance(exc, ChunkLoadError):
-            raise
-        failed = getattr(exc, "chunkstream_piece", None)
-        if failed is not None:
-            start, stop = failed.start, failed.stop
+        piece = getattr(exc, "chunkstream_piece", pieces[0])
+        start, stop = piece.start, piece.stop
         field = getattr(exc, "chunkstream_field", None)
         where = f" field {field!r}" if field else ""
         raise ChunkLoadError(
@@ -132,13 +142,59 @@ def read_job(
             window=(start, stop),
             field=field,
         ) from exc
-    return Loaded(job, start, stop, buffers, begin, time.perf_counter(), pieces=tuple(pieces))
+
+
+def read_job(
+    pieces: Pieces,
+    dropped: Callable[[], bool],
+    *,
+    source: Source,
+    pool: HostBufferPool | PinnedSlotPool,
+    check_finite: bool,
+    retries: int,
+) -> Loaded:
+    """Take a buffer set from ``pool`` and read the chunk's ``pieces`` into it; the set is
+    given back if the read fails."""
+    start, stop = pieces[0].start, pieces[0].stop
+    try:
+        buffers = pool.acquire(dropped)
+    except BaseException as exc:
+        # Waiting for a pinned slot queries CUDA events, which can fail (a sticky
+        # error from the user's kernels); the consumer must get a ChunkLoadError,
+        # which shuts the pipeline down, not a bare RuntimeError.
+        raise ChunkLoadError(
+            f"waiting for a free host buffer for window [{start}, {stop}) failed: "
+            f"{type(exc).__name__}: {exc}",
+            window=(start, stop),
+        ) from exc
+    begin = time.perf_counter()
+    try:
+        read_window(source, pieces, buffers.views(chunk_rows(pieces)), check_finite=check_finite,
+                    retries=retries, cancelled=dropped)  # fmt: skip
+    except BaseException:
+        pool.release(buffers)
+        raise
+    return Loaded(tuple(pieces), buffers, begin, time.perf_counter())
+
+
+def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool,
+                 **read: Any) -> Delivery:  # fmt: skip
+    """The CPU path: read ``pieces``, then hand the buffer set over as the user's tensors.
+
+    The tensors are zero-copy views; the pool reuses the set only once no
+    tensor refers to it any more (``HostBufferPool``).
+    """
+    loaded = read_job(pieces, dropped, pool=pool, **read)
+    tensors = {name: torch.from_numpy(a) for name, a in loaded.buffers.views(loaded.rows).items()}
+    pool.release(loaded.buffers)
+    return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
+                    read_thread=loaded.thread)  # fmt: skip
 
 
 def call_with_retries(
     call: Callable[[], _T],
     retries: int,
-    window: tuple[int, int],
+    window: Window,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> _T:
     """``call()``, retried up to ``retries`` times after a transient error (:func:`_transient`),
@@ -167,8 +223,8 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, ConnectionError, TimeoutError))
 
 
-def _check_finite(views: dict[str, np.ndarray], start: int, stop: int) -> None:
-    for name, array in views.items():
+def _check_finite(out: Mapping[str, np.ndarray], start: int, stop: int) -> None:
+    for name, array in out.items():
         if array.dtype.kind not in "fc":
             continue
         finite = np.isfinite(array)
@@ -182,23 +238,20 @@ def _check_finite(views: dict[str, np.ndarray], start: int, stop: int) -> None:
             )
 
 
-def transfer_job(
-    job: int,
-    ticket: Ticket,
+def copy_job(
+    loaded: Loaded,
+    dropped: Callable[[], bool],
     *,
-    upstream: OrderedStage,
     pool: PinnedSlotPool | HostBufferPool,
     device: torch.device,
     stream: Any,
-) -> OnDevice:
-    del job
-    while True:
-        try:
-            loaded: Loaded = upstream.get(timeout=_POLL_S, generation=ticket.generation)
-            break
-        except TimeoutError:
-            if ticket.cancelled():
-                raise StageClosed("transfer") from None
+) -> Delivery | None:
+    """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to ``pool`` behind
+    the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
+    if dropped():
+        pool.release(loaded.buffers)
+        return None
+    start, stop = loaded.window
     rows = loaded.rows
     issued = time.perf_counter()
     try:
@@ -208,7 +261,9 @@ def transfer_job(
                 for name, array in loaded.buffers.views(rows).items()
             }
             pool.release(loaded.buffers)
-            return OnDevice(loaded, tensors, None, None, issued)
+            return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
+                            read_thread=loaded.thread,
+                            transfer_thread=threading.current_thread().name)  # fmt: skip
         host = loaded.buffers.tensors
         assert host is not None  # CUDA always runs with pinned slots (internal invariant)
         # The thread's current device is ``device`` (set at thread start, with an
@@ -228,12 +283,14 @@ def transfer_job(
     except BaseException as exc:
         _release_after_failed_copy(pool, loaded.buffers, stream)
         raise ChunkLoadError(
-            f"copying window [{loaded.start}, {loaded.stop}) to {device} failed: "
+            f"copying window [{start}, {stop}) to {device} failed: "
             f"{type(exc).__name__}: {exc}",
-            window=(loaded.start, loaded.stop),
+            window=(start, stop),
         ) from exc
     pool.release_after(loaded.buffers, done)
-    return OnDevice(loaded, tensors, begin, done, issued)
+    return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
+                    (begin, done), read_thread=loaded.thread,
+                    transfer_thread=threading.current_thread().name)  # fmt: skip
 
 
 def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> None:
@@ -254,7 +311,3 @@ def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> No
         _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
         return
     pool.release_after(buffers, fence)
-
-
-def discard_loaded(value: Loaded, pool: Any) -> None:
-    pool.release(value.buffers)

@@ -2,23 +2,21 @@
 
 The flow (see DESIGN.md)::
 
-    plan ──> reader stage ──> [CUDA: pinned slot ──> transfer stage] ──> Chunk
+    EpochCursor ──> EpochRun: read futures ──> [copy futures] ──> Chunk
+    (which windows)  (a buffer set each)       (CUDA: on a stream)
 
-* The reader stage is an :class:`~chunkstream.pipeline._stage.OrderedStage` of
-  ``workers`` threads with capacity ``prefetch + workers``; each job takes a
-  host buffer set, calls ``source.read_into`` on it and times the read.
-* On CUDA the transfer stage (one thread, capacity ``gpu_prefetch``) copies each
-  pinned slot into fresh device tensors on its own stream, records an event and
-  gives the slot back to the pool to be reused once that event completes. The
-  consumer's stream waits on the event (``wait_event``), so the host never
-  blocks on a copy, and ``record_stream`` tells the caching allocator the
-  tensors are used on the consumer's stream.
+* Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
+  rank's windows and starts an :class:`EpochRun` of futures on the loader's
+  long-lived executors: ``workers`` reader threads, and on a device one copy
+  thread. The previous run is dropped: reads not started are cancelled, and
+  buffers nobody will consume go back to the pool.
+* On CUDA each copy job copies a pinned slot into fresh device tensors on its
+  own stream, records an event and gives the slot back to the pool to be
+  reused once that event completes. The consumer's stream waits on the event
+  (``wait_event``), so the host never blocks on a copy, and ``record_stream``
+  tells the caching allocator the tensors are used on the consumer's stream.
 * On CPU the readers' buffers become the user's tensors (zero copy); a buffer
-  is reused only after every tensor of the user's that refers to it is gone.
-
-Threads live as long as the loader; each :meth:`ChunkLoader.epoch` call starts a
-new generation of jobs, so breaking out of an epoch and starting the next costs
-no thread churn, and stale reads are discarded with their buffers returned.
+  set is reused only after every tensor of the user's that refers to it is gone.
 """
 
 from __future__ import annotations
@@ -28,30 +26,26 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from functools import partial
 
 import torch
 
-from .._errors import (
-    ChunkLoadError,
-    ConfigError,
-    LoaderClosedError,
-    LoaderStalledError,
-)
-from ..distributed import EpochShare, Uneven, epoch_share
-from ..distributed import resolve_rank as _resolve_rank
-from ..plans import PiecePlan, Segments, WindowPlan, chunk_pieces, make_plan
-from ..sources._base import Source, window_nbytes
-from ..stats._latency import ChunkRecord, LatencyStats
+from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
+from ..distributed import Uneven, resolve_rank
+from ..plans import PiecePlan, Segments, WindowPlan, make_plan
+from ..sources import Source
+from ..stats import ChunkRecord, LatencyStats
 from ._buffers import HostBufferPool, PinnedSlotPool
-from ._chunk import Chunk, Piece
-from ._config import LoaderConfig, resolve_device, warn_if_not_local_rank
-from ._jobs import OnDevice, describe_source, discard_loaded, read_job, transfer_job
+from ._chunk import Chunk
+from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
+from ._cursor import EpochCursor, EpochSpan
+from ._jobs import Delivery, Loaded, copy_job, describe_source, read_job, read_to_host
 from ._pieces import stored_time_chunk
-from ._stage import EndOfJobs, OrderedStage, StageClosed
+from ._run import POLL_S, EpochRun, Executor
 
 __all__ = ["ChunkLoader"]
-
-_POLL_S = 0.1
 
 
 class ChunkLoader:
@@ -109,7 +103,8 @@ class ChunkLoader:
     -----
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second and ``close()`` is seen promptly. ``close()`` is idempotent; the
-    loader is a context manager.
+    loader is a context manager. A loader dropped without ``close()`` warns
+    (``ResourceWarning``) and stops its threads when collected.
     """
 
     def __init__(
@@ -139,142 +134,86 @@ class ChunkLoader:
         window: int | None = None,
     ) -> None:
         self._closed = True  # until fully built, so __del__ and close() are safe
+        self._executors: list[Executor] = []
         if not isinstance(close_source, bool):
             raise ConfigError.bad("close_source", close_source, "True or False", "Pass a bool.")
         self._close_source = close_source
-        self._stages: list[OrderedStage] = []
-        if not isinstance(source, Source):
-            raise ConfigError.bad(
-                "source",
-                type(source).__name__,
-                "a chunkstream Source (fields, __len__, read_into, close)",
-                "Wrap arrays in cs.NumpySource, zarr in cs.ZarrSource, a function in cs.CallableSource.",
-            )
-        self.source = source
+        self.source = check_source(source)
         self.device = resolve_device(device)
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
-        total = len(source)
-        if total < 1:
-            raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
-        rows_probe = chunk_size if isinstance(chunk_size, int) else 0
-        rows = min(rows_probe, total) if rows_probe > 0 else 1
-        self.chunk_bytes = window_nbytes(source.fields, rows)
-        budget = LoaderConfig.from_budget(
-            chunk_bytes=self.chunk_bytes,
-            workers=workers,
-            host_memory=host_memory,
-            device_memory=device_memory,
-            on_cuda=on_cuda,
-        )
-        self.config = LoaderConfig(
-            chunk_size=chunk_size,
-            prefetch=prefetch if prefetch is not None else budget.get("prefetch", 2),
-            gpu_prefetch=gpu_prefetch
-            if gpu_prefetch is not None
-            else budget.get("gpu_prefetch", 1),
-            workers=workers,
-            host_slots=host_slots if host_slots is not None else budget.get("host_slots"),
-            stall_timeout=stall_timeout,
-            check_finite=check_finite,
+        self.config, self.rows, self.chunk_bytes = LoaderConfig.for_source(
+            source, chunk_size, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
+            workers=workers, host_slots=host_slots, host_memory=host_memory,
+            device_memory=device_memory, stall_timeout=stall_timeout, check_finite=check_finite,
             read_retries=read_retries,
-        )
-        if on_cuda and self.config.slots < self.config.workers:
-            raise ConfigError.bad(
-                "host_slots",
-                self.config.slots,
-                f"at least workers={workers} pinned slots",
-                "Raise host_slots (or host_memory), or use fewer workers.",
-            )
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        )  # fmt: skip
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         self.plan = _make_plan(
-            sampling, source, total, chunk_size, align, seed, pieces, segments, window
+            sampling, source, len(source), chunk_size, align, seed, pieces, segments, window
         )
-        self.rows = rows
         if stats is not None and not isinstance(stats, LatencyStats):
             raise ConfigError.bad(
                 "stats", type(stats).__name__, "a cs.LatencyStats or None",
                 "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
             )  # fmt: skip
         self.stats = stats if stats is not None else LatencyStats()
-
+        self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
+        self._lock = threading.Lock()
+        self._run: EpochRun | None = None
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
-        # Buffers and stages. Nothing below refers to ``self``, so a loader the
-        # user drops is collected, and its __del__ stops the threads.
-        self._windows: list[tuple[Piece, ...]] = []
-        if on_cuda:
-            self._pool: HostBufferPool | PinnedSlotPool = PinnedSlotPool(
-                source.fields, rows, slots=self.config.slots, device=self.device
-            )
-        else:
-            self._pool = HostBufferPool(
-                source.fields, rows, max_free=self.config.reader_capacity + 1
-            )
-        self._transfer: OrderedStage | None = None
+        self._pool = self._make_pool(on_cuda)
         try:
-            windows, pool = self._windows, self._pool
-            # Every CUDA stage thread binds the loader's device before its first job: a new
-            # thread starts on device 0, where its first CUDA call would create a context.
-            init = _device_binder(self.device) if on_cuda else None
-            self._reader = OrderedStage(
-                "read",
-                lambda job, ticket: read_job(
-                    job,
-                    ticket,
-                    windows=windows,
-                    source=source,
-                    pool=pool,
-                    check_finite=check_finite,
-                    retries=read_retries,
-                ),
-                workers=self.config.workers,
-                capacity=self.config.reader_capacity
-                if not on_cuda
-                else min(self.config.reader_capacity, self.config.slots),
-                discard=lambda value: discard_loaded(value, pool),
-                thread_init=init,
-            )
-            self._stages = [self._reader]
-            if self.device.type != "cpu":
-                reader = self._reader
-                stream, device_ = self._stream, self.device
-                self._transfer = OrderedStage(
-                    "transfer",
-                    lambda job, ticket: transfer_job(
-                        job, ticket, upstream=reader, pool=pool, device=device_, stream=stream
-                    ),
-                    workers=1,
-                    capacity=self.config.gpu_prefetch,
-                    thread_init=init,
-                )
-                self._stages.append(self._transfer)
+            self._start_executors(on_cuda)
         except BaseException:
-            # Never leak the started readers, nor a registered arena (its mapping
+            # Never leak the started threads, nor a registered arena (its mapping
             # would be unmapped while still registered, and __del__ does nothing here).
-            for stage in reversed(self._stages):
-                stage.close(self.config.close_timeout)
+            end = time.monotonic() + self.config.close_timeout
+            for executor in reversed(self._executors):
+                executor.close(end)
             self._close_pool([], self.config.close_timeout)
             raise
         self._closed = False
-        self._lock = threading.Lock()
-        self._epoch = 0  # the epoch the next epoch() call runs
-        self._resume_step = 0  # chunks of that epoch already received before a resume
-        # Global windows (across ranks) of that epoch delivered before a resume, and the
-        # epoch's global length; ``None``: no resume pending, or one saved by an old state.
-        self._resume_global: tuple[int, int] | None = None
-        self._uneven: Uneven = "exact"
-        self._share: EpochShare | None = None
-        self._active: _EpochIterator | None = None
+
+    def _make_pool(self, on_cuda: bool) -> HostBufferPool | PinnedSlotPool:
+        fields, sets = self.source.fields, self.config.host_sets(on_cuda)
+        if on_cuda:
+            return PinnedSlotPool(fields, self.rows, slots=sets, device=self.device)
+        return HostBufferPool(fields, self.rows, slots=sets)
+
+    def _start_executors(self, on_cuda: bool) -> None:
+        """The reader threads and, on a device, the copy thread; the jobs they run refer
+        to the source and the pool only, so a loader the user drops is collected."""
+        c = self.config
+        # Every CUDA thread binds the loader's device before its first job: a new
+        # thread starts on device 0, where its first CUDA call would create a context.
+        init = _device_binder(self.device) if on_cuda else None
+        self._executors.append(Executor("read", c.workers, init))
+        reading = dict(source=self.source, pool=self._pool, check_finite=c.check_finite,
+                       retries=c.read_retries)  # fmt: skip
+        self._copy: Callable[..., Delivery | None] | None = None
+        if self.device.type == "cpu":
+            self._read: Callable[..., Delivery | Loaded] = partial(read_to_host, **reading)
+            self._depth = c.reader_capacity
+            return
+        self._executors.append(Executor("transfer", 1, init))
+        self._read = partial(read_job, **reading)
+        self._copy = partial(copy_job, pool=self._pool, device=self.device, stream=self._stream)
+        # Each read holds a slot: no more reads in flight than slots, so the oldest
+        # read always finds one once the copies ahead of it have finished.
+        self._depth = min(c.reader_capacity, c.slots)
 
     # -- epochs ------------------------------------------------------------------------
 
-    def epoch(self, num_chunks: int | None = None) -> Iterator[Chunk]:
+    def epoch(self, num_chunks: int | None = None, *, at: int = 0) -> Iterator[Chunk]:
         """Start the next epoch and iterate over its ``num_chunks`` chunks (on this rank).
 
         Reading starts at once. Breaking out early is fine: the next ``epoch()``
         call abandons what is left. ``num_chunks=None`` means one pass of the
-        plan (``shuffled``/``sequential``); ``random`` needs a number.
+        plan (``shuffled``/``sequential``); ``random`` needs a number. ``at``
+        starts the epoch at that step of this rank's share: its first ``at``
+        chunks are neither read nor yielded (``0 <= at <= num_chunks``).
 
         After :meth:`load_state_dict` of a mid-epoch state the call yields what
         is left of the interrupted epoch, whose length comes from the state
@@ -284,144 +223,102 @@ class ChunkLoader:
         most one across ranks unless ``uneven`` asked for padding or dropping.
         """
         self._check_open()
-        if num_chunks is None:
-            per_pass = self.plan.windows_per_pass
-            if per_pass is None:
-                raise ConfigError.bad(
-                    "num_chunks",
-                    None,
-                    "a number of chunks for sampling='random' (it has no natural pass)",
-                    "Use cs.plan_epoch(...).chunks_per_epoch.",
-                )
-            num_chunks = max(1, per_pass // self.world_size)
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
-            raise ConfigError.bad(
-                "num_chunks",
-                num_chunks,
-                "an integer >= 0",
-                "Use cs.plan_epoch(...).chunks_per_epoch.",
-            )
         with self._lock:
-            if self._active is not None:
-                self._active.abandon()
-            epoch, world = self._epoch, self.world_size
-            if self._resume_global is not None and self._resume_global[0] > 0:
-                consumed, total = self._resume_global
-            else:  # a fresh epoch, or a state without global counts (same world size)
-                consumed = min(self._resume_step, num_chunks) * world
-                total = num_chunks * world
-            self._resume_step, self._resume_global = 0, None
-            self._epoch += 1
-            share = epoch_share(
-                epoch=epoch,
-                consumed=consumed,
-                total=total,
-                rank=self.rank,
-                world_size=world,
-                uneven=self._uneven,
-            )
-            windows = [chunk_pieces(self.plan, epoch, index) for index in share.indices]
-            self._windows[:] = windows
-            for stage in self._stages:
-                stage.reset(len(windows))
-            first = share.first_step
-            iterator = _EpochIterator(self, epoch, first, first + len(windows))
-            self._share = share
-            self._active = iterator
+            span = self._cursor.begin(num_chunks, at)
+            self._drop_run()
+            copier = self._executors[1] if self._copy is not None else None
+            self._run = EpochRun(
+                span.windows, read=self._read, readers=self._executors[0], depth=self._depth,
+                copy=self._copy, copier=copier, copy_depth=self.config.gpu_prefetch,
+                reclaim=self._reclaim if copier is not None else None,
+            )  # fmt: skip
+            run = self._run
         self.stats.epoch_started()
-        return iterator
+        return _EpochIterator(self, span, run)
 
-    def _next_chunk(self, iterator: _EpochIterator) -> Chunk:
+    def _reclaim(self, loaded: Loaded) -> None:
+        self._pool.release(loaded.buffers)
+
+    def _drop_run(self) -> None:
+        if self._run is not None:
+            self._run.drop()
+            self._run = None
+            # The epoch's clock stops here if its iterator did not run to the end.
+            self.stats.epoch_ended()
+
+    def _next_chunk(self, span: EpochSpan, run: EpochRun) -> Chunk:
         """The consumer side of one chunk; called by the epoch iterator."""
-        stage = self._transfer if self._transfer is not None else self._reader
-        depth = stage.ready()
+        self._check_open()
+        depth = run.ready()
+        future = run.take()
         asked = time.perf_counter()
-        while True:
-            try:
-                value = stage.get(timeout=_POLL_S)
-                break
-            except TimeoutError:
-                self._check_stalled(asked)
-            except StageClosed:
-                self._check_open()
-                raise
-            except ChunkLoadError as failure:
-                try:
-                    self._after_failure()
-                except Exception as exc:  # the worker's error is what the consumer must see
-                    failure.add_note(
-                        f"chunkstream: closing the loader after this error also failed: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                raise
+        delivery = self._wait(future, span, run, asked)
         received = time.perf_counter()
-        if isinstance(value, OnDevice):
-            loaded, tensors = value.loaded, value.tensors
-            ready = value.done
-            if value.done is not None:
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_event(value.done)  # the consumer's stream waits, not the host
-                for tensor in tensors.values():
-                    tensor.record_stream(consumer)
-        else:
-            loaded, ready = value, None
-            rows = loaded.rows
-            tensors = {
-                name: torch.from_numpy(array) for name, array in loaded.buffers.views(rows).items()
-            }
-            self._pool.release(loaded.buffers)  # reuse now follows the user's references
-        index = iterator.first + loaded.job
+        tensors, ready = delivery.tensors, None
+        if delivery.events is not None:
+            ready = delivery.events[1]
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(ready)  # the consumer's stream waits, not the host
+            for tensor in tensors.values():
+                tensor.record_stream(consumer)
+        start, stop = delivery.window
         record = ChunkRecord(
-            epoch=iterator.epoch,
-            index=index,
-            start=loaded.start,
-            stop=loaded.stop,
+            epoch=span.epoch, index=span.received, start=start, stop=stop,
             nbytes=sum(t.numel() * t.element_size() for t in tensors.values()),
-            wait_s=received - asked,
-            read_s=loaded.read_end - loaded.read_begin,
-            queue_depth=depth,
-            read_begin=loaded.read_begin,
-            read_end=loaded.read_end,
-            received=received,
-            read_thread=loaded.thread,
-        )
-        if isinstance(value, OnDevice):
-            record.transfer_begin, record.transfer_thread = value.issued, value.thread
-            if value.done is not None:
-                record._events = (value.begin, value.done)
-        self.stats.record_chunk(record)
-        return Chunk(
-            tensors, start=loaded.start, stop=loaded.stop, epoch=iterator.epoch, index=index,
-            ready=ready, pieces=loaded.pieces,
+            wait_s=received - asked, read_s=delivery.read_end - delivery.read_begin,
+            queue_depth=depth, read_begin=delivery.read_begin, read_end=delivery.read_end,
+            received=received, transfer_begin=delivery.issued,
+            read_thread=delivery.read_thread, transfer_thread=delivery.transfer_thread,
         )  # fmt: skip
+        self.stats.record_chunk(record, events=delivery.events)
+        return Chunk(tensors, start=start, stop=stop, epoch=span.epoch, index=span.received,
+                     ready=ready, pieces=delivery.pieces)  # fmt: skip
 
-    def _check_stalled(self, asked: float) -> None:
+    def _wait(self, future: Future, span: EpochSpan, run: EpochRun, asked: float) -> Delivery:
+        """``future``'s delivery. Its error, or an error of any later window of the run,
+        shuts the loader down and is raised as it is (within one poll)."""
+        while not wait_futures([future], timeout=POLL_S).done:
+            failed = run.failed()
+            if failed is not None:
+                future = failed  # a later window's error: the pipeline stops anyway
+                break
+            self._check_stalled(asked, span, run)
+        try:
+            return future.result()
+        except BaseException as failure:
+            self._check_open()  # closed meanwhile: that is what the consumer must hear
+            try:
+                self.close()  # DESIGN: after a worker error the pipeline shuts down
+            except Exception as exc:  # the worker's error is what the consumer must see
+                failure.add_note(
+                    f"chunkstream: closing the loader after this error also failed: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+            raise
+
+    def _check_stalled(self, asked: float, span: EpochSpan, run: EpochRun) -> None:
         self._check_open()
         timeout = self.config.stall_timeout
         if timeout is None:
             return
-        now = time.monotonic()
-        last = max(stage.last_progress for stage in self._stages)
-        if time.perf_counter() - asked >= timeout and now - last >= timeout:
-            stacks = [s for stage in self._stages for s in stage.busy_stacks()]
-            windows = self._windows
-            message = (
-                f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
-                f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)
-                if stacks
-                else f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker is busy"
-            )
-            # The stuck thread cannot be joined; its stack is in the error instead.
-            try:
-                message += self._shutdown(deadline_s=0.2, warn=False)
-            except Exception as exc:  # handed on: the stall is what the consumer must see
-                message += f"; closing the loader also failed: {type(exc).__name__}: {exc}"
-            first = (windows[0][0].start, windows[0][0].stop) if windows else None
-            raise LoaderStalledError(message, window=first)
-
-    def _after_failure(self) -> None:
-        # DESIGN: after a worker error the pipeline shuts down.
-        self.close()
+        last = max([e.last_progress for e in self._executors] + [run.started])
+        if time.perf_counter() - asked < timeout or time.monotonic() - last < timeout:
+            return
+        stacks = [s for executor in self._executors for s in executor.busy_stacks()]
+        message = (
+            f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
+            f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)
+            if stacks
+            else f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker is busy"
+        )
+        # The stuck thread cannot be joined; its stack is in the error instead.
+        try:
+            message += self._shutdown(deadline_s=0.2, warn=False)
+        except Exception as exc:  # handed on: the stall is what the consumer must see
+            message += f"; closing the loader also failed: {type(exc).__name__}: {exc}"
+        step = span.received - span.first
+        first = span.windows[step][0] if step < len(span.windows) else None
+        raise LoaderStalledError(message, window=(first.start, first.stop) if first else None)
 
     # -- resume ------------------------------------------------------------------------
 
@@ -434,29 +331,8 @@ class ChunkLoader:
         any one rank of a DDP loop, which keeps ranks in lockstep). The global
         counts are what lets a run resume with another world size.
         """
-        seed = int(getattr(self.plan, "seed", 0))
         with self._lock:
-            active, share = self._active, self._share
-            if active is not None and not active.finished and share is not None:
-                return {
-                    "epoch": active.epoch,
-                    "step": active.received,
-                    "num_chunks": active.num_chunks,
-                    "seed": seed,
-                    "world_size": self.world_size,
-                    "consumed": share.consumed_after(active.received - active.first),
-                    "total": share.total,
-                }
-            consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
-            return {
-                "epoch": self._epoch,
-                "step": self._resume_step,
-                "num_chunks": 0,
-                "seed": seed,
-                "world_size": self.world_size,
-                "consumed": consumed,
-                "total": total,
-            }
+            return self._cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
         """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows.
@@ -467,50 +343,15 @@ class ChunkLoader:
         split evenly: ``"exact"`` (counts differ by at most one), ``"pad"`` or
         ``"drop"``; see :mod:`chunkstream.distributed`.
         """
-        try:
-            epoch, step = int(state["epoch"]), int(state["step"])
-            saved_world = int(state.get("world_size", self.world_size))
-            consumed = int(state.get("consumed", step * saved_world))
-            total = int(state.get("total", int(state.get("num_chunks", 0)) * saved_world))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError.bad(
-                "state", state, "a dict from ChunkLoader.state_dict() with 'epoch' and 'step'"
-            ) from exc
-        if epoch < 0 or step < 0 or saved_world < 1 or consumed < 0:
-            raise ConfigError.bad("state", state, "non-negative 'epoch' and 'step'")
-        if consumed and consumed > total:
-            raise ConfigError.bad("state", state, f"'consumed'={consumed} at most 'total'={total}")
-        if saved_world != self.world_size and consumed and not total:
-            raise ConfigError.bad(
-                "state",
-                state,
-                "'total' or 'num_chunks' to re-split the epoch over another world size",
-                "Save the state with ChunkLoader.state_dict() during the epoch.",
-            )
-        if uneven not in ("exact", "pad", "drop"):
-            raise ConfigError.bad(
-                "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
-            )
-        seed = state.get("seed")
-        if seed is not None and seed != getattr(self.plan, "seed", seed):
-            warnings.warn(
-                f"resuming a state saved with seed={seed} on a loader with seed="
-                f"{self.plan.seed}: the remaining windows will differ from the interrupted run",
-                stacklevel=2,
-            )
         with self._lock:
-            if self._active is not None:
-                self._active.abandon()
-                self._active = None
-            self._epoch, self._resume_step = epoch, step
-            self._resume_global = (consumed, total) if total else None
-            self._uneven = uneven
+            self._cursor.load_state(state, uneven=uneven)
+            self._drop_run()
 
     # -- shutdown ----------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop every thread (joined within a deadline); idempotent, safe from any state."""
-        self._shutdown(deadline_s=self.config.close_timeout if self._stages else 0.0, warn=True)
+        self._shutdown(deadline_s=self.config.close_timeout, warn=True)
 
     def _shutdown(self, *, deadline_s: float, warn: bool) -> str:
         """Stop everything within one deadline of ``deadline_s`` seconds (plus a poll).
@@ -527,12 +368,14 @@ class ChunkLoader:
         alive: list[str] = []
         note = ""
         try:
+            with self._lock:
+                self._drop_run()  # an iterator of it raises LoaderClosedError from now on
             self.stats.epoch_ended()
         finally:
             try:
-                # The transfer thread reads from the readers, so stop it first.
-                for stage in reversed(self._stages):
-                    alive += stage.close(max(0.0, end - time.monotonic()))
+                # The copy thread takes the readers' results, so it stops first.
+                for executor in reversed(self._executors):
+                    alive += executor.close(end)
             finally:
                 try:
                     self._close_pool(alive, max(0.0, end - time.monotonic()))
@@ -551,7 +394,7 @@ class ChunkLoader:
 
     def _close_pool(self, alive: list[str], timeout: float) -> None:
         if isinstance(self._pool, PinnedSlotPool):
-            # Unpinning under a copy would be a use-after-free: only once the transfer
+            # Unpinning under a copy would be a use-after-free: only once the copy
             # thread has stopped and every queued copy has finished.
             transfer_alive = any(name.startswith("chunkstream-transfer") for name in alive)
             self._pool.close(timeout, unpin=not transfer_alive)
@@ -614,7 +457,22 @@ class ChunkLoader:
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
         """The loader's worker threads (named ``chunkstream-<stage>-<n>``), for diagnostics."""
-        return tuple(t for stage in self._stages for t in stage.threads)
+        return tuple(t for executor in self._executors for t in executor.threads)
+
+    @property
+    def chunks_read(self) -> int:
+        """Windows read without error since construction (prefetched ones included)."""
+        return self._executors[0].completed if self._executors else 0
+
+    @property
+    def chunks_per_pass(self) -> int | None:
+        """This rank's chunks in one pass of the plan: the length of ``epoch()`` with no
+        ``num_chunks`` (``None`` for ``sampling="random"``, which has no pass)."""
+        return self._cursor.chunks_per_pass
+
+    @property
+    def _epoch(self) -> int:
+        return self._cursor.epoch
 
     def __repr__(self) -> str:
         c = self.config
@@ -670,12 +528,12 @@ def _make_plan(
 
 
 def _device_binder(device: torch.device) -> Callable[[], None]:
-    """A stage thread's start hook: make ``device`` the thread's current CUDA device."""
+    """An executor thread's start hook: make ``device`` the thread's current CUDA device."""
 
     def bind() -> None:
         try:
             torch.cuda.set_device(device)
-        except Exception as exc:  # the consumer's next call raises this (OrderedStage)
+        except Exception as exc:  # every later future of the executor fails with this
             raise ChunkLoadError(
                 f"setting the CUDA device {device} in thread "
                 f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
@@ -686,40 +544,25 @@ def _device_binder(device: torch.device) -> Callable[[], None]:
 
 
 class _EpochIterator:
-    """Iterates one epoch; abandoned when the next epoch starts or the loader closes."""
+    """Iterates one epoch; ends early once the next epoch starts or the loader closes."""
 
-    def __init__(self, loader: ChunkLoader, epoch: int, first: int, num_chunks: int) -> None:
-        self._loader = loader
-        self.epoch = epoch
-        self.first = first
-        self.num_chunks = num_chunks
-        self.received = first
-        self.finished = first >= num_chunks
-        self._abandoned = False
+    def __init__(self, loader: ChunkLoader, span: EpochSpan, run: EpochRun) -> None:
+        self._loader, self._span, self._run = loader, span, run
+        self.epoch = span.epoch
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> Chunk:
-        if self._abandoned or self.finished:
+        span = self._span
+        if span.dropped or span.finished:
             # The epoch's clock stops here, not at the last chunk's hand-out, so the
             # training on that chunk counts (epoch_ended is idempotent).
             self._loader.stats.epoch_ended()
             raise StopIteration
-        try:
-            chunk = self._loader._next_chunk(self)
-        except (EndOfJobs, StageClosed):
-            self.finished = True
-            self._loader.stats.epoch_ended()
-            raise StopIteration from None
-        self.received += 1
-        if self.received >= self.num_chunks:
-            self.finished = True  # state_dict() now points at the next epoch
+        chunk = self._loader._next_chunk(span, self._run)
+        span.received += 1
         return chunk
 
-    def abandon(self) -> None:
-        self._abandoned = True
-        self._loader.stats.epoch_ended()
-
     def __len__(self) -> int:
-        return self.num_chunks - self.first
+        return self._span.stop - self._span.first

@@ -1,6 +1,7 @@
 """Sources: where a window's bytes come from (see :mod:`._base` for the protocol)."""
 
 from ._base import FieldSpec, Source
+from ._base import window_nbytes as window_nbytes  # the pipeline's memory model uses it
 from ._callable import CallableSource
 from ._group import ZarrGroupSource
 from ._join import JoinSource

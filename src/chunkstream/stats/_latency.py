@@ -117,8 +117,14 @@ class LatencyStats:
 
     # -- recording -----------------------------------------------------------------
 
-    def record_chunk(self, record: ChunkRecord) -> None:
-        """Append ``record``; it closes the previous chunk's compute span in the same epoch."""
+    def record_chunk(self, record: ChunkRecord, *, events: tuple | None = None) -> None:
+        """Append ``record``; it closes the previous chunk's compute span in the same epoch.
+
+        ``events`` are the ``(begin, end)`` CUDA events around the chunk's copy; its
+        ``transfer_s`` is read from them once they have completed.
+        """
+        if events is not None:
+            record._events = events
         with self._lock:
             if self.chunks:
                 previous = self.chunks[-1]

@@ -1,0 +1,177 @@
+"""Where the loader is in its epochs: pure bookkeeping, no threads, no buffers.
+
+An :class:`EpochCursor` answers "which windows does the next ``epoch()`` call
+yield on this rank" and "what state describes the position now", from a few
+integers: the epoch, the chunks received, a pending resume, and the policy for
+epochs that do not split evenly over ranks (:mod:`chunkstream.distributed`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from .._errors import ConfigError, check_int
+from ..distributed import EpochShare, Uneven, epoch_share
+from ..plans import Piece, PiecePlan, WindowPlan, chunk_pieces
+
+__all__ = ["EpochCursor", "EpochSpan"]
+
+
+@dataclass(eq=False)
+class EpochSpan:
+    """One started epoch on this rank: steps ``[first, stop)`` and their chunks' pieces.
+
+    ``received`` is the step after the last chunk the consumer received;
+    ``dropped`` turns true when the next epoch starts or the loader closes.
+    """
+
+    epoch: int
+    share: EpochShare
+    windows: list[tuple[Piece, ...]]
+    first: int
+    stop: int
+    received: int
+    dropped: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.received >= self.stop
+
+
+class EpochCursor:
+    """The epoch position of one rank's loader, and its ``state_dict``.
+
+    Invariants: the next :meth:`begin` runs epoch :attr:`epoch`; after
+    :meth:`load_state` it yields the interrupted epoch's remaining windows
+    (re-split over this world size if the state came from another one).
+    """
+
+    def __init__(self, plan: WindowPlan | PiecePlan, *, rank: int, world_size: int) -> None:
+        self.plan = plan
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0  # the epoch the next begin() runs
+        self._resume_step = 0  # chunks of that epoch received before a resume
+        # Global windows (across ranks) of that epoch delivered before a resume, and the
+        # epoch's global length; ``None``: no resume pending, or a state without them.
+        self._resume_global: tuple[int, int] | None = None
+        self._uneven: Uneven = "exact"
+        self.active: EpochSpan | None = None
+
+    @property
+    def chunks_per_pass(self) -> int | None:
+        """This rank's chunks in one pass of the plan (``None`` for ``random``): the
+        length of an epoch when none is given."""
+        per_pass = self.plan.windows_per_pass
+        return None if per_pass is None else max(1, per_pass // self.world_size)
+
+    def begin(self, num_chunks: int | None, at: int = 0) -> EpochSpan:
+        """Start the next epoch of ``num_chunks`` chunks at step ``at``; the previous span
+        is dropped. Raises :class:`ConfigError` naming ``num_chunks`` or ``at``."""
+        if num_chunks is None:
+            num_chunks = self.chunks_per_pass
+            if num_chunks is None:
+                raise ConfigError.bad(
+                    "num_chunks", None,
+                    "a number of chunks for sampling='random' (it has no natural pass)",
+                    "Use cs.plan_epoch(...).chunks_per_epoch.",
+                )  # fmt: skip
+        check_int("num_chunks", num_chunks, 0, "Use cs.plan_epoch(...).chunks_per_epoch.")
+        check_int("at", at, 0, f"Pass a step in [0, num_chunks={num_chunks}].")
+        if at > num_chunks:
+            raise ConfigError.bad(
+                "at", at, f"a step in [0, num_chunks={num_chunks}]", "Pass at <= num_chunks."
+            )
+        pending = self._resume_step > 0 or self._resume_global is not None
+        if at and pending:
+            raise ConfigError.bad(
+                "at", at, "0 while a load_state_dict() resume is pending",
+                "The resumed state already says where the epoch starts; pass at=0.",
+            )  # fmt: skip
+        if self.active is not None:
+            self.active.dropped = True
+        world = self.world_size
+        if self._resume_global is not None and self._resume_global[0] > 0:
+            consumed, total = self._resume_global
+        else:  # a fresh epoch, or a state without global counts (same world size)
+            consumed = min(max(self._resume_step, at), num_chunks) * world
+            total = num_chunks * world
+        self._resume_step, self._resume_global = 0, None
+        share = epoch_share(epoch=self.epoch, consumed=consumed, total=total, rank=self.rank,
+                            world_size=world, uneven=self._uneven)  # fmt: skip
+        windows = [chunk_pieces(self.plan, self.epoch, index) for index in share.indices]
+        first = share.first_step
+        span = EpochSpan(self.epoch, share, windows, first, first + len(windows), first)
+        self.epoch += 1
+        self.active = span
+        return span
+
+    def state_dict(self) -> dict[str, int]:
+        """A few integers: the epoch and how many of its chunks the consumer received.
+
+        ``step`` and ``num_chunks`` count this rank's chunks; ``consumed`` and
+        ``total`` count the epoch's global windows (across ranks) delivered and
+        in all, assuming every rank received as many as this one.
+        """
+        seed = int(getattr(self.plan, "seed", 0))
+        span = self.active
+        if span is not None and not span.finished and not span.dropped:
+            return {
+                "epoch": span.epoch,
+                "step": span.received,
+                "num_chunks": span.stop,
+                "seed": seed,
+                "world_size": self.world_size,
+                "consumed": span.share.consumed_after(span.received - span.first),
+                "total": span.share.total,
+            }
+        consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
+        return {
+            "epoch": self.epoch,
+            "step": self._resume_step,
+            "num_chunks": 0,
+            "seed": seed,
+            "world_size": self.world_size,
+            "consumed": consumed,
+            "total": total,
+        }
+
+    def load_state(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
+        """Make the next :meth:`begin` resume ``state`` (see ``ChunkLoader.load_state_dict``)."""
+        try:
+            epoch, step = int(state["epoch"]), int(state["step"])
+            saved_world = int(state.get("world_size", self.world_size))
+            consumed = int(state.get("consumed", step * saved_world))
+            total = int(state.get("total", int(state.get("num_chunks", 0)) * saved_world))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError.bad(
+                "state", state, "a dict from ChunkLoader.state_dict() with 'epoch' and 'step'"
+            ) from exc
+        if epoch < 0 or step < 0 or saved_world < 1 or consumed < 0:
+            raise ConfigError.bad("state", state, "non-negative 'epoch' and 'step'")
+        if consumed and consumed > total:
+            raise ConfigError.bad("state", state, f"'consumed'={consumed} at most 'total'={total}")
+        if saved_world != self.world_size and consumed and not total:
+            raise ConfigError.bad(
+                "state",
+                state,
+                "'total' or 'num_chunks' to re-split the epoch over another world size",
+                "Save the state with ChunkLoader.state_dict() during the epoch.",
+            )
+        if uneven not in ("exact", "pad", "drop"):
+            raise ConfigError.bad(
+                "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
+            )
+        seed = state.get("seed")
+        if seed is not None and seed != getattr(self.plan, "seed", seed):
+            warnings.warn(
+                f"resuming a state saved with seed={seed} on a loader with seed="
+                f"{self.plan.seed}: the remaining windows will differ from the interrupted run",
+                stacklevel=3,
+            )
+        if self.active is not None:
+            self.active.dropped = True
+            self.active = None
+        self.epoch, self._resume_step = epoch, step
+        self._resume_global = (consumed, total) if total else None
+        self._uneven = uneven
