@@ -40,9 +40,9 @@ def _zarr(tmp: Path, **kwargs) -> Path:
     return path
 
 
-def _epoch(num_chunks, sampling="shuffled"):
+def _epoch(num_chunks, sampling="shuffled", **kwargs):
     with _loader(sampling=sampling) as loader:
-        loader.epoch(num_chunks)
+        loader.epoch(num_chunks, **kwargs)
 
 
 def _state(state):
@@ -274,6 +274,10 @@ CASES = [
      cs.ConfigError, ValueError, ["num_chunks=-1", "plan_epoch"]),
     ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(None, "random"),
      cs.ConfigError, ValueError, ["num_chunks=None", "plan_epoch"]),
+    ("ChunkLoader.epoch.at", lambda t: _epoch(3, at=-1),
+     cs.ConfigError, ValueError, ["at=-1", "[0, num_chunks=3]"]),
+    ("ChunkLoader.epoch.at", lambda t: _epoch(3, at=4),
+     cs.ConfigError, ValueError, ["at=4", "at <= num_chunks"]),
     ("ChunkLoader.load_state_dict.state", lambda t: _state({}),
      cs.ConfigError, ValueError, ["state={}", "state_dict()"]),
     ("ChunkLoader.load_state_dict.state", lambda t: _state({"epoch": -1, "step": 0}),

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 import chunkstream as cs
 from chunkstream import ChunkLoadError, ConfigError
 from chunkstream.pipeline._config import LoaderConfig, resolve_device
-from chunkstream.pipeline._stage import OrderedStage, Ticket
+from chunkstream.pipeline._run import Executor
 from chunkstream.stats._latency import LatencyStats, _completed
 from chunkstream.train import RunningMoments, TrainConfig, Trainer
 from chunkstream.train._trainer import _progress, trainer_device
@@ -55,31 +56,50 @@ def test_batch_timer_gets_the_device_index(fake_cuda):
     assert stats.batch_timer("cpu").device == torch.device("cpu")
 
 
-def test_thread_init_runs_in_every_worker_and_its_failure_outlives_reset():
+def test_thread_init_runs_in_every_worker_and_its_failure_outlives_every_epoch():
     names = []
-    stage = OrderedStage(
-        "probe", lambda job, ticket: job, workers=3, capacity=2,
-        thread_init=lambda: names.append(threading.current_thread().name),
-    )  # fmt: skip
+    executor = Executor("probe", 3, init=lambda: names.append(threading.current_thread().name))
     try:
-        stage.reset(4)
-        assert [stage.get(timeout=5) for _ in range(4)] == [0, 1, 2, 3]
+        futures = [executor.submit(lambda k=k: k * k) for k in range(4)]
+        assert [f.result(timeout=5) for f in futures] == [0, 1, 4, 9]
         assert sorted(names) == [f"chunkstream-probe-{k}" for k in range(3)]
+        assert executor.completed == 4
     finally:
-        stage.close()
+        assert executor.close(time.monotonic() + 5) == []
 
     def broken():
         raise ChunkLoadError("setting the CUDA device cuda:1 failed")
 
-    stage = OrderedStage("probe", lambda job, ticket: job, workers=1, capacity=1,
-                         thread_init=broken)  # fmt: skip
+    executor = Executor("probe", 1, init=broken)
     try:
-        for _ in range(2):  # a new epoch does not hide the dead worker
-            stage.reset(2)
+        for _ in range(2):  # later work, in any epoch, does not hide the dead worker
             with pytest.raises(ChunkLoadError, match="cuda:1"):
-                stage.get(timeout=5)
+                executor.submit(lambda: 1).result(timeout=5)
     finally:
-        stage.close()
+        executor.close(time.monotonic() + 5)
+
+
+def test_every_loader_thread_binds_the_device_and_a_failed_bind_reaches_the_consumer(
+    monkeypatch,
+):
+    bound: list[tuple[str, object]] = []
+    _fake_cuda_loader(monkeypatch, [])
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda d: bound.append((threading.current_thread().name, d)))  # fmt: skip
+    loader = cs.ChunkLoader(_source(), 100, device="cuda", workers=2)
+    loader.close()
+    names = sorted(name for name, _ in bound if name.startswith("chunkstream-"))
+    assert names == ["chunkstream-read-0", "chunkstream-read-1", "chunkstream-transfer-0"]
+    assert {d for name, d in bound if name in names} == {torch.device("cuda", 1)}
+
+    def refuse(device):
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    monkeypatch.setattr(torch.cuda, "set_device", refuse)
+    loader = cs.ChunkLoader(_source(), 100, device="cuda", workers=1)
+    with pytest.raises(ChunkLoadError, match=r"setting the CUDA device cuda:1 in thread"):
+        next(iter(loader.epoch(3)))
+    assert loader.closed  # the pipeline shut down, as after any worker error
 
 
 def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
@@ -90,9 +110,8 @@ def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
         def acquire(self, cancelled=None):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    live = types.SimpleNamespace(_closed=False, _generation=1)
     with pytest.raises(ChunkLoadError, match=r"free host buffer for window \[10, 20\)") as info:
-        read_job(0, Ticket(live, 1), windows=[(Piece(0, 10, 20),)], source=None, pool=BrokenPool(),
+        read_job((Piece(0, 10, 20),), lambda: False, source=None, pool=BrokenPool(),
                  check_finite=False, retries=0)  # fmt: skip
     assert info.value.window == (10, 20)
     assert "illegal memory access" in str(info.value.__cause__)
@@ -477,27 +496,27 @@ def test_a_failed_construction_closes_the_pinned_pool(monkeypatch, failing):
 
     unregistered: list[int] = []
     _fake_cuda_loader(monkeypatch, unregistered)
-    pools, stages = [], []
-    real_pool, real_stage = _loader.PinnedSlotPool, _loader.OrderedStage
+    pools, executors = [], []
+    real_pool, real_executor = _loader.PinnedSlotPool, _loader.Executor
 
     class Pool(real_pool):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             pools.append((self, self._ptr))
 
-    def stage(name, *args, **kwargs):
+    def executor(name, *args, **kwargs):
         if name == failing:
             raise RuntimeError("can't start new thread")
-        stages.append(real_stage(name, *args, **kwargs))
-        return stages[-1]
+        executors.append(real_executor(name, *args, **kwargs))
+        return executors[-1]
 
     monkeypatch.setattr(_loader, "PinnedSlotPool", Pool)
-    monkeypatch.setattr(_loader, "OrderedStage", stage)
+    monkeypatch.setattr(_loader, "Executor", executor)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         cs.ChunkLoader(_source(), 100, device="cuda", workers=2)
     ((pool, ptr),) = pools
     assert pool._released is True and unregistered == [ptr] and not pool._kept
-    assert all(not t.is_alive() for s in stages for t in s.threads)
+    assert all(not t.is_alive() for e in executors for t in e.threads)
 
 
 def test_a_failure_reaches_the_consumer_as_chunk_load_error_even_if_closing_fails(monkeypatch):

@@ -320,3 +320,29 @@ def test_transient_errors_are_retried_with_identical_data():
     ):
         list(loader.epoch(5))
     assert isinstance(info.value.__cause__, ConnectionError)
+
+
+def test_epoch_at_starts_mid_epoch_without_reading_the_skipped_windows():
+    arrays = make_arrays(2000)
+    source = ArraySource(arrays)
+    with ChunkLoader(source, 100, device="cpu", workers=2, sampling="random", seed=5) as loader:
+        plan = loader.plan
+        chunks = list(loader.epoch(8, at=3))
+        assert [c.index for c in chunks] == [3, 4, 5, 6, 7]
+        assert [(c.start, c.stop) for c in chunks] == [plan.window(0, i) for i in range(3, 8)]
+        for chunk in chunks:
+            np.testing.assert_array_equal(chunk["voltage"].numpy(),
+                                          arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
+        assert sorted(source.calls) == sorted(plan.window(0, i) for i in range(3, 8))
+        assert list(loader.epoch(8, at=8)) == []  # the whole epoch skipped: nothing read
+        assert len(source.calls) == 5
+        # at=0 is the plain next epoch; the state counts the skipped steps as passed.
+        iterator = loader.epoch(8, at=6)
+        next(iterator)
+        assert loader.state_dict()["step"] == 7 and loader.state_dict()["epoch"] == 2
+        assert [c.index for c in loader.epoch(2)] == [0, 1]
+        # A pending resume already says where the epoch starts: at must then be 0.
+        loader.load_state_dict({"epoch": 9, "step": 2, "num_chunks": 4})
+        with pytest.raises(cs.ConfigError, match=r"at=1.*resume is pending"):
+            loader.epoch(4, at=1)
+        assert [c.index for c in loader.epoch(4)] == [2, 3]
