@@ -122,6 +122,8 @@ def targets(res: dict) -> list[dict]:
             g <= 0.05,
         )
     )
+    if "first_epoch" in res:
+        out += first_epoch_targets(res["first_epoch"])
     for name, r in st.items():
         if "whole_job" not in r:
             continue
@@ -137,6 +139,30 @@ def targets(res: dict) -> list[dict]:
             )
         )
     return out
+
+
+def first_epoch_targets(fe: dict) -> list[dict]:
+    """A new loader's first epoch (issue 18), with the arena on huge pages where offered."""
+    from ._first_epoch import summary
+
+    got = summary(fe["hugepages"])
+    plain = summary(fe["pages"])
+    return [
+        _t(
+            "a new loader's first epoch vs its steady state",
+            ">= 0.95x",
+            f"{got['ratio']:.2f}x (arena on 4 KiB pages: {plain['ratio']:.2f}x)",
+            got["ratio"] >= 0.95,
+        ),
+        _t(
+            "time to a new loader's first chunk",
+            "<= 1.5x a steady read, plus construction",
+            f"{got['first_chunk_reads']:.2f}x a steady read ({got['first_chunk_s'] * 1e3:.0f} ms)"
+            f" after {got['construct_s'] * 1e3:.0f} ms of construction"
+            f" (4 KiB pages: {plain['construct_s'] * 1e3:.0f} ms)",
+            got["first_chunk_reads"] <= 1.5,
+        ),
+    ]
 
 
 def _gpu_targets(res: dict) -> list[dict]:

@@ -7,6 +7,7 @@
     python -m benchmarks.run --only remote    # only the remote-store race (results/remote.json)
     python -m benchmarks.run --only dtype     # only float16 vs float32 storage (results/dtype.json)
     python -m benchmarks.run --only quality   # only the quality race (results/quality.json)
+    python -m benchmarks.run --only first-epoch  # a new loader's first epoch vs its steady state
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -28,9 +29,10 @@ from pathlib import Path
 from . import _measure as m
 from . import _overlap
 from ._engines import run_engines
+from ._first_epoch import first_epoch
 from ._quality import QualityReps, quality_targets, run_quality
 from ._remote import RemoteGeometry, run_remote
-from ._report import RESULTS_DIR, targets, write_markdown
+from ._report import RESULTS_DIR, first_epoch_targets, targets, write_markdown
 from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
 
 __all__ = ["Reps", "machine", "main", "run_cpu"]
@@ -47,6 +49,8 @@ class Reps:
     dl_batches: int
     overlap_chunks: int
     abandon: int
+    first_epoch_chunks: int = 24  # chunks timed per epoch of a new loader (and the next one)
+    first_epoch_runs: int = 3
     rss_epochs: int = 200
     engine_windows: int = 6  # windows per repeat of the decode-engine race
     engine_repeats: int = 5
@@ -64,7 +68,8 @@ class Reps:
     def quick() -> Reps:
         return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
                     overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"),
-                    engine_windows=4, engine_repeats=3, remote="quick", quality="quick")  # fmt: skip
+                    engine_windows=4, engine_repeats=3, remote="quick", quality="quick",
+                    first_epoch_chunks=12, first_epoch_runs=2)  # fmt: skip
 
     @staticmethod
     def full() -> Reps:
@@ -76,7 +81,8 @@ class Reps:
         return Reps(ceiling_windows=2, chunks=3, runs=1, job_chunks=1, dl_batches=1,
                     overlap_chunks=3, abandon=2, rss_epochs=22, dl_workers=(0,),
                     job_stores=("percol-blosc",), engine_windows=2, engine_repeats=1,
-                    remote="tiny", quality="smoke")  # fmt: skip
+                    remote="tiny", quality="smoke", first_epoch_chunks=3,
+                    first_epoch_runs=1)  # fmt: skip
 
 
 def machine() -> dict:
@@ -171,6 +177,7 @@ def run_cpu(geo: Geometry, reps: Reps, *, data_dir: Path = DATA_DIR) -> dict:
     warm(spec)
     _log("overlap, stall, abandon, RSS (percol-blosc)")
     res["overlap"] = run_overlap(spec, geo, reps)
+    res["first_epoch"] = run_first_epoch(geo, reps, data_dir)
     res["engines"] = engines(geo, reps, data_dir)
     res["remote"] = remote(reps, data_dir)
     res["quality"] = quality(reps, data_dir)
@@ -183,6 +190,15 @@ def quality(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
     res = run_quality(getattr(QualityReps, reps.quality)(), data_dir=data_dir, log=_log)
     res["targets"] = quality_targets(res)
     return res
+
+
+def run_first_epoch(geo: Geometry, reps: Reps, data_dir: Path = DATA_DIR) -> dict:
+    """A new loader's first epoch vs its steady state, on the compressed per-column store."""
+    spec = next(s for s in store_specs(geo, data_dir) if s.name == "percol-blosc")
+    make_store(spec, geo)
+    warm(spec)
+    _log("first epoch vs steady state, time to the first chunk (percol-blosc)")
+    return first_epoch(spec, geo, chunks=reps.first_epoch_chunks, runs=reps.first_epoch_runs)
 
 
 def remote(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
@@ -228,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines", "remote", "dtype", "quality"),
+        "--only", choices=("engines", "remote", "dtype", "quality", "first-epoch"),
         help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
              "dtype: only float16 vs float32 storage; quality: only the quality race "
-             "(batch correlation)",
+             "(batch correlation); first-epoch: only a new loader's first epoch against its "
+             "steady state",
     )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
@@ -243,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "dtype-quick" if args.quick else "dtype"
     if args.only == "quality":
         mode = "quality-quick" if args.quick else "quality"
+    if args.only == "first-epoch":
+        mode = "first-epoch-quick" if args.quick else "first-epoch"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -263,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "quality":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"quality": quality(reps)}
+    elif args.only == "first-epoch":
+        reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
+        results = {"geometry": asdict(geo), "first_epoch": run_first_epoch(geo, reps)}
     else:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = run_cpu(geo, reps)
@@ -275,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     results["load_1min_after"] = os.getloadavg()[0]
     if args.only == "quality":
         results["targets"] = results["quality"]["targets"]
+    elif args.only == "first-epoch":
+        results["targets"] = first_epoch_targets(results["first_epoch"])
     else:
         quality_met = results.get("quality", {}).get("targets", [])
         results["targets"] = [] if args.only else targets(results) + quality_met

@@ -1,0 +1,164 @@
+"""Code-size and structure figures of ``src/chunkstream`` (issue 18's done-when list).
+
+    python -m benchmarks.code_metrics [SRC]    # prints the figures; exit 1 if a limit is broken
+
+Counted: lines per file (limit 450), lines per function (limit 80, decorators
+and docstrings included), the lines of ``pipeline/`` plus ``compat.py`` (limit
+1,700), import circles among modules (every import statement, function-local
+and ``TYPE_CHECKING`` ones included; limit 0), and imports of
+another package's underscore module (``chunkstream.a._x`` importing
+``chunkstream.b._y``; limit 0). A module's package is its first folder under
+``chunkstream``; the root modules (``_errors`` and the like) are the shared base
+every package may import.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "src" / "chunkstream"
+LIMITS = {"file_lines": 450, "function_lines": 80, "pipeline_compat_lines": 1700,
+          "import_circles": 0, "cross_package_private_imports": 0}  # fmt: skip
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("_")
+                                          and (ROOT / parts[1]).is_dir()) else ""  # fmt: skip
+
+
+def _imports(path: Path, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """Modules of chunkstream that ``module`` imports at module level."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("chunkstream"):
+                # ``from pkg import module`` needs the module (pkg is already running or
+                # loaded); ``from pkg import name`` needs pkg itself.
+                named = {f"{target}.{a.name}" for a in node.names}
+                found = named & known
+                out.update(found if found else {target})
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("chunkstream"))
+    return out
+
+
+def _long_functions(tree: ast.AST) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            length = (node.end_lineno or node.lineno) - first + 1
+            if length > LIMITS["function_lines"]:
+                out.append((node.name, length))
+    return out
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    sys.setrecursionlimit(10_000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def measure() -> dict:
+    files = sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+    modules = {_module(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    private: list[str] = []
+    long_files, long_funcs = [], []
+    for module, path in modules.items():
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > LIMITS["file_lines"]:
+            long_files.append((module, lines))
+        long_funcs += [(f"{module}.{name}", n) for name, n in _long_functions(ast.parse(text))]
+        targets = _imports(path, module, path.name == "__init__.py", set(modules))
+        # Parents are imported too, but a package's __init__ is not a dependency cycle edge
+        # of its own submodules: keep only the modules named.
+        graph[module] = {t for t in targets if t in modules and t != module}
+        mine = _package(module)
+        for target in sorted(t for t in targets if t in modules):
+            name = target.split(".")[-1]
+            theirs = _package(target)
+            if name.startswith("_") and theirs and theirs != mine:
+                private.append(f"{module} -> {target}")
+    # Edges into a package stand for its __init__; circles through an __init__ that only
+    # re-exports are real at import time, so they are kept.
+    pipeline = [p for m, p in modules.items() if m.startswith("chunkstream.pipeline")]
+    pc_lines = sum(p.read_text().count("\n") for p in pipeline)
+    pc_lines += (ROOT / "compat.py").read_text().count("\n")
+    return {
+        "files_over_450": long_files,
+        "functions_over_80": long_funcs,
+        "pipeline_compat_lines": pc_lines,
+        "import_circles": _circles(graph),
+        "cross_package_private_imports": private,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ROOT
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        ROOT = Path(args[0]).resolve() / "chunkstream"
+    got = measure()
+    print(f"files over {LIMITS['file_lines']} lines: {len(got['files_over_450'])}",
+          *(f"  {m}: {n}" for m, n in got["files_over_450"]), sep="\n")  # fmt: skip
+    print(f"functions over {LIMITS['function_lines']} lines: {len(got['functions_over_80'])}",
+          *(f"  {m}: {n}" for m, n in got["functions_over_80"]), sep="\n")  # fmt: skip
+    print(f"pipeline/ + compat.py lines: {got['pipeline_compat_lines']} "
+          f"(limit {LIMITS['pipeline_compat_lines']})")  # fmt: skip
+    print(f"import circles: {len(got['import_circles'])}",
+          *(f"  {' <-> '.join(c)}" for c in got["import_circles"]), sep="\n")  # fmt: skip
+    print(f"cross-package underscore imports: {len(got['cross_package_private_imports'])}",
+          *(f"  {i}" for i in got["cross_package_private_imports"]), sep="\n")  # fmt: skip
+    ok = (not got["files_over_450"] and not got["functions_over_80"]
+          and got["pipeline_compat_lines"] <= LIMITS["pipeline_compat_lines"]
+          and not got["import_circles"] and not got["cross_package_private_imports"])  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
