@@ -29,11 +29,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
-from ..pipeline._config import _positive_int  # the loader's int check, one for the package
-from ..plans import EpochPlan, PiecePlan
-from ..plans._hash import M64, hash_words, seed_key
+from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
 from ._sampling import _compute_dtype, gather_windows, sample_windows
 
 __all__ = ["BatchStream"]
@@ -133,7 +131,7 @@ class BatchStream:
                 batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
         self.loader = loader
         length = loader.rows  # every chunk's length: min(chunk_size, len(source))
-        self.window = _positive_int(
+        self.window = check_int(
             "window", window, minimum=1, fix="Pass the timesteps one sample needs."
         )
         if self.window > length:
@@ -147,13 +145,13 @@ class BatchStream:
                 f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
                 "Use fewer pieces, a larger chunk_size or a shorter window.",
             )  # fmt: skip
-        self.batch_size = _positive_int(
+        self.batch_size = check_int(
             "batch_size",
             batch_size,
             minimum=1,
             fix="Pass the windows per batch (or plan=cs.plan_epoch(...)).",
         )
-        self.batches_per_chunk = _positive_int(
+        self.batches_per_chunk = check_int(
             "batches_per_chunk", batches_per_chunk, minimum=1,
             fix="Pass how many batches each chunk feeds (plan.batches_per_chunk).",
         )  # fmt: skip
@@ -164,20 +162,19 @@ class BatchStream:
                 "Give the epoch's length once: in batches or in chunks.",
             )  # fmt: skip
         if batches_per_epoch is not None:
-            self.batches_per_epoch = _positive_int(
+            self.batches_per_epoch = check_int(
                 "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
             )
             chunks_per_epoch = -(-self.batches_per_epoch // self.batches_per_chunk)
         elif chunks_per_epoch is None:
-            per_pass = loader.plan.windows_per_pass
-            if per_pass is None:
+            chunks_per_epoch = loader.chunks_per_pass  # the loader's own rule for epoch(None)
+            if chunks_per_epoch is None:
                 raise ConfigError.bad(
                     "chunks_per_epoch", None,
                     "a number of chunks for sampling='random' (it has no natural pass)",
                     "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
                 )  # fmt: skip
-            chunks_per_epoch = max(1, per_pass // loader.world_size)  # as loader.epoch(None)
-        self.chunks_per_epoch = _positive_int(
+        self.chunks_per_epoch = check_int(
             "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
         )
         if batches_per_epoch is None:
@@ -197,7 +194,7 @@ class BatchStream:
         self._single = isinstance(fields, str)
         if seed is None:
             seed = int(getattr(loader.plan, "seed", 0))
-        self.seed = _positive_int(
+        self.seed = check_int(
             "seed", seed, minimum=0, fix="Pass a non-negative seed, or None for the loader's."
         )
         self._key = seed_key(self.seed)

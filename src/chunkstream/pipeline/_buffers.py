@@ -46,6 +46,7 @@ Ownership, CPU (:class:`HostBufferPool`)
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import sys
 import threading
@@ -126,10 +127,8 @@ def _anonymous(nbytes: int, *, touch: bool) -> mmap.mmap:
     mapping = mmap.mmap(-1, size, **private)
     if touch:
         if HUGEPAGES and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
+            with contextlib.suppress(OSError):  # a kernel without THP: plain pages
                 mapping.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # a kernel without THP: plain pages
-                pass
         np.frombuffer(mapping, dtype=np.uint8)[::_PAGE] = 0
     return mapping
 
@@ -193,9 +192,13 @@ class HostBufferPool:
         """The pipeline is done with ``buffers``; reuse waits until the user's tensors die."""
         buffers.busy = False
 
-    def close(self) -> None:
+    def close(self, timeout: float = 0.0, *, unpin: bool = True) -> bool:
+        """Forget every set (user tensors keep theirs alive); the arguments match
+        :meth:`PinnedSlotPool.close`, and nothing here is pinned."""
+        del timeout, unpin
         with self._lock:
             self._sets.clear()
+        return True
 
 
 def _power_of_two_ceil(n: int) -> int:

@@ -14,10 +14,6 @@ from ..sources import Source, window_nbytes
 __all__ = ["LoaderConfig", "check_source", "resolve_device", "streaming_bytes", "warn_if_not_local_rank"]
 
 
-def _positive_int(name: str, value: object, fix: str = "", minimum: int = 1) -> int:
-    return check_int(name, value, minimum, fix)
-
-
 def check_source(source: object) -> Source:
     """``source`` if it is a :class:`Source` with at least one timestep, else ConfigError."""
     if not isinstance(source, Source):
@@ -144,17 +140,17 @@ class LoaderConfig:
     read_retries: int = 2
 
     def __post_init__(self) -> None:
-        _positive_int("chunk_size", self.chunk_size, "Pass the number of timesteps per chunk.")
-        _positive_int("prefetch", self.prefetch, "Use 1 or more chunks read ahead (2 is typical).")
-        _positive_int("gpu_prefetch", self.gpu_prefetch, "Use 1 or more chunks kept on the device.")
-        _positive_int("workers", self.workers, "Use 1 or more reader threads.")
+        check_int("chunk_size", self.chunk_size, fix="Pass the number of timesteps per chunk.")
+        check_int("prefetch", self.prefetch, fix="Use 1 or more chunks read ahead (2 is typical).")
+        check_int("gpu_prefetch", self.gpu_prefetch, fix="Use 1 or more chunks kept on the device.")
+        check_int("workers", self.workers, fix="Use 1 or more reader threads.")
         if self.host_slots is not None:
-            _positive_int(
+            check_int(
                 "host_slots",
                 self.host_slots,
-                "Use at least one pinned slot per reader worker (or leave it None).",
+                fix="Use at least one pinned slot per reader worker (or leave it None).",
             )
-        _positive_int("read_retries", self.read_retries, "Use 0 to fail on the first error.", 0)
+        check_int("read_retries", self.read_retries, 0, "Use 0 to fail on the first error.")
         if not isinstance(self.check_finite, bool):  # a string such as "no" would be truthy
             raise ConfigError.bad(
                 "check_finite", self.check_finite, "True or False", "Pass a bool."

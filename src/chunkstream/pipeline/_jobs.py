@@ -46,6 +46,7 @@ __all__ = [
     "call_with_retries",
     "copy_job",
     "describe_source",
+    "device_binder",
     "read_job",
     "read_to_host",
     "read_window",
@@ -311,3 +312,19 @@ def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> No
         _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
         return
     pool.release_after(buffers, fence)
+
+
+def device_binder(device: torch.device) -> Callable[[], None]:
+    """An executor thread's start hook: make ``device`` the thread's current CUDA device."""
+
+    def bind() -> None:
+        try:
+            torch.cuda.set_device(device)
+        except Exception as exc:  # every later future of the executor fails with this
+            raise ChunkLoadError(
+                f"setting the CUDA device {device} in thread "
+                f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
+                "Check that the device is visible (CUDA_VISIBLE_DEVICES) and healthy."
+            ) from exc
+
+    return bind

@@ -32,7 +32,7 @@ from functools import partial
 
 import torch
 
-from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
+from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank
 from ..plans import PiecePlan, Segments, WindowPlan, make_plan
 from ..sources import Source
@@ -41,9 +41,17 @@ from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
 from ._cursor import EpochCursor, EpochSpan
-from ._jobs import Delivery, Loaded, copy_job, describe_source, read_job, read_to_host
+from ._jobs import (
+    Delivery,
+    Loaded,
+    copy_job,
+    describe_source,
+    device_binder,
+    read_job,
+    read_to_host,
+)  # fmt: skip
 from ._pieces import stored_time_chunk
-from ._run import POLL_S, EpochRun, Executor
+from ._run import POLL_S, EpochRun, Executor, shutdown
 
 __all__ = ["ChunkLoader"]
 
@@ -169,10 +177,7 @@ class ChunkLoader:
         except BaseException:
             # Never leak the started threads, nor a registered arena (its mapping
             # would be unmapped while still registered, and __del__ does nothing here).
-            end = time.monotonic() + self.config.close_timeout
-            for executor in reversed(self._executors):
-                executor.close(end)
-            self._close_pool([], self.config.close_timeout)
+            shutdown(self._executors, self._pool, None, deadline_s=self.config.close_timeout)
             raise
         self._closed = False
 
@@ -188,7 +193,7 @@ class ChunkLoader:
         c = self.config
         # Every CUDA thread binds the loader's device before its first job: a new
         # thread starts on device 0, where its first CUDA call would create a context.
-        init = _device_binder(self.device) if on_cuda else None
+        init = device_binder(self.device) if on_cuda else None
         self._executors.append(Executor("read", c.workers, init))
         reading = dict(source=self.source, pool=self._pool, check_finite=c.check_finite,
                        retries=c.read_retries)  # fmt: skip
@@ -354,73 +359,20 @@ class ChunkLoader:
         self._shutdown(deadline_s=self.config.close_timeout, warn=True)
 
     def _shutdown(self, *, deadline_s: float, warn: bool) -> str:
-        """Stop everything within one deadline of ``deadline_s`` seconds (plus a poll).
-
-        Every step runs even if an earlier one raises (the first error is raised
-        at the end). Returns a note for the caller's error message when the
-        source was left open (``""`` otherwise); ``warn`` also warns about it
-        and about threads that did not stop.
-        """
+        """Stop everything within one deadline (see :func:`shutdown`); returns its note."""
         if self._closed:
             return ""
         self._closed = True
-        end = time.monotonic() + deadline_s
-        alive: list[str] = []
-        note = ""
         try:
             with self._lock:
                 self._drop_run()  # an iterator of it raises LoaderClosedError from now on
             self.stats.epoch_ended()
         finally:
-            try:
-                # The copy thread takes the readers' results, so it stops first.
-                for executor in reversed(self._executors):
-                    alive += executor.close(end)
-            finally:
-                try:
-                    self._close_pool(alive, max(0.0, end - time.monotonic()))
-                finally:
-                    note = self._close_owned_source(alive)
-                    if alive and warn:
-                        warnings.warn(
-                            f"chunkstream: threads {alive} did not stop within "
-                            f"{self.config.close_timeout} s (a read that ignores "
-                            f"cancellation); they are daemon threads and end with the "
-                            f"process{note}",
-                            RuntimeWarning,
-                            stacklevel=3,
-                        )
+            note = shutdown(
+                self._executors, self._pool, self.source if self._close_source else None,
+                deadline_s=deadline_s, warn_after=self.config.close_timeout if warn else None,
+            )  # fmt: skip
         return note
-
-    def _close_pool(self, alive: list[str], timeout: float) -> None:
-        if isinstance(self._pool, PinnedSlotPool):
-            # Unpinning under a copy would be a use-after-free: only once the copy
-            # thread has stopped and every queued copy has finished.
-            transfer_alive = any(name.startswith("chunkstream-transfer") for name in alive)
-            self._pool.close(timeout, unpin=not transfer_alive)
-        else:
-            self._pool.close()
-
-    def _close_owned_source(self, alive: list[str]) -> str:
-        """Close the source if the loader owns it and no reader is still inside a read.
-
-        A reader stuck in ``read_into`` (a hung file system, a decode task that
-        never ends) would make ``source.close()`` wait for it too (a
-        ``ZarrSource`` joins its decode pool), past every deadline; closing a
-        store under a live read is no better. So the source is then left open,
-        and the returned note says so.
-        """
-        if not self._close_source:
-            return ""
-        readers = [name for name in alive if name.startswith("chunkstream-read")]
-        if readers:
-            return (
-                f"; the source was left open (close_source=True) because {readers} "
-                "are still reading from it: call source.close() once the read returns, "
-                "or let the process exit"
-            )
-        self.source.close()
-        return ""
 
     @property
     def pinned_bytes(self) -> int:
@@ -525,22 +477,6 @@ def _make_plan(
         segments=segments, align=align, seed=seed, grid=stored_time_chunk(source),
         batch_window=1 if window is None else window,
     )  # fmt: skip
-
-
-def _device_binder(device: torch.device) -> Callable[[], None]:
-    """An executor thread's start hook: make ``device`` the thread's current CUDA device."""
-
-    def bind() -> None:
-        try:
-            torch.cuda.set_device(device)
-        except Exception as exc:  # every later future of the executor fails with this
-            raise ChunkLoadError(
-                f"setting the CUDA device {device} in thread "
-                f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
-                "Check that the device is visible (CUDA_VISIBLE_DEVICES) and healthy."
-            ) from exc
-
-    return bind
 
 
 class _EpochIterator:

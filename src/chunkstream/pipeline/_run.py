@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -35,7 +36,7 @@ from typing import Any
 
 from .._errors import LoaderClosedError
 
-__all__ = ["POLL_S", "EpochRun", "Executor", "thread_stack"]
+__all__ = ["POLL_S", "EpochRun", "Executor", "shutdown", "thread_stack"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
 
@@ -291,3 +292,50 @@ class EpochRun:
         for read in reads:
             if not read.cancel() and read.done():
                 self._give_back(read)
+
+
+def shutdown(
+    executors: Sequence[Executor], pool: Any, owned_source: Any, *, deadline_s: float,
+    warn_after: float | None = None,
+) -> str:  # fmt: skip
+    """Stop the executors (the copy one first), close the pool, close ``owned_source``.
+
+    One deadline of ``deadline_s`` seconds covers everything, and every step runs
+    even if an earlier one raises (the first error is raised at the end). A
+    pinned pool is unpinned only if the copy thread has stopped (no copy can
+    still be issued). The source is closed only if no reader is still inside a
+    read: a reader stuck in ``read_into`` would make ``source.close()`` wait for
+    it (a ``ZarrSource`` joins its decode pool) past every deadline, and closing
+    a store under a live read is no better. Returns a note for an error message
+    when the source was left open (``""`` otherwise); ``warn_after`` (the
+    deadline the user set) warns about it and about threads that did not stop.
+    """
+    end = time.monotonic() + deadline_s
+    alive: list[str] = []
+    note = ""
+    try:
+        for executor in reversed(executors):
+            alive += executor.close(end)
+    finally:
+        try:
+            copying = any(name.startswith("chunkstream-transfer") for name in alive)
+            pool.close(max(0.0, end - time.monotonic()), unpin=not copying)
+        finally:
+            readers = [name for name in alive if name.startswith("chunkstream-read")]
+            if owned_source is not None and readers:
+                note = (
+                    f"; the source was left open (close_source=True) because {readers} "
+                    "are still reading from it: call source.close() once the read returns, "
+                    "or let the process exit"
+                )
+            elif owned_source is not None:
+                owned_source.close()
+            if alive and warn_after is not None:
+                warnings.warn(
+                    f"chunkstream: threads {alive} did not stop within {warn_after} s (a read "
+                    f"that ignores cancellation); they are daemon threads and end with the "
+                    f"process{note}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+    return note

@@ -12,6 +12,11 @@ from ._windows import (
     remaining_indices,
 )
 
+# The package's internal face for the rest of chunkstream (not public API).
+from ._hash import M64 as M64  # isort: skip
+from ._hash import hash_words as hash_words  # isort: skip
+from ._hash import seed_key as seed_key  # isort: skip
+
 __all__ = [
     "EpochPlan",
     "Piece",

@@ -37,8 +37,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
-from ..pipeline import ChunkLoader
-from ..pipeline._config import resolve_device
+from ..pipeline import ChunkLoader, resolve_device
 from ..sources._base import Source, window_nbytes
 from ..stats._latency import LatencyStats
 

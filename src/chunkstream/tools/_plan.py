@@ -15,8 +15,8 @@ Memory model (the bounds the loader documents, see ``pipeline._config``), with
   one registered arena);
   other host bytes: the decode scratch of the fast zarr reader, about two zarr
   chunks per decode thread (known only for a store);
-* **streaming, CPU**: no device; host bytes ``(prefetch + workers + 1) *
-  chunk_bytes`` plus the validation data.
+* **streaming, CPU**: no device; host bytes ``(prefetch + workers + 2) *
+  chunk_bytes`` (the loader's host arena) plus the validation data.
 
 :func:`fit_budget` searches the largest chunk_size that fits ``gpu_mem`` /
 ``host_mem`` at the requested depths: a multiple of ``align``, at least
@@ -32,9 +32,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
+from ..pipeline import streaming_bytes
 from ..plans import EpochPlan, plan_epoch
-from ..sources._base import window_nbytes
+from ..sources import window_nbytes
 from ._layout import (
     DataLayout,
     format_bytes,
@@ -117,20 +118,18 @@ class PlanReport:
         return out
 
 
-def _positive(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError.bad(name, value, f"an integer >= {minimum}")
-    return value
-
-
 def _streaming_bytes(
     cb: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
     host_slots: int, val_bytes: int,
 ) -> tuple[int | None, int, int]:  # fmt: skip
-    """(device, pinned host, pipeline host) bytes of a streaming configuration."""
+    """(device, pinned host, pipeline host) bytes of a streaming configuration: the
+    loader's memory model (:func:`chunkstream.pipeline.streaming_bytes`) plus validation."""
+    device, pinned, host = streaming_bytes(cb, on_cuda=on_cuda, prefetch=prefetch,
+                                           gpu_prefetch=gpu_prefetch, workers=workers,
+                                           host_slots=host_slots)  # fmt: skip
     if on_cuda:
-        return (gpu_prefetch + 1) * cb + val_bytes, host_slots * cb, 0
-    return None, 0, (prefetch + workers + 1) * cb + val_bytes
+        return (device or 0) + val_bytes, pinned, host
+    return None, pinned, host + val_bytes
 
 
 def _candidates_below(limit: int, *, align: int, batch: int) -> int | None:
@@ -178,7 +177,7 @@ def fit_budget(
     if on_cuda and gpu_mem is not None:
         limits["--gpu-mem"] = (gpu_mem - val_bytes) // ((gpu_prefetch + 1) * step)
     if host_mem is not None:
-        per = (prefetch + workers) if on_cuda else (prefetch + workers + 1)
+        per = (prefetch + workers) if on_cuda else (prefetch + workers + 2)
         limits["--host-mem"] = (host_mem - (0 if on_cuda else val_bytes)) // (per * step)
     if not limits:
         raise ConfigError("fit_budget needs gpu_mem or host_mem (and gpu_mem only on cuda)")
@@ -190,7 +189,7 @@ def fit_budget(
             need = (gpu_prefetch + 1) * need + val_bytes
             what = f"gpu_prefetch + 1 = {gpu_prefetch + 1} chunks"
         else:
-            need *= (prefetch + workers) if on_cuda else (prefetch + workers + 1)
+            need *= (prefetch + workers) if on_cuda else (prefetch + workers + 2)
             what = "prefetch + workers chunks"
         raise ConfigError(
             f"{limited_by}={format_bytes(budget)} is too small: it must hold {what} of at "
@@ -211,7 +210,7 @@ def fit_budget(
     deepest_host = prefetch
     if host_mem is not None:
         held = (host_mem - (0 if on_cuda else val_bytes)) // cb
-        deepest_host = max(prefetch, held - workers - (0 if on_cuda else 1))
+        deepest_host = max(prefetch, held - workers - (0 if on_cuda else 2))
     slots = deepest_host + workers
     device_b, pinned_b, _ = _streaming_bytes(
         cb, on_cuda=on_cuda, prefetch=deepest_host, gpu_prefetch=deepest_gpu, workers=workers,
@@ -261,7 +260,7 @@ def plan_memory(
                         ("--window", window), ("--prefetch", prefetch),
                         ("--gpu-prefetch", gpu_prefetch), ("--workers", workers),
                         ("--passes", passes), ("--world-size", world_size), ("--align", align)):  # fmt: skip
-        _positive(name, value)
+        check_int(name, value)
     if device not in ("cuda", "cpu"):
         raise ConfigError.bad("--device", device, "'cuda' or 'cpu'")
     if not 0.0 <= val_fraction < 1.0:
@@ -315,7 +314,7 @@ def plan_memory(
                          host_bytes=full_bytes)  # fmt: skip
         streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
                               host_bytes=host + (scratch or 0),
-                              note=f"(prefetch + workers + 1 held) = {prefetch + workers + 1} "
+                              note=f"(prefetch + workers + 2 arena) = {prefetch + workers + 2} "
                                    "chunks + validation + decode scratch")  # fmt: skip
         saving = 1.0 - (host or 0) / full_bytes
     notes: list[str] = []

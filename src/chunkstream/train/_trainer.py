@@ -53,8 +53,7 @@ from torch import nn
 from .._errors import ConfigError
 from ..consumer import WindowSampler, gather_windows
 from ..distributed import is_distributed, resolve_rank
-from ..pipeline import Chunk, ChunkLoader
-from ..pipeline._config import resolve_device
+from ..pipeline import Chunk, ChunkLoader, resolve_device
 from ..plans import Segments, plan_epoch, split_segments
 from ..plans._segments import as_segments
 from ._config import EpochRecord, TrainConfig, TrainResult
@@ -477,7 +476,7 @@ class Trainer:
         return {
             "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
             "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
-            "loader_host": (cfg.slots if cuda else cfg.reader_capacity + 1) * chunk_bytes,
+            "loader_host": cfg.host_sets(cuda) * chunk_bytes,
             "validation": sum(
                 t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()
             ),
