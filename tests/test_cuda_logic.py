@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -293,7 +292,7 @@ def test_batch_events_resolve_only_when_every_one_completed():
     # The last event completed but an earlier one, on another stream, has not.
     events = (_Event(True, 0.0), _Event(False, 1.0), _Event(True, 2.0), _Event(True, 3.0))
     assert not _completed(events)
-    stats._add_pending_batch(0.0, events)
+    stats.record_batch_events(0.0, events)
     stats.resolve_pending()
     assert stats.pending_batches == 1 and not stats.batches
     events[1].done = True

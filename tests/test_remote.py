@@ -21,8 +21,8 @@ from chunkstream.sources._remote import (
     RemoteOptions,
     RemoteStoreError,
     close_store,
-    compare_throughput,
 )
+from chunkstream.tools._throughput import compare_throughput
 from tests.faults import Server, s3_server, serve
 
 T, F, ZCHUNK, WINDOW = 400, 8, 50, 100

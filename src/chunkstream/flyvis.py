@@ -21,9 +21,7 @@ import numpy as np
 import zarr
 
 from ._errors import ConfigError, NotZarrError, SourceNotFoundError
-from .sources._base import Source
-from .sources._remote import close_store, store_errors
-from .sources._zarr import ZarrSource, is_url, open_zarr_array
+from .sources import Source, ZarrSource, close_store, is_url, open_zarr_array, store_errors
 
 __all__ = [
     "CALCIUM",

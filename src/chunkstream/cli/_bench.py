@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._bench import compare_local, open_bench_source, plot_bench, run_bench
+    from ..tools import compare_local, open_bench_source, plot_bench, run_bench
 
     source = open_bench_source(args.path, args.fields, flyvis=args.flyvis, column=args.column,
                                stim_dims=args.stim_dims)  # fmt: skip

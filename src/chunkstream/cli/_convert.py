@@ -11,8 +11,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..tools._codecs import CODECS
-    from ..tools._convert import OUT_DTYPES
+    from ..tools import CODECS, OUT_DTYPES
 
     p = subparsers.add_parser(
         "convert",
@@ -56,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._convert import convert_store, flyvis_fields
+    from ..tools import convert_store, flyvis_fields
 
     if args.flyvis:
         if args.fields:

@@ -84,7 +84,7 @@ def _mb(n: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..stats import plot_timeline
-    from ..tools._synth import ensure_synthetic
+    from ..tools import ensure_synthetic
     from ..train import TrainConfig, Trainer
 
     out = Path(args.out)

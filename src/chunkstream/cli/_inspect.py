@@ -37,7 +37,7 @@ def _mb(n: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._inspect import inspect_store
+    from ..tools import inspect_store
 
     report = inspect_store(args.path, args.fields, window=args.window)
     if args.json:

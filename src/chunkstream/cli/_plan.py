@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def layout_from_args(args: argparse.Namespace):
     """The data layout the arguments describe (a store, or --shape)."""
-    from ..tools._layout import layout_from_shape, layout_from_store
+    from ..tools import layout_from_shape, layout_from_store
 
     if args.path is None and getattr(args, "shape", None) is None:
         raise ConfigError("give a store PATH or --shape T,N[,...]: nothing to plan for.")
@@ -135,8 +135,7 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._layout import format_bytes, parse_bytes
-    from ..tools._plan import plan_memory
+    from ..tools import format_bytes, parse_bytes, plan_memory
 
     layout = layout_from_args(args)
     report = plan_memory(

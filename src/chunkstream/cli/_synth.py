@@ -20,7 +20,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..tools._codecs import CODECS
+    from ..tools import CODECS
 
     p = subparsers.add_parser(
         "synth",
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._synth import write_synthetic
+    from ..tools import write_synthetic
 
     if args.timesteps < 1 or args.neurons < 1:
         raise ConfigError("--timesteps and --neurons must be >= 1: pass positive sizes.")

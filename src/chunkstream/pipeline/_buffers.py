@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from ..sources._base import FieldSpec
+from ..sources import FieldSpec
 from ._run import POLL_S as _POLL_S
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]

@@ -1,7 +1,6 @@
 """Sources: where a window's bytes come from (see :mod:`._base` for the protocol)."""
 
 from ._base import FieldSpec, Source
-from ._base import window_nbytes as window_nbytes  # the pipeline's memory model uses it
 from ._callable import CallableSource
 from ._group import ZarrGroupSource
 from ._join import JoinSource
@@ -9,6 +8,15 @@ from ._numpy import NumpySource
 from ._remote import RemoteOptions, RemotePermissionError, RemoteStoreError
 from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource
+
+# The package's internal face for the rest of chunkstream (not public API).
+from ._base import check_lengths as check_lengths  # isort: skip
+from ._base import window_nbytes as window_nbytes  # isort: skip
+from ._remote import close_store as close_store  # isort: skip
+from ._remote import store_errors as store_errors  # isort: skip
+from ._select import read_amplification as read_amplification  # isort: skip
+from ._zarr import is_url as is_url  # isort: skip
+from ._zarr import open_zarr_array as open_zarr_array  # isort: skip
 
 __all__ = [
     "CallableSource",

@@ -157,7 +157,9 @@ class LatencyStats:
         """
         return BatchTimer(self, device, every=every)
 
-    def _add_pending_batch(self, begin: float, events: tuple) -> None:
+    def record_batch_events(self, begin: float, events: tuple) -> None:
+        """Add a batch timed by CUDA events ``(start, forward, backward, end)``; its phase
+        times are read once every event has completed (:meth:`resolve_pending`)."""
         with self._lock:
             self._pending_batches.append((begin, events))
 

@@ -16,16 +16,22 @@ Only every ``every``-th batch is timed, so the events cost nothing measurable.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from .._errors import ConfigError
-
-if TYPE_CHECKING:
-    from ._latency import LatencyStats
+from .._errors import ConfigError, check_int
 
 __all__ = ["BatchTimer"]
+
+
+class BatchSink(Protocol):
+    """Where timed batches go (a :class:`~chunkstream.LatencyStats`)."""
+
+    def record_batch(self, forward_s: float, backward_s: float, step_s: float,
+                     begin: float = 0.0) -> None: ...  # fmt: skip
+
+    def record_batch_events(self, begin: float, events: tuple) -> None: ...
 
 _PHASES = ("forward", "backward")
 
@@ -53,7 +59,7 @@ class _TimedBatch:
 
     __slots__ = ("_begin", "_device", "_marks", "_stats")
 
-    def __init__(self, stats: LatencyStats, device: torch.device | None) -> None:
+    def __init__(self, stats: BatchSink, device: torch.device | None) -> None:
         self._stats = stats
         self._device = device  # a CUDA device with its index, or None (host clock)
         self._marks: dict[str, Any] = {}
@@ -87,7 +93,7 @@ class _TimedBatch:
         fwd = marks.get("forward", start)
         bwd = marks.get("backward", fwd)
         if self._device is not None:
-            self._stats._add_pending_batch(self._begin, (start, fwd, bwd, end))
+            self._stats.record_batch_events(self._begin, (start, fwd, bwd, end))
         else:
             self._stats.record_batch(fwd - start, bwd - fwd, end - bwd, begin=self._begin)
 
@@ -96,10 +102,9 @@ class BatchTimer:
     """Times every ``every``-th batch into a :class:`~chunkstream.LatencyStats` (see module docs)."""
 
     def __init__(
-        self, stats: LatencyStats, device: str | torch.device | None = "cpu", *, every: int = 1
+        self, stats: BatchSink, device: str | torch.device | None = "cpu", *, every: int = 1
     ) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError.bad("every", every, "an int >= 1", "Pass every=1 to time each batch.")
+        check_int("every", every, fix="Pass every=1 to time each batch.")
         device = torch.device(device if device is not None else "cpu")
         self.cuda = device.type == "cuda"
         if self.cuda and device.index is None:

@@ -23,7 +23,7 @@ they are only sometimes slower, a smaller chunk when the first read dominates.
 
 On a URL, :func:`compare_local` also streams the same windows from the URL and
 from a local copy of the same store and reports both GB/s and their ratio
-(:func:`chunkstream.sources._remote.compare_throughput`).
+(:func:`chunkstream.tools._throughput.compare_throughput`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 
 from .._errors import ConfigError
 from ..pipeline import ChunkLoader, resolve_device
-from ..sources._base import Source, window_nbytes
-from ..stats._latency import LatencyStats
+from ..sources import Source, window_nbytes
+from ..stats import LatencyStats
 
 __all__ = [
     "BenchChunk",
@@ -186,9 +186,9 @@ def compare_local(
 
     The fields are chosen as for :func:`open_bench_source`; both copies stream
     the same ``windows`` shuffled windows of ``chunk_size`` timesteps. Returns a
-    :class:`~chunkstream.sources._remote.ThroughputReport`.
+    :class:`~chunkstream.tools._throughput.ThroughputReport`.
     """
-    from ..sources._remote import compare_throughput
+    from ._throughput import compare_throughput
 
     root, array, selection = _bench_selection(
         path, fields, flyvis=flyvis, column=column, stim_dims=stim_dims

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, CorruptChunkError
-from ..sources._base import check_lengths
+from ..sources import check_lengths
 from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
 from ._stores import is_remote, open_arrays, resolve_field

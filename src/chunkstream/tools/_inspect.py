@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sources._select import read_amplification as nontime_amplification
+from ..sources import read_amplification as nontime_amplification
 from ._codecs import describe_codecs
 from ._fieldspec import Index, format_index, parse_fields, selected_shape
 from ._stores import local_root, open_arrays, resolve_field

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._errors import ConfigError
-from ..sources._base import FieldSpec, check_lengths, window_nbytes
+from ..sources import FieldSpec, check_lengths, window_nbytes
 from ._fieldspec import FieldRequest, parse_fields, selected_shape
 from ._stores import open_arrays, resolve_field
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError
-from ..sources._base import FieldSpec
+from ..sources import FieldSpec
 
 __all__ = ["TimeSlice", "load_range"]
 

@@ -1,0 +1,93 @@
+"""Remote against local throughput: the same windows streamed from a URL and from a copy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigError
+from ..pipeline import ChunkLoader
+from ..sources import ZarrSource
+
+__all__ = ["ThroughputReport", "compare_throughput"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputReport:
+    """Decoded GB/s of the same windows read from a URL and from a local copy."""
+
+    url: str
+    local: str
+    windows: int
+    nbytes: int
+    remote_s: float
+    local_s: float
+
+    @property
+    def remote_gbps(self) -> float:
+        return self.nbytes / self.remote_s / 1e9
+
+    @property
+    def local_gbps(self) -> float:
+        return self.nbytes / self.local_s / 1e9
+
+    @property
+    def ratio(self) -> float:
+        """Remote throughput over local (1.0: the network costs nothing)."""
+        return self.local_s / self.remote_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields and the derived GB/s and ratio, for JSON."""
+        out = asdict(self)
+        out.update(remote_gbps=self.remote_gbps, local_gbps=self.local_gbps, ratio=self.ratio)
+        return out
+
+
+def compare_throughput(
+    url: str,
+    local: str | Path,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    array: str | None = None,
+    chunk_size: int,
+    windows: int = 8,
+    workers: int = 4,
+    seed: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ThroughputReport:
+    """Stream the same ``windows`` shuffled windows through a CPU :class:`ChunkLoader`
+    from ``url`` and from ``local`` (a copy of the same array), timing each.
+
+    The local copy is read first, so it runs on a warm page cache only if it
+    was read before; run it twice for a cached baseline. Both sources are
+    closed before returning.
+    """
+    def run(path: str | Path, options: Mapping[str, Any] | None) -> tuple[float, int]:
+        with (
+            ZarrSource(path, fields, array=array, storage_options=options) as source,
+            ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as loader,
+        ):
+            begin, nbytes = time.perf_counter(), 0
+            for chunk in loader.epoch(windows):
+                nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
+            return time.perf_counter() - begin, nbytes
+
+    local_s, nbytes = run(local, None)
+    remote_s, remote_bytes = run(url, storage_options)
+    if remote_bytes != nbytes:
+        raise ConfigError.bad(
+            "local",
+            str(local),
+            f"a copy of {url!r} (it read {nbytes} bytes, the URL {remote_bytes})",
+        )
+    return ThroughputReport(
+        url=url,
+        local=str(local),
+        windows=windows,
+        nbytes=nbytes,
+        remote_s=remote_s,
+        local_s=local_s,
+    )
