@@ -49,13 +49,16 @@ def _one(spec: StoreSpec, geo: Geometry, chunks: int, seed: int) -> dict:
 def first_epoch(spec: StoreSpec, geo: Geometry, *, chunks: int, runs: int) -> dict:
     """Per arena kind (``hugepages``, ``pages``): one dict per run (see :func:`_one`)."""
     out: dict = {}
-    saved = _buffers.HUGEPAGES
+    saved = getattr(_buffers, "HUGEPAGES", None)  # None: a chunkstream without the arena
     try:
         for kind, huge in (("hugepages", True), ("pages", False)):
             _buffers.HUGEPAGES = huge
             out[kind] = [_one(spec, geo, chunks, seed=100 + r) for r in range(runs)]
     finally:
-        _buffers.HUGEPAGES = saved
+        if saved is None:
+            del _buffers.HUGEPAGES
+        else:
+            _buffers.HUGEPAGES = saved
     return out
 
 

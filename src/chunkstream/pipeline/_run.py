@@ -187,7 +187,9 @@ class EpochRun:
         self._next = 0
         self._reads: deque[Future] = deque()
         self._copies: deque[Future] = deque()
-        self._lock = threading.Lock()
+        # Reentrant: add_done_callback runs the callback at once, under this lock, when
+        # the future is already done, and the callbacks take the lock too.
+        self._lock = threading.RLock()
         self._dropped = False
         self.started = time.monotonic()
         self._top_up()

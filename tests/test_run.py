@@ -1,0 +1,134 @@
+"""The epoch run of futures, with a copy stage as on CUDA, exercised on the CPU.
+
+The copy stage here is a plain function; the structure (a read future per window,
+a copy future chained to it, bounded deques, buffers given back exactly once when
+a run is dropped) is the one the CUDA path runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from chunkstream import ChunkLoadError
+from chunkstream.pipeline._run import EpochRun, Executor
+
+
+class _Buffers:
+    """Counts buffers taken and given back; a read takes one, a copy or reclaim returns it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.out = Counter()
+
+    def take(self, window):
+        with self.lock:
+            self.out[window] += 1
+
+    def give(self, window):
+        with self.lock:
+            self.out[window] -= 1
+            assert self.out[window] >= 0, f"{window} given back twice"
+
+
+@pytest.fixture
+def executors():
+    readers, copier = Executor("read", 3), Executor("transfer", 1)
+    yield readers, copier
+    end = time.monotonic() + 5
+    assert copier.close(end) == [] and readers.close(end) == []
+
+
+def _run(executors, buffers, windows, *, delay=0.0, fail=None, depth=4, copy_depth=2):
+    readers, copier = executors
+    in_flight = []
+
+    def read(window, dropped):
+        buffers.take(window)
+        in_flight.append(window)
+        time.sleep(delay)
+        if window == fail:
+            buffers.give(window)  # as read_job does when a read fails
+            raise ChunkLoadError(f"reading {window} failed", window=window)
+        return window
+
+    def copy(window, dropped):
+        buffers.give(window)  # the slot goes back behind the copy
+        return None if dropped() else ("copied", window)
+
+    run = EpochRun(windows, read=read, readers=readers, depth=depth, copy=copy, copier=copier,
+                   copy_depth=copy_depth, reclaim=buffers.give)  # fmt: skip
+    return run, in_flight
+
+
+@pytest.mark.parametrize("consumer", ["waits for reads", "finds reads done"])
+def test_copies_arrive_in_window_order_within_the_bounds(executors, consumer):
+    buffers = _Buffers()
+    windows = [(k, k + 1) for k in range(12)]
+    slow = consumer == "waits for reads"
+    run, in_flight = _run(executors, buffers, windows, delay=0.01 if slow else 0.0)
+    got = []
+    for _ in windows:
+        if not slow:
+            time.sleep(0.02)  # every read in the deque is done when its copy is chained
+        # Never more windows started than taken + reads + copies.
+        assert len(in_flight) <= len(got) + 4 + 2
+        got.append(run.take().result(timeout=5))
+    assert got == [("copied", w) for w in windows]
+    with pytest.raises(IndexError):
+        run.take()
+    assert sum(buffers.out.values()) == 0  # every buffer came back, once
+
+
+def test_a_dropped_run_gives_every_buffer_back_exactly_once(executors):
+    for stop_after in (0, 1, 3):
+        buffers = _Buffers()
+        run, _ = _run(executors, buffers, [(k, k + 1) for k in range(10)], delay=0.02)
+        for _ in range(stop_after):
+            run.take().result(timeout=5)
+        time.sleep(0.03)  # some reads running, some done, some copies queued
+        run.drop()
+        deadline = time.monotonic() + 5
+        while sum(buffers.out.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sum(buffers.out.values()) == 0, buffers.out
+
+
+def test_a_later_window_error_is_seen_while_waiting_for_an_earlier_one(executors):
+    buffers = _Buffers()
+    release = threading.Event()
+    readers, copier = executors
+
+    def read(window, dropped):
+        buffers.take(window)
+        if window == (0, 1):
+            release.wait(5)
+        if window == (1, 2):
+            buffers.give(window)
+            raise ChunkLoadError("injected", window=window)
+        return window
+
+    def copy(window, dropped):
+        buffers.give(window)
+        return window
+
+    run = EpochRun([(0, 1), (1, 2), (2, 3)], read=read, readers=readers, depth=3, copy=copy,
+                   copier=copier, copy_depth=1, reclaim=buffers.give)  # fmt: skip
+    first = run.take()
+    deadline = time.monotonic() + 2
+    while run.failed() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    failed = run.failed()
+    assert failed is not None and not first.done()
+    with pytest.raises(ChunkLoadError, match="injected"):
+        failed.result()
+    release.set()
+    assert first.result(timeout=5) == (0, 1)
+    run.drop()
+    deadline = time.monotonic() + 5
+    while sum(buffers.out.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(buffers.out.values()) == 0, buffers.out
