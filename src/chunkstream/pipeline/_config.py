@@ -201,6 +201,7 @@ class LoaderConfig:
         probe = chunk_size if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) else 0
         rows = min(probe, total) if probe > 0 else 1
         chunk_bytes = window_nbytes(source.fields, rows)
+        check_int("workers", workers, fix="Use 1 or more reader threads.")  # the budget needs it
         budget = cls.from_budget(chunk_bytes=chunk_bytes, workers=workers, host_memory=host_memory,
                                  device_memory=device_memory, on_cuda=on_cuda)  # fmt: skip
         config = cls(
@@ -235,7 +236,7 @@ class LoaderConfig:
         derived: dict[str, int] = {}
         if host_memory is not None:
             fit = int(host_memory) // max(1, chunk_bytes)
-            if not isinstance(workers, int) or fit < workers + 1:
+            if fit < workers + 1:
                 raise ConfigError.bad(
                     "host_memory",
                     host_memory,
