@@ -45,6 +45,15 @@ def test_every_store_has_every_figure(results: dict) -> None:
     assert job["dataloader"]["tensorstore-w0"]["windows"] == 256
 
 
+def test_first_epoch_figures(results: dict) -> None:
+    fe = results["first_epoch"]
+    assert set(fe) == {"hugepages", "pages"}
+    for runs in fe.values():
+        for r in runs:
+            assert r["construct_s"] > 0 and r["first_chunk_s"] > 0 and r["steady_read_s"] > 0
+            assert r["first_gbps"] > 0 and r["steady_gbps"] > 0
+
+
 def test_overlap_figures(results: dict) -> None:
     ov = results["overlap"]
     for f in ("1.0", "0.5", "1.25"):
@@ -105,6 +114,8 @@ def test_targets_and_markdown(results: dict, tmp_path: Path) -> None:
     assert any("thread-pool reader" in w for w in whats)
     assert any("page-cache" in w for w in whats)
     assert any("whole job" in w for w in whats)
+    assert any("first epoch vs its steady state" in w for w in whats)
+    assert any("time to a new loader's first chunk" in w for w in whats)
     assert all(isinstance(t["met"], bool) for t in results["targets"])
     (tmp_path / "quick.json").write_text(json.dumps(results))
     md = tmp_path / "BENCHMARKS.md"
