@@ -346,3 +346,16 @@ def test_epoch_at_starts_mid_epoch_without_reading_the_skipped_windows():
         with pytest.raises(cs.ConfigError, match=r"at=1.*resume is pending"):
             loader.epoch(4, at=1)
         assert [c.index for c in loader.epoch(4)] == [2, 3]
+
+
+def test_the_host_arena_is_allocated_at_construction_and_serves_every_epoch():
+    arrays = make_arrays(2000)
+    with ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, prefetch=2) as loader:
+        sets = loader.config.reader_capacity + 2  # the pipeline's, and two a loop holds
+        assert loader._pool.allocated == sets
+        assert loader._pool.nbytes >= sets * loader.chunk_bytes
+        for _ in range(3):
+            for chunk in loader.epoch(20):
+                np.testing.assert_array_equal(chunk["voltage"].numpy(),
+                                              arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
+        assert loader._pool.allocated == sets  # a plain for loop never needs a fresh buffer
