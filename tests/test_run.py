@@ -132,3 +132,39 @@ def test_a_later_window_error_is_seen_while_waiting_for_an_earlier_one(executors
     while sum(buffers.out.values()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sum(buffers.out.values()) == 0, buffers.out
+
+
+def test_the_loader_with_a_copy_stage_orders_restarts_and_is_collected():
+    # device="meta": the copy stage runs (a synchronous .to(device) of each host buffer),
+    # as on an accelerator without CUDA streams; nothing is computed.
+    import gc
+    import warnings
+
+    import chunkstream as cs
+    from tests.faults import ArraySource, make_arrays
+
+    source = ArraySource(make_arrays(2000), delay=0.002)
+    with cs.ChunkLoader(source, 100, device="meta", workers=2, sampling="sequential") as loader:
+        assert sorted(t.name for t in loader.threads) == [
+            "chunkstream-read-0", "chunkstream-read-1", "chunkstream-transfer-0"]  # fmt: skip
+        chunks = list(loader.epoch(10))
+        assert [(c.start, c.stop) for c in chunks] == [(k * 100, k * 100 + 100) for k in range(10)]
+        assert all(c["voltage"].device.type == "meta" for c in chunks)
+        for k, _ in enumerate(loader.epoch(10)):
+            if k == 2:
+                break
+        assert [c.index for c in loader.epoch(5)] == list(range(5))  # a fresh epoch
+        time.sleep(0.1)
+        # Every read of the dropped epoch went back: nothing beyond the arena was needed.
+        assert loader._pool.allocated == loader.config.reader_capacity + 2
+    loader = cs.ChunkLoader(source, 100, device="meta", workers=2)
+    next(iter(loader.epoch(8)))  # reads and copies still in flight when it is dropped
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del loader
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("chunkstream-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "threads left behind"
+        time.sleep(0.05)

@@ -47,6 +47,7 @@ __all__ = [
     "copy_job",
     "describe_source",
     "device_binder",
+    "give_back",
     "read_job",
     "read_to_host",
     "read_window",
@@ -237,6 +238,11 @@ def _check_finite(out: Mapping[str, np.ndarray], start: int, stop: int) -> None:
                 f"(timestep {position[0]}); {int((~finite).sum())} non-finite values in window "
                 f"[{start}, {stop}). Clean the data, or pass check_finite=False to train on it."
             )
+
+
+def give_back(pool: HostBufferPool | PinnedSlotPool, loaded: Loaded) -> None:
+    """Return the buffer set of a read nobody will consume (its epoch was dropped)."""
+    pool.release(loaded.buffers)
 
 
 def copy_job(

@@ -47,6 +47,7 @@ from ._jobs import (
     copy_job,
     describe_source,
     device_binder,
+    give_back,
     read_job,
     read_to_host,
 )  # fmt: skip
@@ -235,14 +236,11 @@ class ChunkLoader:
             self._run = EpochRun(
                 span.windows, read=self._read, readers=self._executors[0], depth=self._depth,
                 copy=self._copy, copier=copier, copy_depth=self.config.gpu_prefetch,
-                reclaim=self._reclaim if copier is not None else None,
+                reclaim=partial(give_back, self._pool) if copier is not None else None,
             )  # fmt: skip
             run = self._run
         self.stats.epoch_started()
         return _EpochIterator(self, span, run)
-
-    def _reclaim(self, loaded: Loaded) -> None:
-        self._pool.release(loaded.buffers)
 
     def _drop_run(self) -> None:
         if self._run is not None:
