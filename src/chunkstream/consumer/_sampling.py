@@ -32,8 +32,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._errors import ConfigError
-from ..pipeline._chunk import Chunk
-from ..plans._pieces import Piece
+from ..pipeline import Chunk
+from ..plans import Piece
 
 __all__ = ["WindowSampler", "gather_windows", "piece_starts", "sample_windows"]
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from ..plans._pieces import Piece
+from ..plans import Piece
 
 __all__ = ["Chunk", "Piece"]
 

@@ -34,7 +34,7 @@ import torch
 
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank
-from ..plans import PiecePlan, Segments, WindowPlan, make_plan
+from ..plans import Segments, WindowPlan
 from ..sources import Source
 from ..stats import ChunkRecord, LatencyStats
 from ._buffers import HostBufferPool, PinnedSlotPool
@@ -51,7 +51,7 @@ from ._jobs import (
     read_job,
     read_to_host,
 )  # fmt: skip
-from ._pieces import stored_time_chunk
+from ._pieces import loader_plan
 from ._run import POLL_S, EpochRun, Executor, shutdown
 
 __all__ = ["ChunkLoader"]
@@ -158,7 +158,7 @@ class ChunkLoader:
             read_retries=read_retries,
         )  # fmt: skip
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.plan = _make_plan(
+        self.plan = loader_plan(
             sampling, source, len(source), chunk_size, align, seed, pieces, segments, window
         )
         if stats is not None and not isinstance(stats, LatencyStats):
@@ -431,50 +431,6 @@ class ChunkLoader:
             f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )
-
-
-def _make_plan(
-    sampling: str | WindowPlan,
-    source: Source,
-    total: int,
-    chunk_size: int,
-    align: int,
-    seed: int,
-    pieces: int,
-    segments: object,
-    window: int | None,
-) -> WindowPlan | PiecePlan:
-    """The loader's plan: a window plan for contiguous chunks, a :class:`PiecePlan` for
-    pieces or segments (so ``pieces=1`` without segments keeps today's windows)."""
-    if pieces == 1 and segments is None:
-        if window is not None and isinstance(chunk_size, int) and window > min(chunk_size, total):
-            raise ConfigError.bad(
-                "window", window, f"at most the chunk length {min(chunk_size, total)}",
-                "Use a larger chunk_size or a shorter window.",
-            )  # fmt: skip
-        return make_plan(
-            sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
-        )
-    if not isinstance(sampling, str):
-        raise ConfigError.bad(
-            "sampling", type(sampling).__name__,
-            "'random', 'shuffled' or 'sequential' with pieces or segments",
-            "Pieces and segments need a built-in plan; use pieces=1 and no segments with a "
-            "custom WindowPlan.",
-        )  # fmt: skip
-    if isinstance(segments, str | os.PathLike):
-        segments = Segments.read(segments)
-    if pieces != 1 and isinstance(chunk_size, int) and chunk_size > total:
-        # Buffers hold min(chunk_size, T) rows; k pieces drawn from less data could need more.
-        raise ConfigError.bad(
-            "pieces", pieces, f"1 when chunk_size={chunk_size} exceeds the data ({total} timesteps)",
-            "Use pieces=1 (a chunk is then the whole data) or a chunk_size <= the data.",
-        )  # fmt: skip
-    return PiecePlan(
-        total_timesteps=total, chunk_size=chunk_size, pieces=pieces, sampling=sampling,
-        segments=segments, align=align, seed=seed, grid=stored_time_chunk(source),
-        batch_window=1 if window is None else window,
-    )  # fmt: skip
 
 
 class _EpochIterator:

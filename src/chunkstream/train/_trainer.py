@@ -54,8 +54,7 @@ from .._errors import ConfigError
 from ..consumer import WindowSampler, gather_windows
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader, resolve_device
-from ..plans import Segments, plan_epoch, split_segments
-from ..plans._segments import as_segments
+from ..plans import Segments, as_segments, plan_epoch, split_segments
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice, load_range
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
