@@ -5,18 +5,13 @@ The flow (see DESIGN.md)::
     EpochCursor ──> EpochRun: read futures ──> [copy futures] ──> Chunk
     (which windows)  (a buffer set each)       (CUDA: on a stream)
 
-* Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
-  rank's windows and starts an :class:`EpochRun` of futures on the loader's
-  long-lived executors: ``workers`` reader threads, and on a device one copy
-  thread. The previous run is dropped: reads not started are cancelled, and
-  buffers nobody will consume go back to the pool.
-* On CUDA each copy job copies a pinned slot into fresh device tensors on its
-  own stream, records an event and gives the slot back to the pool to be
-  reused once that event completes. The consumer's stream waits on the event
-  (``wait_event``), so the host never blocks on a copy, and ``record_stream``
-  tells the caching allocator the tensors are used on the consumer's stream.
-* On CPU the readers' buffers become the user's tensors (zero copy); a buffer
-  set is reused only after every tensor of the user's that refers to it is gone.
+Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
+rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
+executors (``workers`` readers; on a device one copy thread), dropping the
+previous run. On CUDA the consumer's stream waits on each copy's event
+(``wait_event``) and ``record_stream`` tells the caching allocator where the
+tensors are used (see ``_jobs``); on CPU the readers' buffers become the
+user's tensors, reused once no tensor of the user's refers to them.
 """
 
 from __future__ import annotations
@@ -176,8 +171,7 @@ class ChunkLoader:
         try:
             self._start_executors(on_cuda)
         except BaseException:
-            # Never leak the started threads, nor a registered arena (its mapping
-            # would be unmapped while still registered, and __del__ does nothing here).
+            # Never leak started threads nor a registered arena (__del__ does nothing here).
             shutdown(self._executors, self._pool, None, deadline_s=self.config.close_timeout)
             raise
         self._closed = False
@@ -192,8 +186,7 @@ class ChunkLoader:
         """The reader threads and, on a device, the copy thread; the jobs they run refer
         to the source and the pool only, so a loader the user drops is collected."""
         c = self.config
-        # Every CUDA thread binds the loader's device before its first job: a new
-        # thread starts on device 0, where its first CUDA call would create a context.
+        # Every CUDA thread binds the loader's device first (a new thread starts on device 0).
         init = device_binder(self.device) if on_cuda else None
         self._executors.append(Executor("read", c.workers, init))
         reading = dict(source=self.source, pool=self._pool, check_finite=c.check_finite,
@@ -206,8 +199,7 @@ class ChunkLoader:
         self._executors.append(Executor("transfer", 1, init))
         self._read = partial(read_job, **reading)
         self._copy = partial(copy_job, pool=self._pool, device=self.device, stream=self._stream)
-        # Each read holds a slot: no more reads in flight than slots, so the oldest
-        # read always finds one once the copies ahead of it have finished.
+        # No more reads than slots: the oldest read finds one once the copies ahead finish.
         self._depth = min(c.reader_capacity, c.slots)
 
     # -- epochs ------------------------------------------------------------------------
@@ -446,8 +438,7 @@ class _EpochIterator:
     def __next__(self) -> Chunk:
         span = self._span
         if span.dropped or span.finished:
-            # The epoch's clock stops here, not at the last chunk's hand-out, so the
-            # training on that chunk counts (epoch_ended is idempotent).
+            # The clock stops here, so training on the last chunk counts (idempotent).
             self._loader.stats.epoch_ended()
             raise StopIteration
         chunk = self._loader._next_chunk(span, self._run)
