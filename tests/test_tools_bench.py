@@ -21,6 +21,18 @@ def store(tmp_path):
     return path
 
 
+@pytest.fixture
+def slow_store(tmp_path):
+    """Reads that cost milliseconds (zstd-compressed noise), so with no training every chunk
+    waits on its read whatever the machine: an uncompressed 128 kB read can finish within the
+    consumer's own per-chunk overhead and look like keeping up."""
+    path = tmp_path / "slow.zarr"
+    arr = zarr.create_array(str(path), shape=(16384, 64), chunks=(256, 64), dtype="float32",
+                            compressors=zarr.codecs.ZstdCodec(level=9))  # fmt: skip
+    arr[:] = np.random.default_rng(0).random((16384, 64), dtype=np.float32)
+    return path
+
+
 def _bench(capsys, *argv):
     rc = main(["bench", *argv, "--device", "cpu", "--no-progress", "--json"])
     captured = capsys.readouterr()
@@ -45,14 +57,18 @@ def test_json_has_the_figures(store, capsys, tmp_path):
     assert out["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_verdict_flips_between_slow_and_fast_consumer(store):
+def test_verdict_flips_between_slow_and_fast_consumer(store, slow_store):
     source = open_bench_source(store)
     try:
         # Training 200 ms per 32 kB chunk: reading is orders of magnitude faster.
         slow = run_bench(source, chunk_size=256, prefetch=(2,), workers=(1,), num_chunks=4,
                          train_ms=200, device="cpu")  # fmt: skip
-        # No training at all: every chunk waits on its read.
-        fast = run_bench(source, chunk_size=1024, prefetch=(1,), workers=(1,), num_chunks=6,
+    finally:
+        source.close()
+    source = open_bench_source(slow_store)
+    try:
+        # No training at all: every chunk waits on its 1 MB zstd decode.
+        fast = run_bench(source, chunk_size=4096, prefetch=(1,), workers=(1,), num_chunks=6,
                          train_ms=0, device="cpu")  # fmt: skip
     finally:
         source.close()
