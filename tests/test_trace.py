@@ -132,3 +132,38 @@ def test_cuda_copies_are_in_the_trace(tmp_path):
     assert len(copies) == len(_complete(trace, READ)) == n == 8
     assert {tracks[e["tid"]] for e in copies} == {"chunkstream-transfer-0"}
     assert _no_overlap(copies)
+
+
+def _profiled_epoch(tmp_path, loader: cs.ChunkLoader) -> tuple[list[dict], list[tuple[int, int]]]:
+    """The ``chunkstream.*`` events of a torch.profiler run over one epoch, and its windows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        windows = [(chunk.start, chunk.stop) for chunk in loader.epoch()]
+    prof.export_chrome_trace(str(tmp_path / "profile.json"))
+    events = json.loads((tmp_path / "profile.json").read_text())["traceEvents"]
+    return [e for e in events if str(e.get("name", "")).startswith("chunkstream.")], windows
+
+
+def test_a_profiled_epoch_shows_reads_from_reader_threads_and_waits_from_the_consumer(tmp_path):
+    make_array(tmp_path / "a.zarr", random_data((300, 8)), (25, 8), codec="zstd")
+    source = cs.ZarrSource(tmp_path / "a.zarr")
+    with cs.ChunkLoader(source, 50, device="cpu", workers=2, seed=3, close_source=True) as ld:
+        events, windows = _profiled_epoch(tmp_path, ld)
+    names = {e["name"] for e in events}
+    assert {f"{READ} [{a}, {b})" for a, b in windows} <= names
+    assert {f"{WAIT} [{a}, {b})" for a, b in windows} <= names
+    read_tids = {e["tid"] for e in events if e["name"].startswith(READ)}
+    wait_tids = {e["tid"] for e in events if e["name"].startswith(WAIT)}
+    assert len(wait_tids) == 1 and not read_tids & wait_tids  # the readers' own threads
+
+
+def test_a_profiled_epoch_on_a_device_shows_copies_from_the_transfer_thread(tmp_path):
+    source = cs.NumpySource({"x": random_data((200, 4))})
+    with cs.ChunkLoader(source, 50, device="meta", workers=2, seed=0) as ld:
+        events, windows = _profiled_epoch(tmp_path, ld)
+    copies = [e for e in events if e["name"].startswith(COPY)]
+    assert sorted(e["name"] for e in copies) == sorted(f"{COPY} [{a}, {b})" for a, b in windows)
+    assert len({e["tid"] for e in copies}) == 1
+    assert not {e["tid"] for e in copies} & {e["tid"] for e in events if e["name"].startswith(READ)}

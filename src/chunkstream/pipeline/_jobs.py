@@ -35,6 +35,7 @@ import torch
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..plans import Piece
 from ..sources import Source
+from ..stats._trace import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
 from ._pieces import chunk_rows, piece_views, read_pieces
 
@@ -171,8 +172,9 @@ def read_job(
         ) from exc
     begin = time.perf_counter()
     try:
-        read_window(source, pieces, buffers.views(chunk_rows(pieces)), check_finite=check_finite,
-                    retries=retries, cancelled=dropped)  # fmt: skip
+        with profiled(READ, (start, stop)):
+            read_window(source, pieces, buffers.views(chunk_rows(pieces)),
+                        check_finite=check_finite, retries=retries, cancelled=dropped)  # fmt: skip
     except BaseException:
         pool.release(buffers)
         raise
@@ -259,34 +261,10 @@ def copy_job(
         pool.release(loaded.buffers)
         return None
     start, stop = loaded.window
-    rows = loaded.rows
     issued = time.perf_counter()
     try:
-        if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
-            tensors = {
-                name: torch.from_numpy(array).to(device)
-                for name, array in loaded.buffers.views(rows).items()
-            }
-            pool.release(loaded.buffers)
-            return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
-                            read_thread=loaded.thread,
-                            transfer_thread=threading.current_thread().name)  # fmt: skip
-        host = loaded.buffers.tensors
-        assert host is not None  # CUDA always runs with pinned slots (internal invariant)
-        # The thread's current device is ``device`` (set at thread start, with an
-        # index the loader resolved), so no device guard is needed here.
-        with torch.cuda.stream(stream):
-            begin = torch.cuda.Event(enable_timing=True)
-            done = torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            # Allocated on the transfer stream; the consumer calls record_stream.
-            tensors = {
-                name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
-                    t[:rows], non_blocking=True
-                )
-                for name, t in host.items()
-            }
-            done.record(stream)
+        with profiled(COPY, (start, stop)):
+            delivery = _copy(loaded, pool, device, stream, issued)
     except BaseException as exc:
         _release_after_failed_copy(pool, loaded.buffers, stream)
         raise ChunkLoadError(
@@ -294,10 +272,41 @@ def copy_job(
             f"{type(exc).__name__}: {exc}",
             window=(start, stop),
         ) from exc
-    pool.release_after(loaded.buffers, done)
+    if delivery.events is not None:
+        pool.release_after(loaded.buffers, delivery.events[1])
+    return delivery
+
+
+def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: float) -> Delivery:
+    """:func:`copy_job`'s copy. Off CUDA the slot is given back once copied; on CUDA the
+    caller gives it back behind ``Delivery.events[1]``."""
+    rows, me = loaded.rows, threading.current_thread().name
+    if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
+        tensors = {
+            name: torch.from_numpy(array).to(device)
+            for name, array in loaded.buffers.views(rows).items()
+        }
+        pool.release(loaded.buffers)
+        return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
+                        read_thread=loaded.thread, transfer_thread=me)  # fmt: skip
+    host = loaded.buffers.tensors
+    assert host is not None  # CUDA always runs with pinned slots (internal invariant)
+    # The thread's current device is ``device`` (set at thread start, with an
+    # index the loader resolved), so no device guard is needed here.
+    with torch.cuda.stream(stream):
+        begin = torch.cuda.Event(enable_timing=True)
+        done = torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        # Allocated on the transfer stream; the consumer calls record_stream.
+        tensors = {
+            name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
+                t[:rows], non_blocking=True
+            )
+            for name, t in host.items()
+        }
+        done.record(stream)
     return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
-                    (begin, done), read_thread=loaded.thread,
-                    transfer_thread=threading.current_thread().name)  # fmt: skip
+                    (begin, done), read_thread=loaded.thread, transfer_thread=me)  # fmt: skip
 
 
 def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> None:

@@ -32,6 +32,7 @@ from ..distributed import Uneven, resolve_rank
 from ..plans import Segments, WindowPlan
 from ..sources import Source
 from ..stats import ChunkRecord, LatencyStats
+from ..stats._trace import WAIT, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
@@ -247,7 +248,9 @@ class ChunkLoader:
         depth = run.ready()
         future = run.take()
         asked = time.perf_counter()
-        delivery = self._wait(future, span, run, asked)
+        first = span.windows[span.received - span.first][0]
+        with profiled(WAIT, (first.start, first.stop)):
+            delivery = self._wait(future, span, run, asked)
         received = time.perf_counter()
         tensors, ready = delivery.tensors, None
         if delivery.events is not None:
