@@ -165,3 +165,22 @@ def test_pieces_and_segments_print_valid_starts_chunks_and_read_amplification(tm
     report = json.loads(capsys.readouterr().out)["pieces"]
     assert report["chunks_per_epoch"] == 24 and report["chunks_per_pass"] == 24
     assert report["read_amplification"] == 1.0
+
+
+def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys):
+    """The plan's verdict is the loader's: a real loader on a real store decides the same."""
+    import chunkstream as cs
+
+    data = np.random.default_rng(0).random((400, 16), dtype=np.float32)
+    zarr.create_array(str(tmp_path / "a.zarr"), data=data, chunks=(50, 16))
+    needed = 400 * 16 * 4
+    for host_mem, mode in ((4 * needed, "resident"), (needed // 2, "streaming")):
+        out = _plan(capsys, str(tmp_path / "a.zarr"), "--chunk-size", "50",
+                    "--batch-size", "4", "--device", "cpu", "--host-mem", str(host_mem))  # fmt: skip
+        assert out["mode"].startswith(f"{mode}: 400 timesteps"), out["mode"]
+        source = cs.ZarrSource(tmp_path / "a.zarr")
+        with cs.ChunkLoader(source, 50, device="cpu", host_memory=host_mem, resident="auto") as ld:
+            assert ld.mode == mode and ld.mode_reason == out["mode"]
+    assert main(["plan", "--shape", "7900,72000", "--chunk-size", "512", "--batch-size", "8",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    assert "mode with resident='auto': streaming: no host_memory budget" in capsys.readouterr().out

@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if report.device == "cuda":
         print(f"  streaming uses {report.saving:.0%} less device memory")
+    print(f"mode with resident='auto': {report.mode}")
     for note in report.notes:
         print(f"note: {note}")
     b = report.budget

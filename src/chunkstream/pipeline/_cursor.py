@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from .._errors import ConfigError, check_int
 from ..distributed import EpochShare, Uneven, epoch_share
 from ..plans import Piece, PiecePlan, WindowPlan, chunk_pieces
 
-__all__ = ["EpochCursor", "EpochSpan"]
+__all__ = ["EpochCursor", "EpochIterator", "EpochSpan"]
 
 
 @dataclass(eq=False)
@@ -175,3 +176,28 @@ class EpochCursor:
         self.epoch, self._resume_step = epoch, step
         self._resume_global = (consumed, total) if total else None
         self._uneven = uneven
+
+
+class EpochIterator:
+    """Iterates one epoch of a :class:`~chunkstream.ChunkLoader` (its ``_next_chunk`` gives
+    each chunk); ends early once the next epoch starts or the loader closes."""
+
+    def __init__(self, loader: Any, span: EpochSpan, run: Any) -> None:
+        self._loader, self._span, self._run = loader, span, run
+        self.epoch = span.epoch
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        span = self._span
+        if span.dropped or span.finished:
+            # The clock stops here, so training on the last chunk counts (idempotent).
+            self._loader.stats.epoch_ended()
+            raise StopIteration
+        chunk = self._loader._next_chunk(span, self._run)
+        span.received += 1
+        return chunk
+
+    def __len__(self) -> int:
+        return self._span.stop - self._span.first

@@ -36,7 +36,7 @@ from ..stats._trace import WAIT, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
-from ._cursor import EpochCursor, EpochSpan
+from ._cursor import EpochCursor, EpochIterator, EpochSpan
 from ._jobs import (
     Delivery,
     Loaded,
@@ -46,8 +46,9 @@ from ._jobs import (
     give_back,
     read_job,
     read_to_host,
-)  # fmt: skip
+)
 from ._pieces import loader_plan
+from ._resident import make_resident
 from ._run import POLL_S, EpochRun, Executor, shutdown
 
 __all__ = ["ChunkLoader"]
@@ -87,6 +88,11 @@ class ChunkLoader:
         chunk, piece or sampled window crosses a segment's end. ``window`` (the
         batch window) must fit in a piece; segments shorter than it are
         skipped with a warning.
+    resident:
+        ``True`` reads the timesteps the plan can reach once, at the first ``epoch()``,
+        and serves chunks from the device as views or gathers (never modify one in
+        place then); ``"auto"`` does so when they fit the budget (docs/tuning.md),
+        decided at construction (``loader.mode``); ``False`` streams.
     rank, world_size:
         This process's share of every epoch (defaults from torch.distributed
         when it is initialised, else 0 and 1).
@@ -137,6 +143,7 @@ class ChunkLoader:
         pieces: int = 1,
         segments: Segments | str | object | None = None,
         window: int | None = None,
+        resident: bool | str = False,
     ) -> None:
         self._closed = True  # until fully built, so __del__ and close() are safe
         self._executors: list[Executor] = []
@@ -168,6 +175,9 @@ class ChunkLoader:
         self._run: EpochRun | None = None
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
+        self._resident, self.mode_reason = make_resident(
+            self.plan, self.source, self.device, self._stream, resident, host_memory, device_memory
+        )
         self._pool = self._make_pool(on_cuda)
         try:
             self._start_executors(on_cuda)
@@ -193,6 +203,9 @@ class ChunkLoader:
         reading = dict(source=self.source, pool=self._pool, check_finite=c.check_finite,
                        retries=c.read_retries)  # fmt: skip
         self._copy: Callable[..., Delivery | None] | None = None
+        if self._resident is not None:  # the readers load it once, then serve from it
+            self._read, self._depth = self._resident.serve, c.reader_capacity
+            return
         if self.device.type == "cpu":
             self._read: Callable[..., Delivery | Loaded] = partial(read_to_host, **reading)
             self._depth = c.reader_capacity
@@ -222,6 +235,8 @@ class ChunkLoader:
         most one across ranks unless ``uneven`` asked for padding or dropping.
         """
         self._check_open()
+        if self._resident is not None and not self._resident.loaded:
+            self._resident.load(self.source, self._executors[0], self.rows, self.config, self.close)
         with self._lock:
             span = self._cursor.begin(num_chunks, at)
             self._drop_run()
@@ -233,7 +248,7 @@ class ChunkLoader:
             )  # fmt: skip
             run = self._run
         self.stats.epoch_started()
-        return _EpochIterator(self, span, run)
+        return EpochIterator(self, span, run)
 
     def _drop_run(self) -> None:
         if self._run is not None:
@@ -373,6 +388,11 @@ class ChunkLoader:
         return self._pool.nbytes if isinstance(self._pool, PinnedSlotPool) else 0
 
     @property
+    def mode(self) -> str:
+        """``"resident"`` or ``"streaming"`` (``mode_reason`` says why), fixed at construction."""
+        return "streaming" if self._resident is None else "resident"
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` has run (or the loader shut down after an error)."""
         return self._closed
@@ -427,26 +447,3 @@ class ChunkLoader:
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )
 
-
-class _EpochIterator:
-    """Iterates one epoch; ends early once the next epoch starts or the loader closes."""
-
-    def __init__(self, loader: ChunkLoader, span: EpochSpan, run: EpochRun) -> None:
-        self._loader, self._span, self._run = loader, span, run
-        self.epoch = span.epoch
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Chunk:
-        span = self._span
-        if span.dropped or span.finished:
-            # The clock stops here, so training on the last chunk counts (idempotent).
-            self._loader.stats.epoch_ended()
-            raise StopIteration
-        chunk = self._loader._next_chunk(span, self._run)
-        span.received += 1
-        return chunk
-
-    def __len__(self) -> int:
-        return self._span.stop - self._span.first

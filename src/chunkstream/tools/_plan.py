@@ -32,8 +32,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from .._errors import ConfigError, check_int
-from ..pipeline import streaming_bytes
+from ..pipeline import resident_decision, streaming_bytes
 from ..plans import EpochPlan, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
@@ -110,6 +112,7 @@ class PlanReport:
     saving: float  # 1 - streaming device bytes / full device bytes (CUDA)
     budget: BudgetFit | None = None
     notes: list[str] = field(default_factory=list)
+    mode: str = ""  # what ChunkLoader(resident="auto") chooses for the training data, and why
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -130,6 +133,20 @@ def _streaming_bytes(
     if on_cuda:
         return (device or 0) + val_bytes, pinned, host
     return None, pinned, host + val_bytes
+
+
+def resident_mode(device: str, train: int, step: int, gpu_mem: int | None,
+                  host_mem: int | None) -> str:  # fmt: skip
+    """What ``ChunkLoader(resident="auto")`` chooses for ``train`` timesteps, and why."""
+    on_cuda = device == "cuda"
+    if on_cuda and gpu_mem is None and not torch.cuda.is_available():
+        return ("streaming: no --gpu-mem given and no CUDA device here to measure (on CUDA, "
+                "resident='auto' compares with the free memory minus a margin)")  # fmt: skip
+    _, why = resident_decision(
+        "auto", device=torch.device(device), nbytes=train * step, rows=train,
+        device_memory=gpu_mem if on_cuda else None, host_memory=host_mem,
+    )  # fmt: skip
+    return why
 
 
 def _candidates_below(limit: int, *, align: int, batch: int) -> int | None:
@@ -340,4 +357,5 @@ def plan_memory(
         step_bytes=step, device=device, chunk_size=chunk_size, chunk_bytes=cb, window=window,
         prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers, host_slots=slots,
         epoch=epoch, full=full, streaming=streaming, saving=saving, budget=budget, notes=notes,
+        mode=resident_mode(device, train, step, gpu_mem, host_mem),
     )  # fmt: skip

@@ -1,0 +1,205 @@
+"""Resident mode: the rows a plan can reach, read once and kept on the loader's device.
+
+When those rows (the whole source, or from the first segment's start to the last
+one's stop) fit the budget, the loader reads them once, at its first ``epoch()``,
+with the normal read path (:func:`~chunkstream.pipeline._jobs.read_window`, retries
+and ``check_finite`` included) on its reader threads, into one tensor per field
+on its device. Every chunk is then served from those tensors: a one-piece chunk
+as a view of its rows, a pieced chunk as a device-side gather into fresh tensors.
+Plans, cursor, :class:`~chunkstream.Chunk` API and ``state_dict`` are the
+streaming ones, so a resident and a streamed loader with the same plan deliver
+the same chunks. No source read happens after the load.
+
+Budget (:func:`resident_decision`): ``device_memory=`` when given; else on CUDA the free
+device memory minus :data:`CUDA_MARGIN_FRACTION` of the device's total (at least
+:data:`CUDA_MARGIN_MIN` bytes), left for the model, its activations and the
+allocator's fragmentation; on the CPU ``host_memory=`` (none given: the loader
+streams unless ``resident=True``).
+
+CUDA ordering: the load copies each window from pageable memory in a reader
+thread, then the loading thread synchronizes the device, so the resident
+tensors are complete before any chunk is served, and they are never written
+again. A gather runs on the loader's transfer stream between two events; the
+consumer's stream waits on the second and ``record_stream`` covers the new
+tensors, as for a streamed copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import wait as wait_futures
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError
+from ..plans import Piece
+from ..sources import FieldSpec, Source, window_nbytes
+from ..stats._trace import COPY, profiled
+from ._jobs import Delivery, read_window
+from ._run import Executor
+
+__all__ = [
+    "CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "ResidentStore", "make_resident",
+    "resident_decision", "resident_rows",
+]  # fmt: skip
+
+_log = logging.getLogger("chunkstream.pipeline")
+
+CUDA_MARGIN_FRACTION = 0.10
+CUDA_MARGIN_MIN = 2 << 30
+
+
+def resident_rows(plan: object, total: int) -> tuple[int, int]:
+    """``[lo, hi)``: the timesteps the plan can reach (the segments' hull, else all)."""
+    segments = getattr(plan, "segments", None)
+    if not segments:
+        return 0, total
+    return min(s.start for s in segments), min(total, max(s.stop for s in segments))
+
+
+def _budget(device: torch.device, device_memory: int | None,
+            host_memory: int | None) -> tuple[int | None, str]:  # fmt: skip
+    if device.type == "cpu":
+        return host_memory, "host_memory"
+    if device_memory is not None:
+        return device_memory, "device_memory"
+    if device.type != "cuda":
+        return None, "device_memory"
+    free, total = torch.cuda.mem_get_info(device)
+    margin = max(CUDA_MARGIN_MIN, int(CUDA_MARGIN_FRACTION * total))
+    return max(0, free - margin), f"free memory of {device} minus a {margin / 2**30:.1f} GiB margin"
+
+
+def resident_decision(
+    resident: object, *, device: torch.device, nbytes: int, rows: int,
+    device_memory: int | None, host_memory: int | None,
+) -> tuple[bool, str]:  # fmt: skip
+    """Whether a loader runs resident, and why (one line for the log and ``chunkstream plan``).
+
+    ``nbytes`` is what the ``rows`` reachable timesteps take on the device.
+    ``resident=True`` with a budget they exceed is a :class:`ConfigError`.
+    """
+    if not (isinstance(resident, bool) or resident == "auto"):
+        raise ConfigError.bad("resident", resident, "'auto', True or False",
+                              "Pass resident='auto' to keep the data on the device when it fits.")
+    if resident is False:
+        return False, "streaming: resident=False"
+    budget, what = _budget(device, device_memory, host_memory)
+    need = f"{rows} timesteps ({nbytes / 1e9:.3g} GB)"
+    if budget is not None and nbytes > budget:
+        if resident is True:
+            raise ConfigError.bad(
+                "resident", True, f"data that fits the budget: {need} exceed {what} "
+                f"({budget / 1e9:.3g} GB)",
+                "Raise device_memory (host_memory on the CPU), cut the data with segments, or "
+                "pass resident='auto' to stream when it does not fit.",
+            )  # fmt: skip
+        return False, f"streaming: {need} exceed {what} ({budget / 1e9:.3g} GB)"
+    if budget is None:
+        if resident is True:
+            return True, f"resident: resident=True ({need}, no budget given)"
+        return False, f"streaming: no {what} budget to hold {need} on {device.type}"
+    return True, f"resident: {need} fit {what} ({budget / 1e9:.3g} GB)"
+
+
+def make_resident(
+    plan: object, source: Source, device: torch.device, stream: Any, resident: object,
+    host_memory: int | None, device_memory: int | None,
+) -> tuple[ResidentStore | None, str]:  # fmt: skip
+    """A loader's resident store (``None``: it streams) and the reason, logged once."""
+    lo, hi = resident_rows(plan, len(source))
+    nbytes = window_nbytes(source.fields, hi - lo)
+    on, why = resident_decision(resident, device=device, nbytes=nbytes, rows=hi - lo,
+                     device_memory=device_memory, host_memory=host_memory)  # fmt: skip
+    if resident is not False:
+        _log.info("chunkstream: %s", why)
+    return (ResidentStore(source.fields, lo, hi, device, stream) if on else None), why
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+class ResidentStore:
+    """Rows ``[lo, hi)`` of every field on ``device``, read once by :meth:`load`."""
+
+    def __init__(self, fields: Mapping[str, FieldSpec], lo: int, hi: int,
+                 device: torch.device, stream: Any) -> None:  # fmt: skip
+        self.lo, self.hi, self.device, self._stream = lo, hi, device, stream
+        self.tensors = {
+            name: torch.empty((hi - lo, *spec.shape), dtype=_torch_dtype(spec.dtype), device=device)
+            for name, spec in fields.items()
+        }
+        self.nbytes = window_nbytes(fields, hi - lo)
+        self.loaded = False
+
+    def load(self, source: Source, readers: Executor, rows: int, config: Any,
+             close: Callable[[], None]) -> None:  # fmt: skip
+        """Read every row once, ``rows`` timesteps per call, on ``readers``. The first
+        error (a :class:`~chunkstream.ChunkLoadError` naming its window) is raised after
+        ``close()``: as for a streamed read, the pipeline shuts down after it."""
+        fill = partial(self._fill, source, check_finite=config.check_finite,
+                       retries=config.read_retries)  # fmt: skip
+        futures = [readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
+                   for a in range(self.lo, self.hi, rows)]  # fmt: skip
+        wait_futures(futures)
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            close()
+            raise
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # every reader's copies, on any stream
+        self.loaded = True
+
+    def _fill(self, source: Source, start: int, stop: int, *, check_finite: bool,
+              retries: int) -> None:  # fmt: skip
+        rows = {name: t[start - self.lo : stop - self.lo] for name, t in self.tensors.items()}
+        on_cpu = self.device.type == "cpu"
+        # On the CPU the rows are read in place (a leading-axis slice is C-contiguous).
+        out = {name: (t.numpy() if on_cpu else np.empty(tuple(t.shape), _numpy(t)))
+               for name, t in rows.items()}  # fmt: skip
+        read_window(source, (Piece(0, start, stop),), out, check_finite=check_finite,
+                    retries=retries)  # fmt: skip
+        if not on_cpu:
+            for name, t in rows.items():
+                t.copy_(torch.from_numpy(out[name]))
+
+    def serve(self, pieces: tuple[Piece, ...], dropped: Callable[[], bool]) -> Delivery:
+        """A chunk's tensors: a view of the resident rows for one piece, a gather for more."""
+        begin, lo = time.perf_counter(), self.lo
+        first = pieces[0]
+        if len(pieces) == 1:
+            tensors = {n: t[first.start - lo : first.stop - lo] for n, t in self.tensors.items()}
+            return Delivery(pieces, tensors, begin, time.perf_counter(),
+                            read_thread=threading.current_thread().name)  # fmt: skip
+        with profiled(COPY, (first.start, first.stop)):
+            return self._gather(pieces, begin)
+
+    def _gather(self, pieces: tuple[Piece, ...], begin: float) -> Delivery:
+        lo, stream, events = self.lo, self._stream, None
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            if stream is not None:
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record(stream)
+            tensors = {name: torch.cat([t[p.start - lo : p.stop - lo] for p in pieces])
+                       for name, t in self.tensors.items()}  # fmt: skip
+            if events is not None:
+                events[1].record(stream)
+        me = threading.current_thread().name
+        return Delivery(pieces, tensors, begin, time.perf_counter(), begin if events else None,
+                        events, read_thread=me, transfer_thread=me if events else None)  # fmt: skip
+
+
+def _numpy(t: torch.Tensor) -> np.dtype:
+    return torch.empty(0, dtype=t.dtype).numpy().dtype
+
