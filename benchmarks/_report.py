@@ -10,6 +10,7 @@ from ._dtype import dtype_section
 from ._engines_report import engine_section, first_results_with
 from ._quality import quality_markdown
 from ._remote_report import remote_section
+from ._resident import resident_section
 
 __all__ = ["RESULTS_DIR", "targets", "write_markdown"]
 
@@ -309,6 +310,9 @@ def write_markdown(results_dir: Path = RESULTS_DIR, markdown: Path = MARKDOWN) -
                      "figures were taken. `benchmarks/gpu.sh` is ready for one.", ""]  # fmt: skip
     body += engine_section(results_dir)
     body += dtype_section(first_results_with(results_dir, ("dtype", "dtype-quick"), "dtype"))
+    body += resident_section(
+        first_results_with(results_dir, ("resident", "resident-quick"), "resident")
+    )
     body += remote_section(results_dir)
     body += quality_markdown(results_dir)
     text = markdown.read_text() if markdown.exists() else f"# Benchmarks\n\n{_BEGIN}\n{_END}\n"

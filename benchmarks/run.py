@@ -8,6 +8,7 @@
     python -m benchmarks.run --only dtype     # only float16 vs float32 storage (results/dtype.json)
     python -m benchmarks.run --only quality   # only the quality race (results/quality.json)
     python -m benchmarks.run --only first-epoch  # a new loader's first epoch vs its steady state
+    python -m benchmarks.run --only resident  # resident mode vs streaming epoch times
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -244,11 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines", "remote", "dtype", "quality", "first-epoch"),
+        "--only", choices=("engines", "remote", "dtype", "quality", "first-epoch", "resident"),
         help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
              "dtype: only float16 vs float32 storage; quality: only the quality race "
              "(batch correlation); first-epoch: only a new loader's first epoch against its "
-             "steady state",
+             "steady state; resident: resident mode against streaming",
     )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
@@ -262,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = "quality-quick" if args.quick else "quality"
     if args.only == "first-epoch":
         mode = "first-epoch-quick" if args.quick else "first-epoch"
+    if args.only == "resident":
+        mode = "resident-quick" if args.quick else "resident"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -282,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "quality":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"quality": quality(reps)}
+    elif args.only == "resident":
+        from ._resident import run_resident
+
+        results = {"resident": run_resident(geo, quick=args.quick or args.tiny)}
     elif args.only == "first-epoch":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"geometry": asdict(geo), "first_epoch": run_first_epoch(geo, reps)}
