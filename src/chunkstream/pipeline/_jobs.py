@@ -35,7 +35,7 @@ import torch
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..plans import Piece
 from ..sources import Source
-from ..stats._trace import COPY, READ, profiled
+from ..stats import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
 from ._pieces import chunk_rows, piece_views, read_pieces
 

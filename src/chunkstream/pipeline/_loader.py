@@ -31,8 +31,7 @@ from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank
 from ..plans import Segments, WindowPlan
 from ..sources import Source
-from ..stats import ChunkRecord, LatencyStats
-from ..stats._trace import WAIT, profiled
+from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank

@@ -41,7 +41,7 @@ import torch
 from .._errors import ConfigError
 from ..plans import Piece
 from ..sources import FieldSpec, Source, window_nbytes
-from ..stats._trace import COPY, profiled
+from ..stats import COPY, profiled
 from ._jobs import Delivery, read_window
 from ._run import Executor
 
