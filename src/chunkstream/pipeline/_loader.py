@@ -188,9 +188,9 @@ class ChunkLoader:
 
     def _make_pool(self, on_cuda: bool) -> HostBufferPool | PinnedSlotPool:
         fields, sets = self.source.fields, self.config.host_sets(on_cuda)
-        if on_cuda:
+        if on_cuda and self._resident is None:
             return PinnedSlotPool(fields, self.rows, slots=sets, device=self.device)
-        return HostBufferPool(fields, self.rows, slots=sets)
+        return HostBufferPool(fields, self.rows, slots=sets if self._resident is None else 1)
 
     def _start_executors(self, on_cuda: bool) -> None:
         """The reader threads and, on a device, the copy thread; the jobs they run refer

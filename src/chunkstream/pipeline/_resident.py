@@ -16,10 +16,12 @@ device memory minus :data:`CUDA_MARGIN_FRACTION` of the device's total (at least
 allocator's fragmentation; on the CPU ``host_memory=`` (none given: the loader
 streams unless ``resident=True``).
 
-CUDA ordering: the load copies each window from pageable memory in a reader
-thread, then the loading thread synchronizes the device, so the resident
-tensors are complete before any chunk is served, and they are never written
-again. A gather runs on the loader's transfer stream between two events; the
+CUDA ordering: the resident tensors are allocated by the thread that calls the
+first ``epoch()``, which waits for its current stream first (the blocks may have
+been in use there); each reader copies its windows from pageable memory, then
+the loading thread synchronizes the device, so the resident tensors are
+complete before any chunk is served, and they are never written again. A view
+is used on the consumer's stream like any tensor allocated there. A gather runs on the loader's transfer stream between two events; the
 consumer's stream waits on the second and ``record_stream`` covers the new
 tensors, as for a streamed copy.
 """
@@ -133,10 +135,8 @@ class ResidentStore:
     def __init__(self, fields: Mapping[str, FieldSpec], lo: int, hi: int,
                  device: torch.device, stream: Any) -> None:  # fmt: skip
         self.lo, self.hi, self.device, self._stream = lo, hi, device, stream
-        self.tensors = {
-            name: torch.empty((hi - lo, *spec.shape), dtype=_torch_dtype(spec.dtype), device=device)
-            for name, spec in fields.items()
-        }
+        self._fields = dict(fields)
+        self.tensors: dict[str, torch.Tensor] = {}  # allocated by load()
         self.nbytes = window_nbytes(fields, hi - lo)
         self.loaded = False
 
@@ -145,6 +145,16 @@ class ResidentStore:
         """Read every row once, ``rows`` timesteps per call, on ``readers``. The first
         error (a :class:`~chunkstream.ChunkLoadError` naming its window) is raised after
         ``close()``: as for a streamed read, the pipeline shuts down after it."""
+        on_cuda = self.device.type == "cuda"
+        self.tensors = {
+            name: torch.empty((self.hi - self.lo, *spec.shape), dtype=_torch_dtype(spec.dtype),
+                              device=self.device)
+            for name, spec in self._fields.items()
+        }  # fmt: skip
+        if on_cuda:
+            # The blocks come from this thread's current stream, whose queued work may
+            # still use them; the readers write on their own streams, so wait for it.
+            torch.cuda.current_stream(self.device).synchronize()
         fill = partial(self._fill, source, check_finite=config.check_finite,
                        retries=config.read_retries)  # fmt: skip
         futures = [readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
@@ -156,8 +166,12 @@ class ResidentStore:
         except BaseException:
             close()
             raise
-        if self.device.type == "cuda":
+        if on_cuda:
             torch.cuda.synchronize(self.device)  # every reader's copies, on any stream
+            for tensor in self.tensors.values():
+                # Gathers read these on the transfer stream: when the data is freed, the
+                # allocator must wait for them before handing the blocks out again.
+                tensor.record_stream(self._stream)
         self.loaded = True
 
     def _fill(self, source: Source, start: int, stop: int, *, check_finite: bool,
