@@ -425,7 +425,8 @@ class ChunkLoader:
 
     @property
     def chunks_read(self) -> int:
-        """Windows read without error since construction (prefetched ones included)."""
+        """Windows read without error since construction (prefetched ones included; resident:
+        the load's reads and every chunk served)."""
         return self._executors[0].completed if self._executors else 0
 
     @property

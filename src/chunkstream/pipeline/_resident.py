@@ -119,7 +119,7 @@ def make_resident(
     lo, hi = resident_rows(plan, len(source))
     nbytes = window_nbytes(source.fields, hi - lo)
     on, why = resident_decision(resident, device=device, nbytes=nbytes, rows=hi - lo,
-                     device_memory=device_memory, host_memory=host_memory)  # fmt: skip
+                                device_memory=device_memory, host_memory=host_memory)  # fmt: skip
     if resident is not False:
         _log.info("chunkstream: %s", why)
     return (ResidentStore(source.fields, lo, hi, device, stream) if on else None), why
