@@ -172,6 +172,12 @@ def _convert_dtype(tmp: Path, dtype: str, big: bool = False):
     convert_store(tmp / "in.zarr", tmp / "out", fields=["x=:"], dtype=dtype, progress=False)
 
 
+def _train_config(**kwargs):
+    from chunkstream.train import TrainConfig
+
+    TrainConfig(**kwargs)
+
+
 def _stream_state(state):
     with _loader() as loader:
         cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2).load_state_dict(state)
@@ -417,6 +423,12 @@ CASES = [
      cs.ConfigError, ValueError, ["state=", "'batch' in [0, batches_per_chunk=2)"]),
     ("BatchStream.dtype", lambda t: _stream(dtype=torch.int64),
      cs.ConfigError, ValueError, ["dtype=torch.int64", "torch.float32", "floating torch dtype"]),
+    ("BatchStream.mix", lambda t: _stream(mix=0),
+     cs.ConfigError, ValueError, ["mix=0", "an int >= 1", "mix=1"]),
+    ("BatchStream.mix", lambda t: _stream(mix=2.0),
+     cs.ConfigError, ValueError, ["mix=2.0", "an int >= 1", "mix=8"]),
+    ("TrainConfig.mix", lambda t: _train_config(mix=0),
+     cs.ConfigError, ValueError, ["mix=0", "an int >= 1"]),
     ("JoinSource.sources.empty", lambda t: cs.JoinSource(),
      cs.ConfigError, ValueError, ["sources=()", "at least one source", "cs.JoinSource(traces"]),
     ("JoinSource.sources.type", lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), _x()),

@@ -3,7 +3,7 @@
 import chunkstream as cs
 
 PUBLIC = [
-    "BatchStream", "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader",
+    "BatchStream", "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkMixer",
     "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig",

@@ -106,8 +106,10 @@ def test_trainer_beats_the_constant_baseline(flyvis_source, tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
 
 
-def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path):
-    full = Trainer(flyvis_source, _config(), out_dir=tmp_path / "full").fit()
+@pytest.mark.parametrize("mix", [1, 3])
+def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix):
+    # mix=3: the checkpoints fall mid-buffer, and the resumed run re-reads the held chunks
+    full = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full").fit()
 
     class Killed(Exception):
         pass
@@ -122,9 +124,11 @@ def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path):
 
     run = tmp_path / "killed"
     with pytest.raises(Killed):
-        Trainer(flyvis_source, _config(checkpoint_every=1), out_dir=run,
+        Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run,
                 on_chunk=kill_after_some).fit()  # fmt: skip
-    resumed = Trainer(flyvis_source, _config(checkpoint_every=1), out_dir=run).fit(resume=True)
+    resumed = Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run).fit(
+        resume=True
+    )
     assert seen + resumed.windows == full.windows
     assert [r.epoch for r in resumed.history] == [0, 1, 2]
     # the same windows and the same per-chunk batch seeds: the same model at the end

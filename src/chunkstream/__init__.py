@@ -29,6 +29,7 @@ from ._errors import (
 )
 from .consumer import (
     BatchStream,
+    ChunkMixer,
     WindowSampler,
     gather_windows,
     neighbour_union,
@@ -71,6 +72,7 @@ __all__ = [
     "Chunk",
     "ChunkLoadError",
     "ChunkLoader",
+    "ChunkMixer",
     "ChunkstreamError",
     "ConfigError",
     "CorruptChunkError",

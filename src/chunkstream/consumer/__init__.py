@@ -2,10 +2,12 @@
 
 from ._augment import neighbour_union, zero_neurons_with_neighbours
 from ._batches import BatchStream
+from ._mixing import ChunkMixer
 from ._sampling import WindowSampler, gather_windows, sample_windows
 
 __all__ = [
     "BatchStream",
+    "ChunkMixer",
     "WindowSampler",
     "gather_windows",
     "neighbour_union",

@@ -16,6 +16,11 @@ at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
 a hash of ``(seed, epoch, index, b, rank)``. The state is the loader's state
 as it was *before* the current chunk, plus how many of that chunk's batches
 were handed out; loading it re-delivers that chunk and skips those batches.
+With ``mix > 1`` the state's loader state is the one before the oldest chunk
+held with the current one, and ``refill`` counts the held chunks before the
+current one: loading the state re-reads them into the buffer (drawing
+nothing) before the current chunk's batches, so the buffer holds what it held
+when the state was saved (see :mod:`chunkstream.consumer._mixing`).
 "Handed out" means yielded: a consumer that fetches ahead of what it trains on
 must save the state of what it trained on. Lightning 2.x does not fetch ahead
 for a loader with ``__len__`` (its prefetching is only for unsized iterables),
@@ -32,7 +37,8 @@ import torch
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
-from ._sampling import _compute_dtype, gather_windows, sample_windows
+from ._mixing import ChunkMixer, check_mix
+from ._sampling import _compute_dtype
 
 __all__ = ["BatchStream"]
 
@@ -76,6 +82,17 @@ class BatchStream:
         fields stored as float16): converted in the gather, batch by batch, so
         the chunk stays in its stored dtype (see :func:`gather_windows`); bool
         and integer fields keep theirs. ``None`` keeps every stored dtype.
+    mix:
+        Chunks held and mixed per batch (a shuffle buffer of chunks,
+        :class:`~chunkstream.consumer.ChunkMixer`): each batch's windows are
+        drawn uniformly over every valid start of the last ``mix`` chunks
+        (never across a piece), so consecutive batches are no longer drawn
+        from one chunk; each chunk still feeds ``batches_per_chunk`` batches.
+        Memory: ``mix`` chunks of the chosen fields copied into storage the
+        stream owns, on the loader's device (device memory on CUDA); the
+        loader's own buffers are released as before. The buffer starts empty
+        each epoch, so an epoch's first chunks mix with fewer. ``1`` (the
+        default) draws each batch from one chunk, without a copy.
 
     Notes
     -----
@@ -113,6 +130,7 @@ class BatchStream:
         fields: str | Sequence[str] | None = None,
         seed: int | None = None,
         dtype: torch.dtype | None = None,
+        mix: int = 1,
     ) -> None:
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
@@ -200,10 +218,15 @@ class BatchStream:
         self._key = seed_key(self.seed)
         _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
         self.dtype = dtype
+        self.mix = check_mix(mix)
+        self._mixer = ChunkMixer(self.mix, window=self.window, rows=length, fields=self.fields)
         self._generator = torch.Generator(device=loader.device)
-        # Resume and position. ``_before`` is the loader's state before the chunk being
-        # drawn from (None between chunks); ``_drawn`` counts that chunk's batches handed out.
+        # Resume and position. ``_before`` is the loader's state before the oldest chunk
+        # to re-read (None: the loader's own state), ``_refill`` how many chunks to
+        # re-read silently, ``_drawn`` the current chunk's batches handed out.
         self._skip = 0  # batches of the first chunk to skip, after load_state_dict
+        self._refill_next = 0  # chunks the next epoch iteration re-reads, after load_state_dict
+        self._refill = 0
         self._before: dict[str, int] | None = None
         self._drawn = 0
         self._generation = 0
@@ -234,7 +257,7 @@ class BatchStream:
         except GeneratorExit:  # closed early (close(), or collected after a break)
             if generation == self._generation:
                 self._closed_state = self._next_epoch_state()
-                self._before, self._drawn = None, 0
+                self._before, self._drawn, self._refill = None, 0, 0
             raise
 
     def _next_epoch_state(self) -> dict[str, int]:
@@ -246,19 +269,26 @@ class BatchStream:
 
     def _batches(self, generation: int) -> Iterator[Batch]:
         skip, self._skip = self._skip, 0
+        refill, self._refill_next = self._refill_next, 0
         chunks = self.loader.epoch(self.chunks_per_epoch)
-        while True:
-            before = self.loader.state_dict()
-            chunk = next(chunks, None)
-            if chunk is None or generation != self._generation:
+        mixer = self._mixer
+        # One event per chunk (ChunkMixer.events): its batches are drawn over it and the
+        # up to mix - 1 chunks before it; after a resume the first `refill` chunks
+        # only refill the buffer.
+        for chunk in mixer.events(chunks, self.loader.state_dict, refill=refill):
+            if generation != self._generation:
                 return
-            self._before, self._drawn = before, skip
+            (self._before, self._refill), self._drawn = mixer.resume_point(done=False), skip
             count = self._batches_in(chunk.index)
             for b in range(skip, count):
                 batch = self._draw(chunk, b)
                 self._drawn = b + 1
                 if b + 1 == count:
-                    self._before = None  # the chunk is done: the loader's own state is exact
+                    # The event is done: resume at the next one (re-reading the chunks it
+                    # mixes with), or at the epoch's end from the loader's own state.
+                    final = chunk.index + 1 >= self.chunks_per_epoch
+                    point = (None, 0) if final else mixer.resume_point(done=True)
+                    (self._before, self._refill), self._drawn = point, 0
                 yield batch
                 if generation != self._generation:
                     return  # a newer iteration took over
@@ -268,35 +298,35 @@ class BatchStream:
     def _draw(self, chunk: Chunk, b: int) -> Batch:
         key = hash_words(self._key, _TAG_BATCH, chunk.epoch, chunk.index, b, self.loader.rank)
         self._generator.manual_seed(key & M64)
-        starts = sample_windows(
-            chunk, batch_size=self.batch_size, window=self.window, generator=self._generator
-        )
+        mixer = self._mixer
+        starts = mixer.sample(self.batch_size, self._generator)
         if self._single:
-            return gather_windows(chunk[self.fields[0]], starts, self.window, dtype=self.dtype)
-        return {
-            name: gather_windows(chunk[name], starts, self.window, dtype=self.dtype)
-            for name in self.fields
-        }
+            return mixer.gather(self.fields[0], starts, self.dtype)
+        return {name: mixer.gather(name, starts, self.dtype) for name in self.fields}
 
     # -- resume ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, object]:
-        """``{"loader": <ChunkLoader state>, "batch": k, ...}``: a few integers.
+        """``{"loader": <ChunkLoader state>, "batch": k, "refill": r, ...}``: a few integers.
 
         Mid-chunk, ``loader`` is the state before that chunk and ``batch`` the
-        batches of it already handed out; between chunks ``batch`` is 0. After
+        batches of it already handed out; between chunks ``batch`` is 0. With
+        ``mix > 1``, ``loader`` is the state before the oldest chunk the current
+        (or next) chunk's batches mix with, and ``refill`` the chunks before
+        the current one to re-read into the buffer on resume. After
         the epoch's iterator was closed early, the next epoch's start (see the
         class notes).
         """
         if self._closed_state is not None:
-            loader_state, batch = dict(self._closed_state), 0
+            loader_state, batch, refill = dict(self._closed_state), 0, 0
         elif self._before is not None:
-            loader_state, batch = dict(self._before), self._drawn
+            loader_state, batch, refill = dict(self._before), self._drawn, self._refill
         else:
-            loader_state, batch = self.loader.state_dict(), self._skip
+            loader_state, batch, refill = self.loader.state_dict(), self._skip, self._refill_next
         return {
             "loader": loader_state,
             "batch": batch,
+            "refill": refill,
             "batches_per_chunk": self.batches_per_chunk,
             "seed": self.seed,
         }
@@ -307,6 +337,7 @@ class BatchStream:
             loader_state = state["loader"]
             batch = state["batch"]
             per_chunk = state.get("batches_per_chunk", self.batches_per_chunk)
+            refill = state.get("refill", 0)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError.bad(
                 "state", state, "a dict from BatchStream.state_dict() with 'loader' and 'batch'"
@@ -314,6 +345,11 @@ class BatchStream:
         per = self.batches_per_chunk
         if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < per:
             raise ConfigError.bad("state", state, f"'batch' in [0, batches_per_chunk={per})")
+        if isinstance(refill, bool) or not isinstance(refill, int) or not 0 <= refill < self.mix:
+            raise ConfigError.bad(
+                "state", state, f"'refill' in [0, mix={self.mix})",
+                "Resume with the stream's settings (mix) of the interrupted run.",
+            )  # fmt: skip
         if per_chunk != self.batches_per_chunk:
             raise ConfigError.bad(
                 "state", state,
@@ -330,6 +366,7 @@ class BatchStream:
         self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
         self._generation += 1  # an iteration in progress stops at its next batch
         self._skip, self._before, self._drawn = batch, None, 0
+        self._refill_next, self._refill = refill, 0
         self._closed_state = None
 
     def __repr__(self) -> str:
@@ -337,5 +374,6 @@ class BatchStream:
             f"BatchStream(window={self.window}, batch_size={self.batch_size}, "
             f"batches_per_chunk={self.batches_per_chunk}, "
             f"batches_per_epoch={self.batches_per_epoch}, "
-            f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)})"
+            f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)}, "
+            f"mix={self.mix})"
         )

@@ -21,7 +21,10 @@ class TrainConfig:
     pieces from independent places (``ChunkLoader(pieces=)``: batches drawn
     from one chunk are then far less correlated; fewer pieces when
     ``chunk_size // pieces`` would not hold a window or ``pieces`` does not
-    divide ``chunk_size``). With ``segments`` (anything
+    divide ``chunk_size``). ``mix`` > 1 draws every batch over the windows of
+    the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
+    shuffle buffer of chunks held on the device), each chunk still feeding its
+    share of batches. With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
     ``val_fraction`` of *every* segment is held out instead
     (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
@@ -52,6 +55,7 @@ class TrainConfig:
     val_windows: int = 512
     sampling: str = "shuffled"
     pieces: int = 32
+    mix: int = 1
     segments: Any = None
     batches_per_epoch: int | None = None
     replacement: bool = True
@@ -67,7 +71,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
-                     "prefetch", "workers", "time_every", "pieces"):  # fmt: skip
+                     "prefetch", "workers", "time_every", "pieces", "mix"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError.bad(name, value, "an int >= 1")

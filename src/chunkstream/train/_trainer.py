@@ -52,6 +52,7 @@ from torch import nn
 
 from .._errors import ConfigError
 from ..consumer import WindowSampler, gather_windows
+from ..consumer._mixing import ChunkMixer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader, resolve_device
 from ..plans import Segments, as_segments, plan_epoch, split_segments
@@ -70,6 +71,20 @@ def _batch_seed(seed: int, epoch: int, index: int, rank: int = 0) -> int:
     # A pure function of (seed, epoch, chunk index, rank): resumed runs draw the same
     # batches; ranks (whose chunk indices coincide) draw different ones.
     return (seed * 1_000_003 + epoch * 65_537 + index + rank * 4_294_967_311) % (2**63 - 1)
+
+
+def _union_batches(
+    table: torch.Tensor, batch_size: int, generator: torch.Generator, replacement: bool
+):
+    """Endless batches of starts from ``table``: uniform draws, or permutation passes."""
+    n = int(table.numel())
+    while True:
+        if replacement:
+            yield table[torch.randint(0, n, (batch_size,), generator=generator,
+                                      device=table.device)]  # fmt: skip
+            continue
+        perm = table[torch.randperm(n, generator=generator, device=table.device)]
+        yield from perm.split(batch_size)
 
 
 def trainer_device(
@@ -226,6 +241,9 @@ class Trainer:
         self.history: list[EpochRecord] = []
         self.windows: list[tuple[int, int, int]] = []
         self.loader: ChunkLoader | None = None
+        self.mixer: ChunkMixer | None = None  # the current epoch's, while it runs
+        self._refill = 0
+        self._epoch_done = False  # the current epoch's last chunk was trained on
 
     # -- losses ---------------------------------------------------------------------
 
@@ -302,10 +320,12 @@ class Trainer:
         if not self.is_main:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        loader_state, refill = self._loader_state()
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "loader": self.loader.state_dict(),
+            "loader": loader_state,
+            "mix_refill": refill,
             "moments": self.moments.state_dict(),
             "history": [vars(r) for r in self.history],
             "config": self.config.to_dict(),
@@ -313,6 +333,20 @@ class Trainer:
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
+
+    def _loader_state(self) -> tuple[dict, int]:
+        """``(loader state, chunks to re-read)`` to resume after the current chunk.
+
+        With ``mix > 1`` the next chunk's batches mix with chunks already read:
+        resume from the state before the oldest of them, and re-read them into
+        the buffer (``ChunkMixer.resume_point``); at the epoch's end, or with
+        ``mix=1``, the loader's own state.
+        """
+        loader, mixer = self.loader, self.mixer
+        if mixer is None or self._epoch_done or not loader.state_dict()["num_chunks"]:
+            return loader.state_dict(), 0  # type: ignore[union-attr]
+        before, refill = mixer.resume_point(done=True)
+        return (loader.state_dict(), 0) if before is None else (dict(before), refill)
 
     def _load_checkpoint(self, path: Path, loader: ChunkLoader) -> None:
         # To the CPU: load_state_dict moves each tensor to its parameter's device,
@@ -328,6 +362,7 @@ class Trainer:
         # Another world size may split the rest of the epoch unevenly; DDP needs equal counts.
         uneven = "pad" if self.world_size > 1 and saved_world != self.world_size else "exact"
         loader.load_state_dict(state["loader"], uneven=uneven)
+        self._refill = int(state.get("mix_refill", 0))  # chunks the next epoch re-reads
         _log.info("resumed from %s at %s", path, state["loader"])
 
     # -- the loop -------------------------------------------------------------------
@@ -387,26 +422,35 @@ class Trainer:
         chunks = batches = 0
         per_chunk = self.plan.batches_per_chunk
         budget = c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk
-        iterator = loader.epoch(-(-budget // per_chunk))
+        events = -(-budget // per_chunk)  # chunks in the epoch, one event each
+        iterator = loader.epoch(events)
         bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
-        for chunk in iterator:
+        fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
+        self.mixer = mixer = ChunkMixer(c.mix, window=c.window, rows=loader.rows, fields=fields)
+        refill, self._refill = self._refill, 0
+        # One event per chunk (ChunkMixer.events): its share of batches, drawn over it and
+        # the mix - 1 chunks before it; with mix=1 the held chunk is the loader's own.
+        for chunk in mixer.events(iter(iterator), loader.state_dict, refill=refill):
             x_chunk = chunk[c.data_field]
-            s_chunk = chunk[c.stim_field] if c.stim_field else None
-            if epoch == 0:
+            if epoch == 0:  # at the event, not the arrival: a refilled buffer adds nothing
                 self._pending.update(x_chunk)
             self.windows.extend((epoch, p.start, p.stop) for p in chunk.pieces)
             generator = torch.Generator(device=self.device)
             generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index, self.rank))
-            sampler = WindowSampler(
-                chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
-                device=self.device, pieces=chunk.pieces,
-            )  # fmt: skip
-            # Passes of the sampler back to back: a pieced chunk has fewer valid starts
-            # than a contiguous one (none across piece ends), yet feeds as many batches.
-            passes = itertools.chain.from_iterable(itertools.repeat(sampler))
-            for starts in itertools.islice(passes, min(per_chunk, budget - batches)):
-                x = gather_windows(x_chunk, starts, c.window)
-                s = gather_windows(s_chunk, starts, c.window) if s_chunk is not None else None
+            count = min(per_chunk, budget - batches)
+            if c.mix == 1:
+                sampler = WindowSampler(
+                    chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
+                    device=self.device, pieces=chunk.pieces,
+                )  # fmt: skip
+                # Passes of the sampler back to back: a pieced chunk has fewer valid starts
+                # than a contiguous one (none across piece ends), yet feeds as many batches.
+                passes = itertools.chain.from_iterable(itertools.repeat(sampler))
+            else:
+                passes = _union_batches(mixer.starts(), c.batch_size, generator, c.replacement)
+            for starts in itertools.islice(passes, count):
+                x = mixer.gather(c.data_field, starts)
+                s = mixer.gather(c.stim_field, starts) if c.stim_field else None
                 with timer.batch() as timed:
                     losses = self._losses(x, s, warm)
                     timed.mark("forward")
@@ -418,7 +462,8 @@ class Trainer:
                     meter.add(name, value)
                 batches += 1
             chunks += 1
-            del x_chunk, s_chunk  # drop references, so the loader can reuse the buffer
+            self._epoch_done = chunk.index + 1 >= events
+            del x_chunk  # drop references, so the loader can reuse the buffer
             if c.checkpoint_every and chunks % c.checkpoint_every == 0:
                 self.save_checkpoint()
             if bar is not None:  # only a shown bar: reading the loss is a host sync
@@ -429,6 +474,7 @@ class Trainer:
             # Dropped before asking for the next chunk, so the loader's device bound is
             # gpu_prefetch + 1 chunks (a loop still holding it while next() runs: + 1).
             del chunk
+        self.mixer, self._epoch_done = None, False
         if bar is not None:
             bar.close()
         self.sync_moments()

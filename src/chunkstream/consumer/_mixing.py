@@ -1,0 +1,215 @@
+"""A shuffle buffer of chunks: each batch drawn over the windows of the last ``mix`` chunks.
+
+Batches drawn inside one chunk all come from the same few stretches of the
+recording, so ``batches_per_chunk`` consecutive gradient steps are correlated
+however the chunk was made. A :class:`ChunkMixer` holds the last ``mix`` chunks
+of an epoch and draws every batch uniformly over the valid window starts of all
+of them (never across a piece or a chunk), the consumer-side counterpart of the
+shuffle buffers of Grain, torchdata and MosaicML Streaming.
+
+The epoch runs as *events*, one per chunk (:meth:`ChunkMixer.events`): when
+chunk ``e`` arrives it joins the buffer (evicting the oldest when ``mix`` are
+held) and its share of batches is drawn over the held chunks
+``max(0, e - mix + 1) .. e``. In steady state every chunk is held for ``mix``
+events, so it feeds about its own share of batches over its life; the buffer
+starts empty each epoch, so the first chunks of an epoch mix with fewer and
+feed more. With ``mix=1`` an event is one chunk, as without a mixer. What event
+``e`` draws is a pure function of the seed, the epoch, ``e`` and the batch
+number, and the held chunks are the loader's chunks: so the state to resume at
+event ``e`` is the loader's state before the oldest held chunk, the number of
+held chunks before ``e`` to re-read silently (``refill``, at most ``mix - 1``)
+and the batches drawn (:meth:`ChunkMixer.resume_point`); nothing else is saved.
+
+Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
+owns, ``mix * rows`` timesteps per field on the chunk's device (device memory
+on CUDA), and drops the loader's chunk at once, so the loader's buffers (its
+pinned or host arena, its device chunks) are never held by the mixer and its
+own memory bounds are unchanged. The copy is one device-to-device ``copy_`` per
+field per chunk, queued on the current stream after the chunk's ready event.
+With ``mix=1`` the chunk itself is held (no copy), as a plain loop would.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from .._errors import ConfigError
+from ..pipeline._chunk import Chunk
+from ._sampling import gather_windows, piece_starts
+
+__all__ = ["ChunkMixer", "check_mix"]
+
+
+def check_mix(mix: object) -> int:
+    """``mix`` as an int >= 1, or a :class:`ConfigError` naming it."""
+    if isinstance(mix, bool) or not isinstance(mix, int) or mix < 1:
+        raise ConfigError.bad(
+            "mix", mix, "an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
+            "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
+            "the last 8 chunks (memory: mix chunks held by the consumer).",
+        )  # fmt: skip
+    return mix
+
+
+class ChunkMixer:
+    """Holds up to ``mix`` chunks and draws batches over all of their valid window starts.
+
+    ``rows`` is the loader's chunk length (``loader.rows``), the most a chunk
+    may hold; ``fields`` the fields kept (``None``: every field of the first
+    chunk). Not thread-safe: one consumer loop owns it. The held chunks are
+    :class:`~chunkstream.Chunk` objects with the loader's metadata (``epoch``,
+    ``index``, ``pieces``) whose tensors are the mixer's copies (``mix > 1``).
+    """
+
+    def __init__(
+        self, mix: int, *, window: int, rows: int, fields: Sequence[str] | None = None
+    ) -> None:
+        self.mix = check_mix(mix)
+        self.window = int(window)
+        self.rows = int(rows)
+        self.fields = None if fields is None else tuple(fields)
+        self._storage: dict[str, torch.Tensor] = {}
+        # Oldest first: (slot, held chunk, its starts in the storage, loader state before it).
+        self._held: deque[tuple[int, Chunk, torch.Tensor, object]] = deque()
+        self._arrivals = 0
+        self._union: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def held(self) -> tuple[Chunk, ...]:
+        """The held chunks, oldest first."""
+        return tuple(h[1] for h in self._held)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the mixer's own storage (0 with ``mix=1``)."""
+        return sum(t.numel() * t.element_size() for t in self._storage.values())
+
+    def clear(self) -> None:
+        """Drop every held chunk (the storage is kept for the next epoch)."""
+        self._held.clear()
+        self._union = None
+
+    def add(self, chunk: Chunk, before: object = None) -> Chunk:
+        """Hold ``chunk`` (a copy when ``mix > 1``); ``before`` is the loader state before it."""
+        if len(self._held) >= self.mix:
+            raise ConfigError.bad(
+                "chunk", f"chunk {chunk.index}", f"at most mix={self.mix} held chunks",
+                "Evict the oldest (pop()) before adding another.",
+            )  # fmt: skip
+        if chunk.length > self.rows:
+            raise ConfigError.bad(
+                "chunk", f"a chunk of {chunk.length} timesteps", f"at most rows={self.rows}",
+                "Build the mixer with rows=loader.rows.",
+            )  # fmt: skip
+        slot = self._arrivals % self.mix
+        self._arrivals += 1
+        starts = piece_starts(chunk.pieces, self.window, chunk.device)
+        if self.mix == 1:
+            held = chunk
+        else:
+            chunk.use_on()  # the copy below runs on the current stream
+            names = self.fields if self.fields is not None else tuple(chunk)
+            tensors = {}
+            for name in names:
+                src = chunk[name]
+                store = self._storage.get(name)
+                if store is None:
+                    store = torch.empty((self.mix * self.rows, *src.shape[1:]), dtype=src.dtype,
+                                        device=src.device)  # fmt: skip
+                    self._storage[name] = store
+                view = store[slot * self.rows : slot * self.rows + chunk.length]
+                view.copy_(src, non_blocking=True)
+                tensors[name] = view
+            held = Chunk(tensors, start=chunk.start, stop=chunk.stop, epoch=chunk.epoch,
+                         index=chunk.index, pieces=chunk.pieces)  # fmt: skip
+            starts = starts + slot * self.rows
+        self._held.append((slot, held, starts, before))
+        self._union = None
+        return held
+
+    def pop(self) -> Chunk:
+        """Evict and return the oldest held chunk."""
+        self._union = None
+        return self._held.popleft()[1]
+
+    def starts(self) -> torch.Tensor:
+        """Every valid window start of the held chunks, as rows of :meth:`field`'s tensors."""
+        if self._union is None:
+            if not self._held:
+                raise ConfigError.bad("mixer", "empty", "at least one held chunk", "add() first.")
+            self._union = torch.cat([h[2] for h in self._held])
+        return self._union
+
+    def field(self, name: str) -> torch.Tensor:
+        """The tensor the starts index: the mixer's storage, or the single held chunk's field."""
+        if self.mix == 1:
+            return self._held[0][1][name]
+        return self._storage[name]
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``batch_size`` starts uniform (with replacement) over all held chunks' windows."""
+        table = self.starts()
+        idx = torch.randint(0, int(table.numel()), (batch_size,), generator=generator,
+                            device=table.device)  # fmt: skip
+        return table[idx]
+
+    def gather(self, name: str, starts: torch.Tensor, dtype: torch.dtype | None = None):
+        """The windows at ``starts`` (from :meth:`sample`) of field ``name``."""
+        return gather_windows(self.field(name), starts, self.window, dtype=dtype)
+
+    def events(
+        self,
+        chunks: Iterator[Chunk],
+        state: Callable[[], object] | None = None,
+        *,
+        refill: int = 0,
+    ) -> Iterator[Chunk]:
+        """Run one epoch as events (module docs): yields each chunk once it is held.
+
+        While the consumer handles a yielded chunk (the newest), the buffer holds
+        it and up to ``mix - 1`` chunks before it; ``state()`` is called before
+        each chunk is read and kept with it (:meth:`resume_point`). The first
+        ``refill`` chunks are only held, not yielded: they refill the buffer
+        after a resume (see :meth:`resume_point`).
+        """
+        self.clear()
+        try:
+            while True:
+                before = state() if state is not None else None
+                chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                if len(self._held) == self.mix:
+                    self.pop()
+                self.add(chunk, before)
+                del chunk  # the loader may reuse its buffer (a copy is held when mix > 1)
+                if refill > 0:
+                    refill -= 1
+                    continue
+                yield self._held[-1][1]
+        finally:
+            self.clear()
+
+    def resume_point(self, *, done: bool) -> tuple[object, int]:
+        """``(state before the oldest chunk to re-read, how many to re-read silently)``.
+
+        For the current event (``done=False``: the newest held chunk's batches are
+        still being drawn) or the next one (``done=True``). Loading the loader
+        state and passing the count as ``events(refill=)`` puts back the held
+        chunks that event draws over; ``(None, 0)`` means "the loader's own
+        state": nothing to re-read.
+        """
+        held = list(self._held)
+        if done and len(held) == self.mix:
+            held = held[1:]  # the oldest is evicted before the next chunk arrives
+        if not done:
+            return held[0][3], len(held) - 1
+        if not held:
+            return None, 0
+        return held[0][3], len(held)

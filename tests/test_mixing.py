@@ -1,0 +1,156 @@
+"""The chunk shuffle buffer (``BatchStream(mix=)``, ``ChunkMixer``), on a real zarr store."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from tests.stores import make_array
+
+T = 2000
+GRID = 16  # the store's time chunk
+WINDOW = 5
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Column 0 is the timestep, so a window's first value names its start."""
+    path = tmp_path_factory.mktemp("mixing") / "x.zarr"
+    t = np.arange(T, dtype=np.float32)
+    make_array(path, np.stack([t, np.sin(t)], axis=1), (GRID, 2))
+    source = cs.ZarrSource(path)
+    yield source
+    source.close()
+
+
+SEGMENTS = [(0, 700, "a"), (760, 1500, "b"), (1530, 2000, "c")]
+
+
+def _loader(source, **kwargs):
+    options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 3,
+               "pieces": 4, "window": WINDOW}  # fmt: skip
+    return cs.ChunkLoader(source, 256, **{**options, **kwargs})
+
+
+def _stream(loader, **kwargs):
+    options = {"window": WINDOW, "batch_size": 16, "batches_per_chunk": 4, "chunks_per_epoch": 6,
+               "fields": "data", "mix": 3}  # fmt: skip
+    return cs.BatchStream(loader, **{**options, **kwargs})
+
+
+@pytest.mark.parametrize(("mix", "pieces", "segments"),
+                         [(3, 4, None), (2, 1, None), (4, 8, SEGMENTS), (6, 2, SEGMENTS)])  # fmt: skip
+def test_mixed_windows_stay_inside_one_piece_of_a_held_chunk_and_mix_chunks(
+    store, mix, pieces, segments
+):
+    with _loader(store, pieces=pieces, segments=segments) as loader:
+        stream = _stream(loader, mix=mix)
+        chunks_per_batch = []
+        for batch in stream:
+            held = stream._mixer.held  # the buffer as it was when the batch was drawn
+            assert 1 <= len(held) <= mix
+            pieces_held = [(c.index, p) for c in held for p in c.pieces]
+            sources = set()
+            for w in batch.numpy():
+                t0 = int(w[0, 0])
+                # a window is a contiguous stretch of the source ...
+                np.testing.assert_array_equal(w[:, 0], np.arange(t0, t0 + WINDOW))
+                # ... inside one piece of a chunk the buffer holds, and one segment
+                inside = [i for i, p in pieces_held if p.start <= t0 and t0 + WINDOW <= p.stop]
+                assert inside, (t0, pieces_held)
+                sources.add(inside[0])
+                if segments is not None:
+                    assert any(a <= t0 and t0 + WINDOW <= b for a, b, _ in segments)
+            chunks_per_batch.append(len(sources))
+    assert len(chunks_per_batch) == 24
+    # the point of mixing: a batch draws from several held chunks, not one
+    assert max(chunks_per_batch) == min(mix, 6)
+    assert np.mean(chunks_per_batch) > 1.5
+
+
+def test_draws_are_uniform_over_every_valid_start_of_the_held_chunks(store):
+    segments = cs.Segments([(0, 100), (300, 1000), (1200, 1230)])  # one piece shorter than 64
+    with _loader(store, pieces=4, segments=segments, sampling="random") as loader:
+        mixer = cs.ChunkMixer(3, window=WINDOW, rows=loader.rows, fields=["data"])
+        chunks = loader.epoch(3)
+        for chunk in chunks:
+            mixer.add(chunk)
+        held = mixer.held
+    assert len(held) == 3
+    valid = collections.Counter()
+    for c in held:
+        for p in c.pieces:
+            for t in range(p.start, p.stop - WINDOW + 1):
+                valid[t] += 1  # a timestep may start windows in two held chunks
+    generator = torch.Generator().manual_seed(0)
+    draws = 400 * sum(valid.values())
+    starts = mixer.sample(draws, generator)
+    t0 = mixer.gather("data", starts)[:, 0, 0].long().tolist()
+    seen = collections.Counter(t0)
+    assert set(seen) == set(valid)  # no start outside a piece, every valid one drawn
+    for t, n in valid.items():  # expected 400 per valid (chunk, start); 6+ sigma bounds
+        assert 250 * n <= seen[t] <= 550 * n, (t, seen[t], n)
+    # each chunk's share is its share of the valid starts
+    per_chunk = torch.bincount(starts // loader.rows, minlength=3).tolist()
+    for c, got in zip(held, per_chunk, strict=True):
+        n = sum(max(0, p.stop - p.start - WINDOW + 1) for p in c.pieces)
+        assert abs(got / draws - n / sum(valid.values())) < 0.02
+
+
+@pytest.mark.parametrize("cut", [1, 4, 5, 9, 13, 19, 22])
+def test_resume_is_exact_mid_buffer(store, cut):
+    with _loader(store) as loader:
+        stream = _stream(loader)
+        full = [b.clone() for b in stream] + [b.clone() for b in stream]  # two epochs
+    with _loader(store) as loader:
+        stream = _stream(loader)
+        it = iter(stream)
+        head = [next(it).clone() for _ in range(cut)]
+        state = stream.state_dict()
+    with _loader(store) as loader:
+        stream = _stream(loader)
+        stream.load_state_dict(state)
+        tail = [b.clone() for b in stream]
+        tail += [b.clone() for b in stream]  # the next epoch, after the resumed one
+        resumed_state = stream.state_dict()
+    assert state["batch"] == cut % 4 and set(state) >= {"loader", "batch"}  # a few integers
+    assert len(head) + len(tail) == len(full) == 48
+    for a, b in zip(head + tail, full, strict=True):
+        torch.testing.assert_close(a, b)
+    assert resumed_state["loader"]["epoch"] == 2
+
+
+def test_mix_one_holds_the_loaders_chunk_and_draws_from_it_alone(store):
+    with _loader(store) as loader:
+        stream = _stream(loader, mix=1)
+        count = 0
+        for batch in stream:
+            (chunk,) = stream._mixer.held
+            for t0 in batch[:, 0, 0].long().tolist():
+                assert any(p.start <= t0 and t0 + WINDOW <= p.stop for p in chunk.pieces)
+            count += 1
+        assert count == 24 and stream._mixer.nbytes == 0  # no copy
+
+
+def test_the_mixer_owns_its_storage_so_the_loader_never_waits_for_it(store):
+    with _loader(store, prefetch=1, workers=1) as loader:
+        stream = _stream(loader, mix=5, chunks_per_epoch=8)
+        count = 0
+        for _ in stream:  # 5 chunks held with one loader buffer in flight: no stall
+            mixer = stream._mixer
+            base = mixer._storage["data"].untyped_storage().data_ptr()
+            assert all(c["data"].untyped_storage().data_ptr() == base for c in mixer.held)
+            count += 1
+        assert count == 32
+        assert mixer.nbytes == 5 * loader.rows * 2 * 4
+
+
+def test_bad_mix_is_refused(store):
+    with _loader(store) as loader:
+        for bad in (0, -2, 1.5, True, "4"):
+            with pytest.raises(cs.ConfigError, match=r"mix=.*an int >= 1"):
+                _stream(loader, mix=bad)
