@@ -18,7 +18,7 @@ __all__ = ["register"]
 
 DEFAULTS = {
     "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
-    "pieces": 32,
+    "pieces": 32, "mix": 16,
 }  # fmt: skip
 #: Stored time chunk of the synthetic dataset: the default piece (chunk_size // pieces
 #: = 32 timesteps), so a piece decodes whole stored chunks and nothing more.
@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pieces", type=int, default=DEFAULTS["pieces"],
                    help="pieces per chunk, from independent places (default %(default)s; "
                         "1: contiguous chunks)")  # fmt: skip
+    p.add_argument("--mix", type=int, default=DEFAULTS["mix"],
+                   help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
+                        "%(default)s; 1: each batch from one chunk)")  # fmt: skip
     p.add_argument("--segments", default=None,
                    help="a CSV or JSON file of (start, stop, name) segments: no window crosses "
                         "one, the end of each is held out, validation is reported per segment")  # fmt: skip
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig(
         chunk_size=args.chunk_size, batch_size=args.batch_size, epochs=args.epochs,
         device=args.device, seed=args.seed, progress=not args.no_progress, pieces=args.pieces,
-        segments=args.segments,
+        mix=args.mix, segments=args.segments,
     )  # fmt: skip
 
     def on_epoch(trainer: Trainer, record) -> None:
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(source, config, out_dir=out, on_epoch=on_epoch)
         print(f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
-              f"pieces/chunk; window {config.window} timesteps "
+              f"pieces/chunk, batches mixed over {config.mix} chunks; window {config.window} timesteps "
               f"({config.evolve_multiple_steps} rollout steps)")  # fmt: skip
         result = trainer.fit(resume=args.resume)
     finally:
@@ -171,6 +174,8 @@ def format_table(result) -> str:
         ("loader host buffers", _mb(m["loader_host"]), "fixed; does not grow with the data"),
         ("loader device chunks", _mb(m["loader_device"]) if m["loader_device"] else "-",
          "chunks on the GPU at once" if m["loader_device"] else "(CPU run: chunks are host buffers)"),
+        ("chunk shuffle buffer", _mb(m.get("mixer")) if m.get("mixer") else "-",
+         "--mix chunks held by the trainer (on its device); batches drawn over them"),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
         ("validation on device", _mb(m["validation"]), "held-out range, kept on the device"),
         ("whole training split", _mb(m["train_split"]),

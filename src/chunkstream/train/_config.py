@@ -55,7 +55,7 @@ class TrainConfig:
     val_windows: int = 512
     sampling: str = "shuffled"
     pieces: int = 32
-    mix: int = 1
+    mix: int = 16
     segments: Any = None
     batches_per_epoch: int | None = None
     replacement: bool = True
@@ -118,7 +118,8 @@ class TrainResult:
 
     ``memory`` holds bytes: ``device_peak`` (CUDA allocator peak, else ``None``),
     ``loader_device`` (chunks on the device at once), ``loader_host`` (pinned
-    slots on CUDA, the in-flight bound on CPU), ``validation`` (the held-out
+    slots on CUDA, the in-flight bound on CPU), ``mixer`` (the ``mix`` chunks
+    the trainer holds, 0 with ``mix=1``), ``validation`` (the held-out
     range on the device), ``train_split`` (holding the whole training split),
     and ``host_peak_rss`` (the process's peak resident set).
     """

@@ -522,6 +522,8 @@ class Trainer:
             "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
             "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
             "loader_host": cfg.host_sets(cuda) * chunk_bytes,
+            # the chunk shuffle buffer's own copies (ChunkMixer), on the trainer's device
+            "mixer": (self.config.mix * chunk_bytes) if self.config.mix > 1 else 0,
             "validation": sum(
                 t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()
             ),
