@@ -8,7 +8,9 @@ Usable on any source with a ``(T, N)`` data field and, optionally, a
 
 Per chunk it draws ``batches_per_chunk`` batches of windows on the device
 (seeded by ``(seed, epoch, chunk index)``, so a resumed run draws the same
-batches), trains on each, and merges the chunk into the per-neuron running
+batches; with ``mix > 1`` over that chunk and the ``mix - 1`` before it, see
+:mod:`chunkstream.consumer._mixing`, and a checkpoint also records how many of
+them a resumed run re-reads), trains on each, and merges the chunk into the per-neuron running
 moments during the first epoch (the constant baseline). Per epoch it evaluates
 on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
 model, optimizer, loader state, moments and history.
