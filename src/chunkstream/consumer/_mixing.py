@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .._errors import ConfigError
-from ..pipeline._chunk import Chunk
+from ..pipeline import Chunk
 from ._sampling import gather_windows, piece_starts
 
 __all__ = ["ChunkMixer", "check_mix"]

@@ -9,7 +9,7 @@ Usable on any source with a ``(T, N)`` data field and, optionally, a
 Per chunk it draws ``batches_per_chunk`` batches of windows on the device
 (seeded by ``(seed, epoch, chunk index)``, so a resumed run draws the same
 batches; with ``mix > 1`` over that chunk and the ``mix - 1`` before it, see
-:mod:`chunkstream.consumer._mixing`, and a checkpoint also records how many of
+:class:`chunkstream.ChunkMixer`, and a checkpoint also records how many of
 them a resumed run re-reads), trains on each, and merges the chunk into the per-neuron running
 moments during the first epoch (the constant baseline). Per epoch it evaluates
 on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
@@ -53,8 +53,7 @@ import torch
 from torch import nn
 
 from .._errors import ConfigError
-from ..consumer import WindowSampler, gather_windows
-from ..consumer._mixing import ChunkMixer
+from ..consumer import ChunkMixer, WindowSampler, gather_windows
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader, resolve_device
 from ..plans import Segments, as_segments, plan_epoch, split_segments
