@@ -34,7 +34,7 @@ import torch
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..plans import Piece
-from ..sources import Source
+from ..sources import Source, describe_source
 from ..stats import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
 from ._pieces import chunk_rows, piece_views, read_pieces
@@ -46,7 +46,6 @@ __all__ = [
     "Loaded",
     "call_with_retries",
     "copy_job",
-    "describe_source",
     "device_binder",
     "give_back",
     "read_job",
@@ -102,11 +101,6 @@ class Delivery:
     def window(self) -> Window:
         """The first piece's bounds (the chunk's ``start``/``stop``)."""
         return self.pieces[0].start, self.pieces[0].stop
-
-
-def describe_source(source: Source) -> str:
-    path = getattr(source, "path", None)
-    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
 
 
 def read_window(

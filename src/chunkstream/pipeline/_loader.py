@@ -30,7 +30,7 @@ import torch
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank
 from ..plans import Segments, WindowPlan
-from ..sources import Source
+from ..sources import Source, describe_source
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
@@ -40,7 +40,6 @@ from ._jobs import (
     Delivery,
     Loaded,
     copy_job,
-    describe_source,
     device_binder,
     give_back,
     read_job,

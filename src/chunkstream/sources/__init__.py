@@ -11,6 +11,7 @@ from ._zarr import ZarrSource
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._base import check_lengths as check_lengths  # isort: skip
+from ._base import describe_source as describe_source  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
 from ._remote import close_store as close_store  # isort: skip
 from ._remote import store_errors as store_errors  # isort: skip

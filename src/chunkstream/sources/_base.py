@@ -127,3 +127,9 @@ class field_context:
             with contextlib.suppress(AttributeError):
                 exc.chunkstream_field = self.name
         return False
+
+
+def describe_source(source: object) -> str:
+    """``Type('path')`` where the source has a path, else its type name (for messages)."""
+    path = getattr(source, "path", None)
+    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__

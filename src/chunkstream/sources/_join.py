@@ -27,22 +27,15 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from .._errors import ConfigError, FieldLengthError
-from ._base import FieldSpec, Source, window_nbytes
+from ._base import FieldSpec, Source, describe_source, window_nbytes
 
 __all__ = ["JoinSource"]
 
 _thread_ids = itertools.count()
-
-
-def _describe(source: Any) -> str:
-    """``Type('path')`` where the source has a path, else its type name."""
-    path = getattr(source, "path", None)
-    return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
 
 
 def _name_thread() -> None:
@@ -98,7 +91,7 @@ class JoinSource:
         lengths = {label: len(part) for label, part in labelled.items()}
         if len(set(lengths.values())) != 1:
             detail = ", ".join(
-                f"{label} {_describe(labelled[label])} has {n}" for label, n in lengths.items()
+                f"{label} {describe_source(labelled[label])} has {n}" for label, n in lengths.items()
             )
             raise FieldLengthError(
                 f"the sources of a JoinSource must share one time length, but {detail} "
@@ -121,7 +114,7 @@ class JoinSource:
                         "mapping label -> source so that one-field sources take their label.",
                     )  # fmt: skip
                 fields[exposed] = part.fields[inner]
-                owner[exposed] = f"{label} {_describe(part)}"
+                owner[exposed] = f"{label} {describe_source(part)}"
             self._parts.append((label, part, names))
         self._fields = fields
         self._len = next(iter(lengths.values()))
@@ -182,7 +175,7 @@ class JoinSource:
             with contextlib.suppress(AttributeError):
                 exc.chunkstream_field = exposed
             exc.add_note(
-                f"chunkstream: JoinSource part {label} ({_describe(part)}), fields "
+                f"chunkstream: JoinSource part {label} ({describe_source(part)}), fields "
                 f"{list(names)}, failed reading window [{start}, {stop})"
             )
             raise
@@ -203,5 +196,5 @@ class JoinSource:
         self.close()
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{label}={_describe(part)}" for label, part, _ in self._parts)
+        parts = ", ".join(f"{label}={describe_source(part)}" for label, part, _ in self._parts)
         return f"JoinSource(T={self._len}, {parts})"
