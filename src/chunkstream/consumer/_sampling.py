@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
 from ..plans import Piece
 
@@ -39,9 +39,7 @@ __all__ = ["WindowSampler", "gather_windows", "piece_starts", "sample_windows"]
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError.bad(name, value, "an int > 0", f"Pass a positive {name}.")
-    return value
+    return check_int(name, value, 1, f"Pass a positive {name}.")
 
 
 def _num_starts(length: int, window: int) -> int:
