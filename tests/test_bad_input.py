@@ -155,6 +155,11 @@ def _stream(sampling="shuffled", **kwargs):
         cs.BatchStream(loader, **{"window": 5, "batch_size": 4, "batches_per_chunk": 2, **kwargs})
 
 
+def _unaligned_chunk() -> cs.Chunk:
+    """8 rows at timesteps [3, 11): no multiple of 16 to start a window at."""
+    return cs.Chunk({"x": torch.zeros(8, 1)}, start=3, stop=11, epoch=0, index=0)
+
+
 def _join_lengths(tmp: Path):
     make_array(tmp / "short.zarr", random_data((199, 6)), (50, 6))
     cs.JoinSource({"long": cs.ZarrSource(_zarr(tmp)), "short": cs.ZarrSource(tmp / "short.zarr")})
@@ -427,6 +432,21 @@ CASES = [
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1", "mix=1"]),
     ("BatchStream.mix", lambda t: _stream(mix=2.0),
      cs.ConfigError, ValueError, ["mix=2.0", "an int >= 1", "mix=8"]),
+    ("BatchStream.align", lambda t: _stream(align=0),
+     cs.ConfigError, ValueError, ["align=0", "an integer >= 1", "align=1"]),
+    ("BatchStream.align", lambda t: _stream(align=True),
+     cs.ConfigError, ValueError, ["align=True", "an integer >= 1", "time_units"]),
+    ("sample_windows.align", lambda t: cs.sample_windows(100, 4, 5, align=0),
+     cs.ConfigError, ValueError, ["align=0", "an integer >= 1", "align=1"]),
+    ("sample_windows.align", lambda t: cs.sample_windows(100, 4, 5, align=2.0),
+     cs.ConfigError, ValueError, ["align=2.0", "an integer >= 1"]),
+    ("sample_windows.align", lambda t: cs.sample_windows(_unaligned_chunk(), 2, 4, align=16),
+     cs.ConfigError, ValueError, ["align=16", "window=4", "Lower align", "ChunkLoader(align"]),
+    ("WindowSampler.align", lambda t: cs.WindowSampler(20, 4, 2, align=0),
+     cs.ConfigError, ValueError, ["align=0", "an integer >= 1"]),
+    ("WindowSampler.align", lambda t: cs.WindowSampler(
+        8, 4, 2, pieces=_unaligned_chunk().pieces, align=16),
+     cs.ConfigError, ValueError, ["align=16", "pieces of up to 8 timesteps", "Lower align"]),
     ("TrainConfig.mix", lambda t: _train_config(mix=0),
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1"]),
     ("JoinSource.sources.empty", lambda t: cs.JoinSource(),

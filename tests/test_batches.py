@@ -149,7 +149,7 @@ def test_resume_yields_exactly_the_remaining_batches(cut):
                     state = s.state_dict()  # a checkpoint callback, then the crash
                     break
     assert seen == reference[:cut]
-    assert set(state) == {"loader", "batch", "refill", "batches_per_chunk", "seed"}
+    assert set(state) == {"loader", "batch", "refill", "batches_per_chunk", "seed", "align"}
     assert all(isinstance(v, int) for v in state["loader"].values())
     with loader() as ld:
         s = stream(ld)

@@ -6,10 +6,10 @@ plain ``for batch in stream``): each ``iter(stream)`` runs one epoch of the
 ``batch_size`` windows, ``batches_per_chunk`` from each chunk (the last chunk
 of an epoch gives only what is left), on the chunk's device
 (:func:`sample_windows` + :func:`gather_windows`; in a pieced chunk, only
-windows inside one piece). With a plan, an epoch is the
-plan's ``batches_per_epoch``: one pass over the data counted in batches, which
-is up to one chunk more than the chunk loop's ``chunks_per_epoch *
-batches_per_chunk``.
+windows inside one piece; with ``align``, only windows starting on its grid).
+With a plan, an epoch is the plan's ``batches_per_epoch``: one pass over the
+data counted in batches, which is up to one chunk more than the chunk loop's
+``chunks_per_epoch * batches_per_chunk``.
 
 Resume is exact because nothing is hidden RNG state: batch ``b`` of the chunk
 at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
@@ -38,7 +38,7 @@ from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
 from ._mixing import ChunkMixer, check_mix
-from ._sampling import _compute_dtype
+from ._sampling import _compute_dtype, check_align
 
 __all__ = ["BatchStream"]
 
@@ -93,6 +93,13 @@ class BatchStream:
         loader's own buffers are released as before. The buffer starts empty
         each epoch, so an epoch's first chunks mix with fewer. ``1`` (the
         default) draws each batch from one chunk, without a copy.
+    align:
+        Window starts are absolute timesteps that are multiples of ``align``
+        (e.g. ``time_units``, the acquisition period), drawn uniformly over all
+        such starts inside one piece (see :func:`sample_windows`); ``1`` (the
+        default) is every start. A chunk with no aligned start raises
+        :class:`~chunkstream.ConfigError` at its first batch; ``ChunkLoader(align=)``
+        with a multiple of ``align`` puts the chunks and pieces on the grid too.
 
     Notes
     -----
@@ -131,6 +138,7 @@ class BatchStream:
         seed: int | None = None,
         dtype: torch.dtype | None = None,
         mix: int = 1,
+        align: int = 1,
     ) -> None:
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
@@ -138,31 +146,11 @@ class BatchStream:
                 "Build one with cs.ChunkLoader(source, chunk_size, ...) and pass it.",
             )  # fmt: skip
         if plan is not None:
-            if not isinstance(plan, EpochPlan):
-                raise ConfigError.bad(
-                    "plan", type(plan).__name__, "a cs.EpochPlan from cs.plan_epoch(...), or None"
-                )
-            batch_size = plan.batch_size if batch_size is None else batch_size
-            if batches_per_chunk is None:
-                batches_per_chunk = plan.batches_per_chunk
-            if chunks_per_epoch is None and batches_per_epoch is None:
-                batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
+            batch_size, batches_per_chunk, batches_per_epoch = _plan_defaults(
+                plan, batch_size, batches_per_chunk, chunks_per_epoch, batches_per_epoch
+            )
         self.loader = loader
-        length = loader.rows  # every chunk's length: min(chunk_size, len(source))
-        self.window = check_int(
-            "window", window, minimum=1, fix="Pass the timesteps one sample needs."
-        )
-        if self.window > length:
-            raise ConfigError.bad(
-                "window", window, f"at most the chunk length {length}",
-                "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
-            )  # fmt: skip
-        if isinstance(loader.plan, PiecePlan) and self.window > loader.plan.piece_size:
-            raise ConfigError.bad(
-                "window", window,
-                f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
-                "Use fewer pieces, a larger chunk_size or a shorter window.",
-            )  # fmt: skip
+        self.window = _check_window(loader, window)
         self.batch_size = check_int(
             "batch_size",
             batch_size,
@@ -173,42 +161,10 @@ class BatchStream:
             "batches_per_chunk", batches_per_chunk, minimum=1,
             fix="Pass how many batches each chunk feeds (plan.batches_per_chunk).",
         )  # fmt: skip
-        if chunks_per_epoch is not None and batches_per_epoch is not None:
-            raise ConfigError.bad(
-                "batches_per_epoch", batches_per_epoch,
-                f"None when chunks_per_epoch={chunks_per_epoch} is given (one epoch length)",
-                "Give the epoch's length once: in batches or in chunks.",
-            )  # fmt: skip
-        if batches_per_epoch is not None:
-            self.batches_per_epoch = check_int(
-                "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
-            )
-            chunks_per_epoch = -(-self.batches_per_epoch // self.batches_per_chunk)
-        elif chunks_per_epoch is None:
-            chunks_per_epoch = loader.chunks_per_pass  # the loader's own rule for epoch(None)
-            if chunks_per_epoch is None:
-                raise ConfigError.bad(
-                    "chunks_per_epoch", None,
-                    "a number of chunks for sampling='random' (it has no natural pass)",
-                    "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
-                )  # fmt: skip
-        self.chunks_per_epoch = check_int(
-            "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
+        self.chunks_per_epoch, self.batches_per_epoch = _epoch_length(
+            loader, self.batches_per_chunk, chunks_per_epoch, batches_per_epoch
         )
-        if batches_per_epoch is None:
-            self.batches_per_epoch = self.chunks_per_epoch * self.batches_per_chunk
-        names = list(loader.source.fields)
-        if fields is None:
-            self.fields: tuple[str, ...] = tuple(names)
-        else:
-            chosen = (fields,) if isinstance(fields, str) else tuple(fields)
-            unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
-            if not chosen or unknown:
-                raise ConfigError.bad(
-                    "fields", fields, f"None, one name or a list of names from {names}",
-                    "Name fields of the loader's source.",
-                )  # fmt: skip
-            self.fields = chosen
+        self.fields: tuple[str, ...] = _choose_fields(loader, fields)
         self._single = isinstance(fields, str)
         if seed is None:
             seed = int(getattr(loader.plan, "seed", 0))
@@ -219,17 +175,24 @@ class BatchStream:
         _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
         self.dtype = dtype
         self.mix = check_mix(mix)
-        self._mixer = ChunkMixer(self.mix, window=self.window, rows=length, fields=self.fields)
+        self.align = check_align(align)
+        self._mixer = ChunkMixer(
+            self.mix, window=self.window, rows=loader.rows, fields=self.fields, align=self.align
+        )
         self._generator = torch.Generator(device=loader.device)
-        # Resume and position. ``_before`` is the loader's state before the oldest chunk
-        # to re-read (None: the loader's own state), ``_refill`` how many chunks to
-        # re-read silently, ``_drawn`` the current chunk's batches handed out.
+        self._generation = 0
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        """No epoch in progress and nothing to resume: the loader's own state rules."""
+        # ``_before`` is the loader's state before the oldest chunk to re-read (None: the
+        # loader's own state), ``_refill`` how many chunks to re-read silently, ``_drawn``
+        # the current chunk's batches handed out.
         self._skip = 0  # batches of the first chunk to skip, after load_state_dict
         self._refill_next = 0  # chunks the next epoch iteration re-reads, after load_state_dict
         self._refill = 0
         self._before: dict[str, int] | None = None
         self._drawn = 0
-        self._generation = 0
         # The loader state to report after the current epoch's iterator was closed early
         # (the next epoch's start); None while it runs, or once it ran to its end.
         self._closed_state: dict[str, int] | None = None
@@ -329,6 +292,7 @@ class BatchStream:
             "refill": refill,
             "batches_per_chunk": self.batches_per_chunk,
             "seed": self.seed,
+            "align": self.align,
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -356,13 +320,14 @@ class BatchStream:
                 f"a state saved with batches_per_chunk={self.batches_per_chunk}",
                 "Resume with the stream's settings of the interrupted run.",
             )  # fmt: skip
-        saved_seed = state.get("seed")
-        if saved_seed is not None and saved_seed != self.seed:
-            warnings.warn(
-                f"resuming a BatchStream state saved with seed={saved_seed} on a stream with "
-                f"seed={self.seed}: the remaining batches will differ from the interrupted run",
-                stacklevel=2,
-            )
+        for name in ("seed", "align"):  # draws differ, but every batch is still valid
+            saved, own = state.get(name), getattr(self, name)
+            if saved is not None and saved != own:
+                warnings.warn(
+                    f"resuming a BatchStream state saved with {name}={saved} on a stream with "
+                    f"{name}={own}: the remaining batches will differ from the interrupted run",
+                    stacklevel=2,
+                )
         self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
         self._generation += 1  # an iteration in progress stops at its next batch
         self._skip, self._before, self._drawn = batch, None, 0
@@ -375,5 +340,92 @@ class BatchStream:
             f"batches_per_chunk={self.batches_per_chunk}, "
             f"batches_per_epoch={self.batches_per_epoch}, "
             f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)}, "
-            f"mix={self.mix})"
+            f"mix={self.mix}, align={self.align})"
         )
+
+
+def _plan_defaults(
+    plan: object,
+    batch_size: int | None,
+    batches_per_chunk: int | None,
+    chunks_per_epoch: int | None,
+    batches_per_epoch: int | None,
+) -> tuple[int | None, int | None, int | None]:
+    """``(batch_size, batches_per_chunk, batches_per_epoch)``, the plan's where not given."""
+    if not isinstance(plan, EpochPlan):
+        raise ConfigError.bad(
+            "plan", type(plan).__name__, "a cs.EpochPlan from cs.plan_epoch(...), or None"
+        )
+    batch_size = plan.batch_size if batch_size is None else batch_size
+    if batches_per_chunk is None:
+        batches_per_chunk = plan.batches_per_chunk
+    if chunks_per_epoch is None and batches_per_epoch is None:
+        batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
+    return batch_size, batches_per_chunk, batches_per_epoch
+
+
+def _check_window(loader: ChunkLoader, window: object) -> int:
+    """``window`` checked against the loader's chunk length and piece length."""
+    length = loader.rows  # every chunk's length: min(chunk_size, len(source))
+    window = check_int("window", window, minimum=1, fix="Pass the timesteps one sample needs.")
+    if window > length:
+        raise ConfigError.bad(
+            "window", window, f"at most the chunk length {length}",
+            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
+        )  # fmt: skip
+    if isinstance(loader.plan, PiecePlan) and window > loader.plan.piece_size:
+        raise ConfigError.bad(
+            "window", window,
+            f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
+            "Use fewer pieces, a larger chunk_size or a shorter window.",
+        )  # fmt: skip
+    return window
+
+
+def _epoch_length(
+    loader: ChunkLoader,
+    batches_per_chunk: int,
+    chunks_per_epoch: int | None,
+    batches_per_epoch: int | None,
+) -> tuple[int, int]:
+    """``(chunks_per_epoch, batches_per_epoch)`` from whichever of the two was given."""
+    if chunks_per_epoch is not None and batches_per_epoch is not None:
+        raise ConfigError.bad(
+            "batches_per_epoch", batches_per_epoch,
+            f"None when chunks_per_epoch={chunks_per_epoch} is given (one epoch length)",
+            "Give the epoch's length once: in batches or in chunks.",
+        )  # fmt: skip
+    if batches_per_epoch is not None:
+        batches_per_epoch = check_int(
+            "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
+        )
+        chunks_per_epoch = -(-batches_per_epoch // batches_per_chunk)
+    elif chunks_per_epoch is None:
+        chunks_per_epoch = loader.chunks_per_pass  # the loader's own rule for epoch(None)
+        if chunks_per_epoch is None:
+            raise ConfigError.bad(
+                "chunks_per_epoch", None,
+                "a number of chunks for sampling='random' (it has no natural pass)",
+                "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
+            )  # fmt: skip
+    chunks_per_epoch = check_int(
+        "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
+    )
+    if batches_per_epoch is None:
+        batches_per_epoch = chunks_per_epoch * batches_per_chunk
+    return chunks_per_epoch, batches_per_epoch
+
+
+def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
+    """The field names a batch holds: every field of the source, or those named."""
+    names = list(loader.source.fields)
+    if fields is None:
+        return tuple(names)
+    chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]
+    unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
+    if not chosen or unknown:
+        raise ConfigError.bad(
+            "fields", fields, f"None, one name or a list of names from {names}",
+            "Name fields of the loader's source.",
+        )  # fmt: skip
+    return chosen

@@ -38,7 +38,7 @@ import torch
 
 from .._errors import ConfigError
 from ..pipeline import Chunk
-from ._sampling import gather_windows, piece_starts
+from ._sampling import check_align, gather_windows, piece_starts
 
 __all__ = ["ChunkMixer", "check_mix"]
 
@@ -59,16 +59,24 @@ class ChunkMixer:
 
     ``rows`` is the loader's chunk length (``loader.rows``), the most a chunk
     may hold; ``fields`` the fields kept (``None``: every field of the first
-    chunk). Not thread-safe: one consumer loop owns it. The held chunks are
+    chunk); ``align`` keeps only window starts at timesteps that are multiples
+    of it (see :func:`~chunkstream.sample_windows`). Not thread-safe: one consumer loop owns it. The held chunks are
     :class:`~chunkstream.Chunk` objects with the loader's metadata (``epoch``,
     ``index``, ``pieces``) whose tensors are the mixer's copies (``mix > 1``).
     """
 
     def __init__(
-        self, mix: int, *, window: int, rows: int, fields: Sequence[str] | None = None
+        self,
+        mix: int,
+        *,
+        window: int,
+        rows: int,
+        fields: Sequence[str] | None = None,
+        align: int = 1,
     ) -> None:
         self.mix = check_mix(mix)
         self.window = int(window)
+        self.align = check_align(align)
         self.rows = int(rows)
         self.fields = None if fields is None else tuple(fields)
         self._storage: dict[str, torch.Tensor] = {}
@@ -109,7 +117,7 @@ class ChunkMixer:
             )  # fmt: skip
         slot = self._arrivals % self.mix
         self._arrivals += 1
-        starts = piece_starts(chunk.pieces, self.window, chunk.device)
+        starts = piece_starts(chunk.pieces, self.window, chunk.device, align=self.align)
         if self.mix == 1:
             held = chunk
         else:

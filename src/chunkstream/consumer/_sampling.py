@@ -4,8 +4,12 @@ A chunk of ``L`` timesteps holds ``L - window + 1`` windows of length ``window``
 their starts are ``0 .. L - window``. A pieced chunk (``chunk.pieces``, see
 :class:`~chunkstream.Chunk`) holds only the windows that lie inside one piece:
 ``offset .. offset + length - window`` for each piece (a piece shorter than the
-window gives none), and every draw is uniform over all of them. Two ways to draw
-them:
+window gives none), and every draw is uniform over all of them. With
+``align=k`` only starts whose absolute timestep (the piece's ``start`` plus the
+row's offset in the piece; for a bare tensor or length, the row itself) is a
+multiple of ``k`` are drawn, uniformly over all such starts: windows aligned to
+an acquisition period (``time_units``). ``align=1`` is every start, and draws
+exactly what it drew before ``align`` existed. Two ways to draw them:
 
 * :func:`sample_windows`: one batch of starts, uniform, with replacement by
   default (the original behaviour) or distinct within the batch;
@@ -35,11 +39,20 @@ from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
 from ..plans import Piece
 
-__all__ = ["WindowSampler", "gather_windows", "piece_starts", "sample_windows"]
+__all__ = ["WindowSampler", "check_align", "gather_windows", "piece_starts", "sample_windows"]
 
 
 def _positive_int(name: str, value: object) -> int:
     return check_int(name, value, 1, f"Pass a positive {name}.")
+
+
+def check_align(align: object) -> int:
+    """``align`` as an int >= 1, or a :class:`ConfigError` naming it."""
+    return check_int(
+        "align", align, 1,
+        "Use align=1 for every window start, or the period (e.g. time_units) that window "
+        "starts must be multiples of.",
+    )  # fmt: skip
 
 
 def _num_starts(length: int, window: int) -> int:
@@ -55,22 +68,39 @@ def _num_starts(length: int, window: int) -> int:
 
 
 def piece_starts(
-    pieces: Sequence[Piece], window: int, device: str | torch.device | None = None
+    pieces: Sequence[Piece],
+    window: int,
+    device: str | torch.device | None = None,
+    *,
+    align: int = 1,
 ) -> torch.Tensor:
     """Every valid window start of a pieced chunk, ascending, as a long tensor on ``device``.
 
     Starts are row offsets ``p.offset .. p.offset + p.length - window`` of each
-    piece ``p`` long enough for the window. Raises :class:`ConfigError` when no
-    piece is.
+    piece ``p`` long enough for the window, keeping those whose timestep
+    ``p.start + row - p.offset`` is a multiple of ``align``. Raises
+    :class:`ConfigError` when no piece holds one (naming ``window`` when no
+    piece is long enough, else ``align``).
     """
     window = _positive_int("window", window)
-    ranges = [
-        torch.arange(p.offset, p.offset + p.stop - p.start - window + 1)
-        for p in pieces
-        if p.stop - p.start >= window
-    ]
+    align = check_align(align)
+    ranges = []
+    for p in pieces:
+        first = -(-p.start // align) * align  # the first aligned timestep in the piece
+        last = p.stop - window  # the last timestep a window may start at
+        if first <= last:
+            shift = p.offset - p.start  # timestep -> row
+            ranges.append(torch.arange(first + shift, last + shift + 1, align))
     if not ranges:
         longest = max((p.stop - p.start for p in pieces), default=0)
+        if longest >= window:  # windows fit, but none starts on the grid
+            raise ConfigError.bad(
+                "align", align,
+                f"a period that leaves a window start on a multiple of it in some piece "
+                f"(pieces of up to {longest} timesteps, window={window})",
+                "Lower align, use longer pieces or chunks (fewer pieces, a larger chunk_size), "
+                "a shorter window, or align the chunks too (ChunkLoader(align=...)).",
+            )  # fmt: skip
         raise ConfigError.bad(
             "window", window, f"at most the chunk's longest piece ({longest} timesteps)",
             "No window fits inside one piece: use fewer pieces, a larger chunk_size, longer "
@@ -79,14 +109,27 @@ def piece_starts(
     return torch.cat(ranges).to(device or "cpu")
 
 
-def _starts_table(chunk_or_length, window: int) -> torch.Tensor | None:
-    """The chunk's valid window starts when it is pieced (cached on the chunk), else None."""
-    if not isinstance(chunk_or_length, Chunk) or len(chunk_or_length.pieces) == 1:
-        return None
+def _starts_table(
+    chunk_or_length, window: int, align: int, length: int, device: torch.device
+) -> torch.Tensor | None:
+    """The valid window starts as a table (cached on a chunk), or None when they are ``0 .. n-1``.
+
+    A table is needed for a pieced chunk or ``align > 1``; a tensor or an int
+    length is one piece starting at timestep 0.
+    """
+    is_chunk = isinstance(chunk_or_length, Chunk)
+    if align == 1 and (not is_chunk or len(chunk_or_length.pieces) == 1):
+        return None  # every row start: drawn as today, without a table
+    if not is_chunk:
+        _num_starts(length, window)  # the plain "window longer than the chunk" error first
+        return piece_starts((Piece(0, 0, length),), window, device, align=align)
+    if len(chunk_or_length.pieces) == 1:
+        _num_starts(length, window)
+    key = window if align == 1 else (window, align)
     cache = chunk_or_length._starts
-    if window not in cache:
-        cache[window] = piece_starts(chunk_or_length.pieces, window, chunk_or_length.device)
-    return cache[window]
+    if key not in cache:
+        cache[key] = piece_starts(chunk_or_length.pieces, window, device, align=align)
+    return cache[key]
 
 
 def _length_and_device(chunk_or_length, device) -> tuple[int, torch.device]:
@@ -121,18 +164,22 @@ def sample_windows(
     *,
     replacement: bool = True,
     device: str | torch.device | None = None,
+    align: int = 1,
 ) -> torch.Tensor:
     """``batch_size`` window starts in ``[0, L - window]`` as a long tensor on the chunk's device.
 
     ``chunk_or_length`` is a :class:`~chunkstream.Chunk`, a tensor (its axis 0 is
     time) or an int length (then ``device``, default CPU). A pieced chunk's
     starts are uniform over the windows that lie inside one piece. With
-    ``replacement=False`` the starts in one batch are distinct, which needs
-    ``batch_size <= L - window + 1``.
+    ``align=k`` only starts at absolute timesteps that are multiples of ``k``
+    are drawn (a chunk's timesteps come from its pieces; a tensor's or a
+    length's rows count from 0); a chunk with none raises :class:`ConfigError`.
+    With ``replacement=False`` the starts in one batch are distinct, which
+    needs ``batch_size`` at most the number of valid starts.
     """
     length, dev = _length_and_device(chunk_or_length, device)
     batch_size = _positive_int("batch_size", batch_size)
-    table = _starts_table(chunk_or_length, window)
+    table = _starts_table(chunk_or_length, window, check_align(align), length, dev)
     n = _num_starts(length, window) if table is None else int(table.numel())
     _check_generator(generator, dev)
     if replacement:
@@ -159,7 +206,10 @@ class WindowSampler:
     uniform batches of ``batch_size``, the same count as without. Iterating again starts a new pass with fresh randomness.
 
     ``pieces`` (a pieced chunk's ``chunk.pieces``) limits the starts to the windows
-    inside one piece; ``chunk_len`` is then the chunk's ``length``.
+    inside one piece; ``chunk_len`` is then the chunk's ``length``. ``align=k``
+    keeps only starts at absolute timesteps that are multiples of ``k``, counted
+    from the pieces (pass ``pieces=chunk.pieces``, also for a contiguous chunk, so
+    that the chunk's start counts) or, without ``pieces``, from row 0.
     """
 
     def __init__(
@@ -173,6 +223,7 @@ class WindowSampler:
         drop_last: bool = False,
         device: str | torch.device | None = None,
         pieces: Sequence[Piece] | None = None,
+        align: int = 1,
     ) -> None:
         self.chunk_len = _positive_int("chunk_len", chunk_len)
         self.window = window
@@ -181,9 +232,12 @@ class WindowSampler:
             generator.device if generator is not None else torch.device("cpu")
         )  # fmt: skip
         _check_generator(generator, self.device)
-        self._table = (
-            piece_starts(pieces, window, self.device) if pieces and len(pieces) > 1 else None
-        )
+        self.align = check_align(align)
+        if self.align > 1 and not pieces:
+            _num_starts(self.chunk_len, window)
+            pieces = (Piece(0, 0, self.chunk_len),)
+        tabled = pieces and (len(pieces) > 1 or self.align > 1)
+        self._table = piece_starts(pieces, window, self.device, align=self.align) if tabled else None
         self.num_starts = (
             _num_starts(self.chunk_len, window) if self._table is None else self._table.numel()
         )
@@ -213,7 +267,8 @@ class WindowSampler:
     def __repr__(self) -> str:
         return (
             f"WindowSampler(chunk_len={self.chunk_len}, window={self.window}, "
-            f"batch_size={self.batch_size}, replacement={self.replacement}, device={self.device})"
+            f"batch_size={self.batch_size}, replacement={self.replacement}, "
+            f"align={self.align}, device={self.device})"
         )
 
 
