@@ -1,11 +1,13 @@
-"""examples/lightning_train.py: Lightning trains on a BatchStream, and a killed run resumes exactly.
+"""The examples run: Lightning on a BatchStream resumes exactly; the ZAPBench-like one trains.
 
-Each run is a fresh process (``python -W error``, so a new warning fails the test): one
-uninterrupted run of 2 epochs; one killed with ``os._exit`` at step 60 (checkpoints every
-25 steps, so the last one is at step 50, mid-chunk in epoch 0); its resume, killed again at
-step 130; and a second resume from step 125 (mid-chunk in epoch 1). Every step writes a
-checksum of its batch: after each resume the steps must be those of the uninterrupted run
-from the checkpoint's step on, with the same batches.
+examples/lightning_train.py: each run is a fresh process (``python -W error``, so a new
+warning fails the test): one uninterrupted run of 2 epochs; one killed with ``os._exit`` at
+step 60 (checkpoints every 25 steps, so the last one is at step 50, mid-chunk in epoch 0);
+its resume, killed again at step 130; and a second resume from step 125 (mid-chunk in epoch
+1). Every step writes a checksum of its batch: after each resume the steps must be those of
+the uninterrupted run from the checkpoint's step on, with the same batches.
+examples/zapbench_like.py runs once, small, and its resident and streamed runs must report
+the same losses.
 """
 
 from __future__ import annotations
@@ -74,3 +76,40 @@ def test_a_killed_run_resumes_with_the_batches_of_the_uninterrupted_run(uninterr
     # The model and optimizer resume too: the losses agree (to float noise of CPU threads).
     for r in resumed + again:
         assert r["loss"] == pytest.approx(by_step[r["step"]]["loss"], rel=1e-4)
+
+
+ZAPBENCH = EXAMPLE.parent / "zapbench_like.py"
+CONDITIONS = ["gain", "dots", "flash", "taxis", "turning", "position", "open_loop", "rotation",
+              "dark"]  # fmt: skip
+
+
+def test_zapbench_like_trains_resident_and_streamed_to_equal_losses(tmp_path):
+    """examples/zapbench_like.py at a small size: both modes, every condition, equal losses."""
+    pytest.importorskip("tensorstore")
+    data, figures = tmp_path / "data", tmp_path / "runs.json"
+    argv = [sys.executable, "-W", "error", str(ZAPBENCH), "--out", str(data), "--timesteps",
+            "2000", "--neurons", "64", "--epochs", "2", "--device", "cpu", "--json", str(figures)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the stores are what the example says: float16 zarr v3 with dead frames, a zarr v2 mask
+    meta = json.loads((data / "traces.zarr" / "zarr.json").read_text())
+    assert meta["data_type"] == "float16" and meta["shape"] == [2000 + 2 * 16, 64]
+    assert (data / "mask.zarr" / ".zarray").is_file()
+    runs = json.loads(figures.read_text())
+    assert {name: r["mode"] for name, r in runs.items()} == {
+        "resident": "resident", "streaming": "streaming"}  # fmt: skip
+    for run in runs.values():
+        assert len(run["train"]) == 2 and run["train"][1] < run["train"][0]  # it learns
+        assert run["bytes"] > 0 and run["gb_per_s"] > 0
+        for split in ("val", "test"):  # every condition, in order
+            assert list(run[split]) == [f"{c}/{split}" for c in CONDITIONS]
+            assert all(0 < v < float("inf") for v in run[split].values())
+    res, streamed = runs["resident"], runs["streaming"]
+    assert res["train"] == pytest.approx(streamed["train"], rel=1e-6)
+    for split in ("val", "test"):
+        assert res[split] == pytest.approx(streamed[split], rel=1e-6)
+    out = done.stdout
+    assert "resident and streamed losses equal: yes" in out
+    rows = [r for r in map(str.split, out.splitlines()) if r and r[0] in CONDITIONS]
+    assert [(r[0], r[1]) for r in rows] == [(c, s) for s in ("val", "test") for c in CONDITIONS]
+    assert all(r[2] == r[3] for r in rows)  # the printed resident and streamed losses agree
