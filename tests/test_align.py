@@ -215,3 +215,29 @@ def test_a_chunk_without_an_aligned_start_names_align_and_the_fix():
     assert set(cs.sample_windows(chunk, 50, 4, align=4).tolist()) == {1}  # timestep 4
     # a bare tensor counts from row 0
     assert set(cs.sample_windows(torch.zeros(10, 1), 60, 3, align=3).tolist()) == {0, 3, 6}
+
+
+@pytest.mark.gpu
+def test_aligned_draws_stay_on_the_device(store):
+    source, data = store
+    kw = dict(device="cuda", pieces=4, sampling="shuffled", segments=SEGMENTS, seed=3, window=5)
+    with cs.ChunkLoader(source, 128, **kw) as loader:
+        stream = cs.BatchStream(loader, window=5, batch_size=32, batches_per_chunk=2,
+                                chunks_per_epoch=3, fields="data", mix=2, align=4)  # fmt: skip
+        batches = []
+        for b in stream:
+            assert b.device.type == "cuda"  # gathered on the device, from the mixer's storage
+            batches.append(b.cpu())
+        chunk = next(iter(loader.epoch(1)))
+        gen = torch.Generator(device=chunk.device).manual_seed(0)
+        starts = cs.sample_windows(chunk, 64, 5, gen, align=4)
+        assert starts.device == chunk.device
+        for row in starts.tolist():
+            piece = _piece_of(chunk, row)
+            assert (piece.start + row - piece.offset) % 4 == 0
+    assert len(batches) == 6
+    for batch in batches:
+        for w in batch.numpy():
+            t = int(w[0, 0])
+            assert t % 4 == 0
+            np.testing.assert_array_equal(w, data[t : t + 5])
