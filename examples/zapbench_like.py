@@ -214,15 +214,15 @@ def overall(per_segment: dict[str, float]) -> float:
 def report(runs: dict[str, dict]) -> str:
     res, stream = runs["resident"], runs["streaming"]
     lines = [f"{'run':<10}{'mode':<11}{'train, epoch 1':>15}{'last':>9}{'val':>9}{'test':>9}"
-             f"{'seconds':>9}{'GB/s':>8}{'MB':>7}"]  # fmt: skip
+             f"{'seconds':>9}{'GB/s':>10}{'MB':>7}"]  # fmt: skip
     for name, r in runs.items():
         lines.append(
             f"{name:<10}{r['mode']:<11}{r['train'][0]:>15.5f}{r['train'][-1]:>9.5f}"
             f"{overall(r['val']):>9.5f}{overall(r['test']):>9.5f}{r['seconds']:>9.2f}"
-            f"{r['gb_per_s']:>8.3f}{r['bytes'] / 1e6:>7.1f}"
+            f"{r['gb_per_s']:>10.3g}{r['bytes'] / 1e6:>7.1f}"
         )
     lines.append("(losses: masked rollout MSE; val/test: mean over conditions; seconds: training;"
-                 " GB/s and MB: chunks delivered)")  # fmt: skip
+                 " GB/s: chunk bytes delivered over the epochs' time, training included)")  # fmt: skip
     lines.append("")
     lines.append(f"{'condition':<12}{'split':<7}{'resident':>12}{'streaming':>12}")
     for split in ("val", "test"):
