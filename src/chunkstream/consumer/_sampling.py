@@ -8,8 +8,8 @@ window gives none), and every draw is uniform over all of them. With
 ``align=k`` only starts whose absolute timestep (the piece's ``start`` plus the
 row's offset in the piece; for a bare tensor or length, the row itself) is a
 multiple of ``k`` are drawn, uniformly over all such starts: windows aligned to
-an acquisition period (``time_units``). ``align=1`` is every start, and draws
-exactly what it drew before ``align`` existed. Two ways to draw them:
+an acquisition period (``time_units``). ``align=1`` (the default) is every start,
+drawn exactly as when ``align`` is not passed. Two ways to draw them:
 
 * :func:`sample_windows`: one batch of starts, uniform, with replacement by
   default (the original behaviour) or distinct within the batch;
