@@ -53,39 +53,22 @@ import torch
 from torch import nn
 
 from .._errors import ConfigError
-from ..consumer import ChunkMixer, WindowSampler, gather_windows
+from ..consumer import ChunkMixer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader, resolve_device
-from ..plans import Segments, as_segments, plan_epoch, split_segments
+from ..plans import plan_epoch
+from ._batches import batch_seed, batch_starts
 from ._config import EpochRecord, TrainConfig, TrainResult
-from ._data import TimeSlice, load_range
+from ._data import TimeSlice
+from ._heldout import HeldOut, evaluate, held_out_parts, split_source
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
 from ._model import LatentDynamics
+from ._report import log_epoch, open_writer
 
 __all__ = ["Trainer"]
 
 _log = logging.getLogger("chunkstream.train")
 CHECKPOINT = "checkpoint.pt"
-
-
-def _batch_seed(seed: int, epoch: int, index: int, rank: int = 0) -> int:
-    # A pure function of (seed, epoch, chunk index, rank): resumed runs draw the same
-    # batches; ranks (whose chunk indices coincide) draw different ones.
-    return (seed * 1_000_003 + epoch * 65_537 + index + rank * 4_294_967_311) % (2**63 - 1)
-
-
-def _union_batches(
-    table: torch.Tensor, batch_size: int, generator: torch.Generator, replacement: bool
-):
-    """Endless batches of starts from ``table``: uniform draws, or permutation passes."""
-    n = int(table.numel())
-    while True:
-        if replacement:
-            yield table[torch.randint(0, n, (batch_size,), generator=generator,
-                                      device=table.device)]  # fmt: skip
-            continue
-        perm = table[torch.randperm(n, generator=generator, device=table.device)]
-        yield from perm.split(batch_size)
 
 
 def trainer_device(
@@ -118,11 +101,39 @@ def trainer_device(
     return resolve_device(asked)
 
 
-def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` summed over the ranks, in place (unchanged without a process group)."""
-    if is_distributed():
-        torch.distributed.all_reduce(tensor)
-    return tensor
+def _field_sizes(source: Any, c: TrainConfig) -> tuple[int, int]:
+    """``(neurons, stimulus dims)`` of the source's data and stimulus fields.
+
+    Raises :class:`ConfigError` when a named field is missing or is not ``(T, N)``.
+    """
+    fields = source.fields
+    for name in (c.data_field, c.stim_field):
+        if name is not None and name not in fields:
+            raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
+    data_spec = fields[c.data_field]
+    if len(data_spec.shape) != 1 or (c.stim_field and len(fields[c.stim_field].shape) != 1):
+        raise ConfigError.bad(
+            "fields", {n: s.shape for n, s in fields.items()}, "(T, N) data and (T, S) stimulus"
+        )
+    stim_dims = 0 if c.stim_field is None else int(fields[c.stim_field].shape[0])
+    return int(data_spec.shape[0]), stim_dims
+
+
+def _pieces(c: TrainConfig, chunk_size: int) -> int:
+    """The largest piece count <= ``c.pieces`` that divides ``chunk_size`` into pieces
+    that each hold a window; raises :class:`ConfigError` when a chunk cannot hold one."""
+    if c.window > chunk_size:
+        raise ConfigError.bad(
+            "chunk_size", c.chunk_size, f">= the window {c.window}",
+            "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
+        )  # fmt: skip
+    pieces = max(
+        d for d in range(1, c.pieces + 1) if chunk_size % d == 0 and chunk_size // d >= c.window
+    )
+    if pieces != c.pieces:
+        _log.info("pieces=%d does not fit chunk_size=%d and window=%d; using %d",
+                  c.pieces, chunk_size, c.window, pieces)  # fmt: skip
+    return pieces
 
 
 class Trainer:
@@ -146,82 +157,29 @@ class Trainer:
         self.source = source
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.on_chunk, self.on_epoch = on_chunk, on_epoch
-        fields = source.fields
-        for name in (c.data_field, c.stim_field):
-            if name is not None and name not in fields:
-                raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
-        data_spec = fields[c.data_field]
-        self.stim_dims = 0 if c.stim_field is None else int(fields[c.stim_field].shape[0])
-        if len(data_spec.shape) != 1 or (c.stim_field and len(fields[c.stim_field].shape) != 1):
-            raise ConfigError.bad(
-                "fields", {n: s.shape for n, s in fields.items()}, "(T, N) data and (T, S) stimulus"
-            )
-        self.neurons = int(data_spec.shape[0])
+        self.neurons, self.stim_dims = _field_sizes(source, c)
         self.device = trainer_device(c.device, distributed=is_distributed())
         if is_distributed() and self.device.type == "cuda":
             # NCCL and every CUDA call without an explicit device use the current one.
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = resolve_rank()
         self.is_main = self.rank == 0
-        total = len(source)
-        self.train_segments: Segments | None = None
-        if c.segments is None:
-            val_len = max(c.window, int(total * c.val_fraction))
-            self.train_len = total - val_len
-            if self.train_len < c.window:
-                raise ConfigError.bad(
-                    "val_fraction", c.val_fraction,
-                    f"a split leaving >= {c.window} training timesteps",
-                )  # fmt: skip
-            val_ranges = [("val", self.train_len, total)]
-        else:
-            splits = split_segments(
-                as_segments(c.segments, total),
-                fractions={"train": 1.0 - c.val_fraction, "val": c.val_fraction},
-                gap=c.window - 1,
-            )
-            self.train_segments = splits["train"]
-            self.train_len = self.train_segments.timesteps
-            val_ranges = [(s.name, s.start, s.stop) for s in splits["val"] if len(s) >= c.window]
-            if not val_ranges:
-                raise ConfigError.bad(
-                    "val_fraction", c.val_fraction,
-                    f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
-                    "Raise val_fraction or use longer segments.",
-                )  # fmt: skip
+        split = split_source(c, len(source))
+        self.train_len, self.train_segments = split.train_len, split.train_segments
         # With segments a chunk may hold several whole segments (one piece each), so it is
         # bounded by the source, not by the training timesteps.
-        self.chunk_size = min(c.chunk_size, self.train_len if c.segments is None else total)
-        if c.window > self.chunk_size:
-            raise ConfigError.bad(
-                "chunk_size", c.chunk_size, f">= the window {c.window}",
-                "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
-            )  # fmt: skip
+        self.chunk_size = min(c.chunk_size, self.train_len if c.segments is None else len(source))
         #: Pieces per chunk: ``config.pieces``, or the largest divisor of ``chunk_size``
         #: below it whose pieces still hold a window.
-        self.pieces = max(
-            d for d in range(1, c.pieces + 1)
-            if self.chunk_size % d == 0 and self.chunk_size // d >= c.window
-        )  # fmt: skip
-        if self.pieces != c.pieces:
-            _log.info("pieces=%d does not fit chunk_size=%d and window=%d; using %d",
-                      c.pieces, self.chunk_size, c.window, self.pieces)  # fmt: skip
+        self.pieces = _pieces(c, self.chunk_size)
         self.plan = plan_epoch(
             total_timesteps=self.train_len, chunk_size=self.chunk_size,
             batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
             world_size=self.world_size,
         )  # fmt: skip
-        # Held-out ranges, kept on the device; each rank validates every world_size-th
-        # window of each range, and the sums are all-reduced.
-        n_val = sum(stop - start - c.window + 1 for _, start, stop in val_ranges)
-        stride = max(1, -(-n_val // c.val_windows))
-        self.val_parts: list[tuple[str, dict[str, torch.Tensor], torch.Tensor]] = []
-        for name, start, stop in val_ranges:
-            starts = torch.arange(0, stop - start - c.window + 1, stride, device=self.device)
-            self.val_parts.append(
-                (name, load_range(source, start, stop, self.device),
-                 starts[self.rank :: self.world_size])
-            )  # fmt: skip
+        # Held-out ranges, kept on the device; each rank validates its share of the windows.
+        self.val_parts: list[HeldOut] = held_out_parts(source, split, c, self.device,
+                                                        self.rank, self.world_size)  # fmt: skip
         self.val_segments: dict[str, float] = {}
         torch.manual_seed(c.seed)  # the same initial weights on every rank
         self.model = LatentDynamics(
@@ -257,7 +215,6 @@ class Trainer:
         rollout = nn.functional.mse_loss(pred, x[:, c.time_units :: c.time_units])
         return {"loss": rollout + c.recon_weight * recon, "recon": recon, "rollout": rollout}
 
-    @torch.no_grad()
     def validate(self) -> tuple[float, float]:
         """``(model rollout MSE, constant-baseline MSE)`` on the held-out windows.
 
@@ -266,26 +223,8 @@ class Trainer:
         Under torch.distributed each rank evaluates its share of the windows and the
         sums are all-reduced, so every rank returns the mean over all of them.
         """
-        c, model = self.config, self.model
-        model.eval()
-        mean = self.moments.mean
-        sums = []
-        for _, val, val_starts in self.val_parts:
-            x_all = val[c.data_field]
-            s_all = val.get(c.stim_field) if c.stim_field else None
-            total = torch.zeros((), dtype=torch.float64, device=self.device)
-            base = torch.zeros_like(total)
-            for starts in val_starts.split(c.batch_size * 4):
-                x = gather_windows(x_all, starts, c.window)
-                s = gather_windows(s_all, starts, c.window) if s_all is not None else None
-                target = x[:, c.time_units :: c.time_units]
-                pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
-                total += ((pred - target) ** 2).sum(dtype=torch.float64)
-                base += ((target - mean.to(x.dtype)) ** 2).sum(dtype=torch.float64)
-            count = val_starts.numel() * c.evolve_multiple_steps * self.neurons
-            sums.append(torch.stack([total, base, total.new_tensor(float(count))]))
-        model.train()
-        per_part = _all_reduce_sum(torch.stack(sums)).cpu()
+        per_part = evaluate(self.model, self.val_parts, self.moments.mean, self.config,
+                            self.neurons)  # fmt: skip
         overall = per_part.sum(0)
         self.val_segments = {
             name: float(row[0] / row[2])
@@ -375,7 +314,7 @@ class Trainer:
         a path resumes from that file.
         """
         c, began = self.config, time.perf_counter()
-        writer = self._writer() if self.is_main else None
+        writer = open_writer(self.out_dir, c.tensorboard) if self.is_main else None
         source = (
             TimeSlice(self.source, 0, self.train_len)
             if self.train_segments is None
@@ -397,7 +336,7 @@ class Trainer:
                 self.history.append(record)
                 self.save_checkpoint()
                 if writer is not None:
-                    self._log_epoch(writer, record, loader)
+                    log_epoch(writer, record, loader.stats)
                 if self.on_epoch is not None:
                     self.on_epoch(self, record)
         finally:
@@ -437,18 +376,9 @@ class Trainer:
                 self._pending.update(x_chunk)
             self.windows.extend((epoch, p.start, p.stop) for p in chunk.pieces)
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(_batch_seed(c.seed, epoch, chunk.index, self.rank))
+            generator.manual_seed(batch_seed(c.seed, epoch, chunk.index, self.rank))
             count = min(per_chunk, budget - batches)
-            if c.mix == 1:
-                sampler = WindowSampler(
-                    chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
-                    device=self.device, pieces=chunk.pieces,
-                )  # fmt: skip
-                # Passes of the sampler back to back: a pieced chunk has fewer valid starts
-                # than a contiguous one (none across piece ends), yet feeds as many batches.
-                passes = itertools.chain.from_iterable(itertools.repeat(sampler))
-            else:
-                passes = _union_batches(mixer.starts(), c.batch_size, generator, c.replacement)
+            passes = batch_starts(chunk, mixer, c, generator, self.device)
             for starts in itertools.islice(passes, count):
                 x = mixer.gather(c.data_field, starts)
                 s = mixer.gather(c.stim_field, starts) if c.stim_field else None
@@ -487,33 +417,6 @@ class Trainer:
         )  # fmt: skip
 
     # -- reporting ------------------------------------------------------------------
-
-    def _writer(self) -> Any:
-        c = self.config
-        if self.out_dir is None or c.tensorboard is False:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            if c.tensorboard:
-                raise ImportError(
-                    "TensorBoard logging needs tensorboard: pip install chunkstream[tensorboard]"
-                ) from exc
-            _log.info(
-                "tensorboard is not installed; not logging (pip install chunkstream[tensorboard])"
-            )
-            return None
-        return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
-
-    def _log_epoch(self, writer: Any, record: EpochRecord, loader: ChunkLoader) -> None:
-        for name, value in record.losses.items():
-            writer.add_scalar(f"train/{name}", value, record.epoch)
-        writer.add_scalar("val/loss", record.val_loss, record.epoch)
-        writer.add_scalar("val/constant_baseline", record.baseline_val, record.epoch)
-        writer.add_scalar("train/constant_baseline", record.baseline_train, record.epoch)
-        writer.add_scalar("time/epoch_s", record.seconds, record.epoch)
-        loader.stats.log_to(writer, record.epoch)
-        writer.flush()
 
     def _memory(self, loader: ChunkLoader) -> dict[str, int | None]:
         cfg, chunk_bytes = loader.config, loader.chunk_bytes

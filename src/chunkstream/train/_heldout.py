@@ -1,0 +1,132 @@
+"""The trainer's held-out split and the rollout validation on it.
+
+:func:`split_source` divides a source's timesteps into the streamed training
+range (or training segments) and the held-out ranges; :func:`held_out_parts`
+loads those ranges onto the device with the window starts each rank validates;
+:func:`evaluate` sums the model's rollout error and the constant baseline's on
+them. Under torch.distributed each rank takes every ``world_size``-th window of
+each range and the sums are all-reduced, so every rank gets the totals over all
+of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._errors import ConfigError
+from ..consumer import gather_windows
+from ..distributed import is_distributed
+from ..plans import Segments, as_segments, split_segments
+from ._config import TrainConfig
+from ._data import load_range
+
+__all__ = ["HeldOut", "Split", "evaluate", "held_out_parts", "split_source"]
+
+#: One held-out range on the device: ``(name, fields, this rank's window starts)``.
+HeldOut = tuple[str, dict[str, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where the trainer streams from and what it holds out.
+
+    ``train_segments`` is ``None`` without ``config.segments``: training then
+    streams ``[0, train_len)`` and ``val_ranges`` is the one range after it.
+    With segments, ``train_len`` counts the training segments' timesteps and
+    ``val_ranges`` holds each segment's held-out tail that fits a window.
+    """
+
+    train_len: int
+    train_segments: Segments | None
+    val_ranges: list[tuple[str, int, int]]
+
+
+def split_source(config: TrainConfig, total: int) -> Split:
+    """The train/validation split of ``total`` timesteps under ``config``.
+
+    Raises :class:`ConfigError` naming ``val_fraction`` when the split leaves
+    fewer than ``config.window`` training timesteps, or (with segments) no
+    held-out range of at least a window.
+    """
+    c = config
+    if c.segments is None:
+        val_len = max(c.window, int(total * c.val_fraction))
+        train_len = total - val_len
+        if train_len < c.window:
+            raise ConfigError.bad(
+                "val_fraction", c.val_fraction,
+                f"a split leaving >= {c.window} training timesteps",
+            )  # fmt: skip
+        return Split(train_len, None, [("val", train_len, total)])
+    splits = split_segments(
+        as_segments(c.segments, total),
+        fractions={"train": 1.0 - c.val_fraction, "val": c.val_fraction},
+        gap=c.window - 1,
+    )
+    val_ranges = [(s.name, s.start, s.stop) for s in splits["val"] if len(s) >= c.window]
+    if not val_ranges:
+        raise ConfigError.bad(
+            "val_fraction", c.val_fraction,
+            f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
+            "Raise val_fraction or use longer segments.",
+        )  # fmt: skip
+    return Split(splits["train"].timesteps, splits["train"], val_ranges)
+
+
+def held_out_parts(
+    source, split: Split, config: TrainConfig, device: torch.device, rank: int, world_size: int
+) -> list[HeldOut]:
+    """Each held-out range read onto ``device``, with this rank's share of window starts.
+
+    About ``config.val_windows`` windows in all, evenly strided over the ranges;
+    rank ``r`` keeps every ``world_size``-th of them from the ``r``-th on.
+    """
+    window = config.window
+    n_val = sum(stop - start - window + 1 for _, start, stop in split.val_ranges)
+    stride = max(1, -(-n_val // config.val_windows))
+    parts = []
+    for name, start, stop in split.val_ranges:
+        starts = torch.arange(0, stop - start - window + 1, stride, device=device)
+        parts.append((name, load_range(source, start, stop, device), starts[rank::world_size]))
+    return parts
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the ranks, in place (unchanged without a process group)."""
+    if is_distributed():
+        torch.distributed.all_reduce(tensor)
+    return tensor
+
+
+@torch.no_grad()
+def evaluate(
+    model, parts: list[HeldOut], mean: torch.Tensor, config: TrainConfig, neurons: int
+) -> torch.Tensor:
+    """Per held-out range, ``[model squared error, baseline squared error, count]`` summed
+    over every rank's windows (a collective call under torch.distributed), on the CPU.
+
+    The baseline predicts ``mean`` at every target frame; ``count`` is the number
+    of predicted values, so a row's first two entries over its third are MSEs.
+    The model is put in eval mode for the call and back in train mode after it.
+    """
+    c = config
+    model.eval()
+    sums = []
+    for _, val, val_starts in parts:
+        x_all = val[c.data_field]
+        s_all = val.get(c.stim_field) if c.stim_field else None
+        total = torch.zeros((), dtype=torch.float64, device=x_all.device)
+        base = torch.zeros_like(total)
+        for starts in val_starts.split(c.batch_size * 4):
+            x = gather_windows(x_all, starts, c.window)
+            s = gather_windows(s_all, starts, c.window) if s_all is not None else None
+            target = x[:, c.time_units :: c.time_units]
+            pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
+            total += ((pred - target) ** 2).sum(dtype=torch.float64)
+            base += ((target - mean.to(x.dtype)) ** 2).sum(dtype=torch.float64)
+        count = val_starts.numel() * c.evolve_multiple_steps * neurons
+        sums.append(torch.stack([total, base, total.new_tensor(float(count))]))
+    model.train()
+    return all_reduce_sum(torch.stack(sums)).cpu()
