@@ -10,16 +10,8 @@ CUDA, so the span is the work's, not the launch's).
 Per chunk it keeps the loader's record (queue depth when the consumer asked,
 wait, read time, transfer time) and the training span. Per setting it reports
 mean/max wait, how often the queue was empty or full when asked, and the epoch
-time against the ideal pipeline bound (DESIGN.md)::
-
-    ideal = first_read + n * max(read / workers, transfer, train)
-
-``first_read`` is the first chunk's read (plus copy); ``read`` the mean read
-time, divided by the workers that read in parallel. A setting **keeps up**
-when, after the first chunk, the consumer waited at most 10% of the epoch.
-The verdict names the bottleneck and the fix: more workers or a rechunked
-store when reads are slower than training on average, deeper prefetch when
-they are only sometimes slower, a smaller chunk when the first read dominates.
+time against the ideal pipeline bound, with a verdict that names the
+bottleneck and its fix (:mod:`chunkstream.tools._diagnosis`).
 
 On a URL, :func:`compare_local` also streams the same windows from the URL and
 from a local copy of the same store and reports both GB/s and their ratio
@@ -31,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -40,6 +32,7 @@ from .._errors import ConfigError
 from ..pipeline import ChunkLoader, resolve_device
 from ..sources import Source, window_nbytes
 from ..stats import LatencyStats
+from ._diagnosis import BenchChunk, SettingResult, recommend, summarise
 
 __all__ = [
     "BenchChunk",
@@ -52,64 +45,7 @@ __all__ = [
     "run_bench",
 ]
 
-KEEP_UP_STALL = 0.10  # waiting at most this fraction of the epoch counts as keeping up
 _TARGET_CHUNK_BYTES = 64 * 2**20
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchChunk:
-    """One chunk of one setting; times in seconds, clocks relative to the epoch's start."""
-
-    index: int
-    start: int
-    queue_depth: int
-    wait_s: float
-    read_s: float
-    transfer_s: float | None
-    train_s: float
-    read_begin: float
-    read_end: float
-    transfer_begin: float | None
-    received: float
-    train_end: float
-
-
-@dataclass(kw_only=True)
-class SettingResult:
-    """The figures of one (prefetch, workers) setting."""
-
-    prefetch: int
-    workers: int
-    gpu_prefetch: int
-    capacity: int  # queue depth counted as full
-    epoch_s: float
-    ideal_s: float
-    overlap: float  # epoch_s / ideal_s (1.0 is perfect overlap)
-    first_read_s: float
-    wait_mean_s: float
-    wait_max_s: float
-    wait_after_first_mean_s: float
-    stall_fraction: float  # wait after the first chunk / epoch time after it
-    queue_empty: int  # chunks after the first where the consumer found no chunk ready
-    queue_full: int
-    read_mean_s: float
-    read_max_s: float
-    transfer_mean_s: float | None
-    train_mean_s: float
-    keeping_up: bool
-    bottleneck: str  # "none", "read", "transfer", "bursts", "startup"
-    verdict: str
-    chunks: list[BenchChunk] = field(default_factory=list)
-    stats: LatencyStats | None = field(default=None, repr=False)  # the loader's records
-
-    def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
-        out["chunks"] = [asdict(c) for c in self.chunks]
-        return out
-
-    @property
-    def label(self) -> str:
-        return f"prefetch={self.prefetch} workers={self.workers}"
 
 
 @dataclass(kw_only=True)
@@ -272,90 +208,6 @@ def _trainer(kind: str, train_ms: float, device: torch.device, steps: int) -> Ca
     return matmul
 
 
-def _summarise(
-    prefetch: int, workers: int, gpu_prefetch: int, capacity: int, epoch_s: float,
-    chunks: list[BenchChunk], amplification: float, compressed: bool,
-) -> SettingResult:  # fmt: skip
-    n = len(chunks)
-    reads = [c.read_s for c in chunks]
-    transfers = [c.transfer_s for c in chunks if c.transfer_s is not None]
-    trains = [c.train_s for c in chunks]
-    waits = [c.wait_s for c in chunks]
-    read_mean = sum(reads) / n
-    transfer_mean = sum(transfers) / len(transfers) if transfers else None
-    train_mean = sum(trains) / n
-    first_read = chunks[0].read_s + (chunks[0].transfer_s or 0.0)
-    ideal = first_read + n * max(read_mean / workers, transfer_mean or 0.0, train_mean)
-    after = waits[1:]
-    busy_after = epoch_s - waits[0]
-    stall = sum(after) / busy_after if after and busy_after > 0 else 0.0
-    empty = sum(1 for c in chunks[1:] if c.queue_depth == 0)
-    full = sum(1 for c in chunks[1:] if c.queue_depth >= capacity)
-    keeping_up = stall <= KEEP_UP_STALL
-    ms = 1e3
-    if keeping_up:
-        bottleneck = "none"
-        verdict = (
-            f"keeping up: after the first chunk the consumer waited {stall:.0%} of the time "
-            f"(mean {sum(after) / max(1, len(after)) * ms:.1f} ms per chunk); epoch "
-            f"{epoch_s / ideal:.2f}x the ideal bound."
-        )
-        if waits[0] > 0.25 * epoch_s:
-            bottleneck = "startup"
-            verdict += (
-                f" The first read ({waits[0]:.2f} s) is {waits[0] / epoch_s:.0%} of the epoch: "
-                "use a smaller chunk_size (or more chunks per epoch) so the pipeline fills sooner."
-            )
-    else:
-        head = (
-            f"NOT keeping up: the consumer waited {stall:.0%} of the time after the first "
-            f"chunk (mean {sum(after) / max(1, len(after)) * ms:.1f} ms, max "
-            f"{max(after, default=0.0) * ms:.1f} ms; queue empty {empty}/{n - 1} times)."
-        )
-        per_chunk_read = read_mean / workers
-        if transfer_mean is not None and transfer_mean >= max(per_chunk_read, 0.9 * train_mean):
-            bottleneck = "transfer"
-            fix = (
-                f"The host-to-device copy ({transfer_mean * ms:.1f} ms per chunk) is slower "
-                f"than training ({train_mean * ms:.1f} ms): move fewer bytes (fewer fields, "
-                "float16) or train more per chunk; more workers or prefetch will not help."
-            )
-        elif per_chunk_read >= 0.9 * train_mean:
-            bottleneck = "read"
-            fixes = [f"more workers (--workers {workers * 2})"]
-            if amplification > 1.5:
-                fixes.append(
-                    f"rechunk with `chunkstream convert` (reads decode {amplification:.1f}x "
-                    "the bytes they use)"
-                )
-            if compressed:
-                fixes.append("a faster codec (lz4) or none")
-            fix = (
-                f"Reading a chunk takes {read_mean * ms:.1f} ms in each of {workers} "
-                f"worker(s) against {train_mean * ms:.1f} ms of training: the reader is "
-                f"slower on average, so deeper prefetch only delays the stall. Try "
-                + ", ".join(fixes)
-                + "."
-            )
-        else:
-            bottleneck = "bursts"
-            fix = (
-                f"Reads are fast enough on average ({read_mean * ms:.1f} ms) but some take "
-                f"{max(reads) * ms:.1f} ms against {train_mean * ms:.1f} ms of training: use a "
-                f"deeper prefetch (--prefetch {prefetch * 2}) to ride them out."
-            )
-        verdict = f"{head} {fix}"
-    return SettingResult(
-        prefetch=prefetch, workers=workers, gpu_prefetch=gpu_prefetch, capacity=capacity,
-        epoch_s=epoch_s, ideal_s=ideal, overlap=epoch_s / ideal if ideal > 0 else 0.0,
-        first_read_s=first_read, wait_mean_s=sum(waits) / n, wait_max_s=max(waits),
-        wait_after_first_mean_s=sum(after) / max(1, len(after)), stall_fraction=stall,
-        queue_empty=empty, queue_full=full, read_mean_s=read_mean, read_max_s=max(reads),
-        transfer_mean_s=transfer_mean, train_mean_s=train_mean, keeping_up=keeping_up,
-        bottleneck=bottleneck, verdict=verdict, chunks=chunks,
-    )  # fmt: skip
-
-
 def _run_setting(
     source: Source, *, chunk_size: int, prefetch: int, workers: int, gpu_prefetch: int,
     device: torch.device, num_chunks: int, train: Callable[[Any], None], seed: int,
@@ -390,23 +242,11 @@ def _run_setting(
             transfer_begin=None if record.transfer_begin is None else record.transfer_begin - t0,
             received=record.received - t0, train_end=end - t0,
         ))  # fmt: skip
-    result = _summarise(
+    result = summarise(
         prefetch, workers, gpu_prefetch, capacity, epoch_s, chunks, amplification, compressed
     )
     result.stats = stats
     return result
-
-
-def _recommend(settings: list[SettingResult]) -> str:
-    good = [s for s in settings if s.keeping_up]
-    if good:
-        best = min(good, key=lambda s: (s.prefetch + s.workers, s.epoch_s))
-        return (
-            f"use {best.label}: the smallest setting that keeps up "
-            f"({len(good)}/{len(settings)} settings keep up)."
-        )
-    best = min(settings, key=lambda s: s.stall_fraction)
-    return f"no setting keeps up; the best was {best.label}. {best.verdict}"
 
 
 def run_bench(
@@ -462,7 +302,7 @@ def run_bench(
         path=str(path if path is not None else getattr(source, "path", type(source).__name__)),
         device=str(resolved), chunk_size=chunk_size,
         chunk_bytes=window_nbytes(source.fields, min(chunk_size, total)), num_chunks=num_chunks,
-        train=what, settings=results, recommendation=_recommend(results),
+        train=what, settings=results, recommendation=recommend(results),
     )  # fmt: skip
 
 
