@@ -40,6 +40,7 @@ field); converting is a one-off, and this keeps slab ownership trivial.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -200,6 +201,174 @@ def _prepare_out(out: Path, args: dict[str, Any], overwrite: bool) -> dict[str, 
     return None
 
 
+class _FieldPlan(NamedTuple):
+    """One output field: its name, its source text, the input array and selection,
+    the shape of one output timestep, and the output time chunk."""
+
+    name: str
+    source: str
+    array: Any
+    index: tuple
+    step_shape: tuple[int, ...]
+    t_chunk: int
+
+
+def _check_workers(chunk_mb: float, workers: int | None) -> int:
+    """The worker count (``workers`` or its default) once ``chunk_mb`` and ``workers`` are
+    valid; raises :class:`ConfigError` naming a bad one."""
+    if not chunk_mb > 0:
+        raise ConfigError.bad("chunk_mb", chunk_mb, "a positive number of MiB, e.g. 32")
+    workers = min(4, os.cpu_count() or 1) if workers is None else workers
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError.bad("workers", workers, "an int >= 1")
+    return workers
+
+
+def _out_dtype(dtype: str | None) -> np.dtype | None:
+    """``dtype`` as a numpy dtype of :data:`OUT_DTYPES`, or ``None`` (keep each field's)."""
+    if dtype is None:
+        return None
+    try:
+        out_dtype = np.dtype(dtype)
+    except TypeError:
+        out_dtype = None
+    if out_dtype is None or out_dtype.name not in OUT_DTYPES:
+        raise ConfigError.bad(
+            "dtype", dtype, f"None or one of {', '.join(OUT_DTYPES)}",
+            "Pass --dtype float16 for a half-precision copy.",
+        )  # fmt: skip
+    return out_dtype
+
+
+def _plan_fields(
+    source: str | os.PathLike, fields: Iterable[str] | Mapping[str, Any], chunk_mb: float
+) -> list[_FieldPlan]:
+    """Each requested field resolved in ``source``, with a time chunk of ~``chunk_mb`` MiB.
+
+    Raises :class:`ConfigError` when no field is named or their time lengths differ.
+    """
+    arrays = open_arrays(source)
+    requests = parse_fields(fields)
+    if not requests:
+        raise ConfigError.bad("fields", fields, "at least one NAME=INDEX", "Pass --fields.")
+    resolved = [resolve_field(req, arrays) for req in requests]
+    check_lengths({r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved, strict=True)},
+                  str(source))  # fmt: skip
+    plan = []
+    for req, (name, array, index) in zip(requests, resolved, strict=True):
+        step_shape = selected_shape(index, tuple(array.shape[1:]))
+        step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * array.dtype.itemsize)
+        total = int(array.shape[0])
+        t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
+        plan.append(_FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index,
+                               step_shape, t_chunk))  # fmt: skip
+    return plan
+
+
+def _create_out(
+    out: Path, plan: list[_FieldPlan], args: dict[str, Any], compressors: Any, out_dtype: Any
+) -> None:
+    """Create the output group, one empty array per field, and the progress file."""
+    import zarr
+
+    group = zarr.open_group(str(out), mode="w", zarr_format=args["zarr_format"])
+    group.attrs["chunkstream"] = {"layout": "per-field", "source": args["source"],
+                                  "fields": args["fields"]}  # fmt: skip
+    for f in plan:
+        group.create_array(
+            f.name, shape=(int(f.array.shape[0]), *f.step_shape),
+            dtype=out_dtype or _native(f.array.dtype), chunks=(f.t_chunk, *f.step_shape),
+            compressors=compressors, fill_value=0,
+            config={"write_empty_chunks": True},
+        )  # fmt: skip
+
+
+def _copy_slab(slab: tuple, targets: dict[str, Any], out_dtype: Any) -> str:
+    """Read one slab from IN, write it to its output chunk, return its digest.
+
+    Raises :class:`ConfigError` when a finite value would overflow ``out_dtype``.
+    """
+    name, _, t0, t1, array, index = slab
+    data = np.ascontiguousarray(array[(slice(t0, t1), *index)])
+    if out_dtype is not None:
+        try:
+            with np.errstate(over="raise"):
+                data = data.astype(out_dtype)
+        except FloatingPointError:  # a finite value would become inf: refuse, not round
+            raise ConfigError.bad(
+                "dtype", out_dtype.name,
+                f"a dtype that holds field {name!r}: timesteps [{t0}, {t1}) reach "
+                f"{np.nanmax(np.abs(data)):.6g}, beyond {out_dtype.name}'s "
+                f"{float(np.finfo(out_dtype).max):.6g}",
+                "Convert to float32, or rescale the data first.",
+            ) from None
+    targets[name][t0:t1] = data
+    return _digest(data)
+
+
+def _copy_pending(
+    pool: cf.ThreadPoolExecutor, pending: list[tuple], copy: Callable[[tuple], str],
+    state: dict[str, Any], progress_path: Path, bar: Any, on_slab: Callable[[int], None] | None,
+    workers: int,
+) -> int:  # fmt: skip
+    """Copy ``pending`` slabs, at most ``2 * workers`` in flight, recording each finished
+    one in ``state`` and the progress file; returns how many were written."""
+    written = 0
+    queue = iter(pending)
+    running: dict[cf.Future, tuple] = {}
+    try:
+        while True:
+            while len(running) < 2 * workers and (slab := next(queue, None)) is not None:
+                running[pool.submit(copy, slab)] = slab
+            if not running:
+                break
+            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in finished:
+                name, i, *_ = running.pop(future)
+                state["done"][name][str(i)] = future.result()
+                _save_progress(progress_path, state)
+                written += 1
+                bar.update(1)
+                if on_slab is not None:
+                    on_slab(written)
+    finally:
+        for future in running:
+            future.cancel()
+    return written
+
+
+def _field_result(
+    f: _FieldPlan, state: dict[str, Any], outs: list[str] | None, out: Path, target: Any,
+    out_dtype: Any,
+) -> FieldResult:  # fmt: skip
+    """``f``'s report; raises ``CorruptChunkError`` when its read-back digests ``outs``
+    disagree with the input's."""
+    done = state["done"]
+    n = -(-int(f.array.shape[0]) // f.t_chunk)
+    if done is not None:
+        ins = [done[f.name][str(i)] for i in range(n)]
+        checksum_in = _combine(ins)
+    else:
+        ins, checksum_in = None, state["checksums"][f.name]
+    checksum_out = _combine(outs) if outs is not None else None
+    if outs is not None and checksum_out != checksum_in:
+        bad = next((i for i in range(n) if ins and ins[i] != outs[i]), None)
+        where = "" if bad is None else (
+            f" slab {bad} (timesteps {bad * f.t_chunk}..{min(int(f.array.shape[0]), (bad + 1) * f.t_chunk)})"
+        )  # fmt: skip
+        raise CorruptChunkError(
+            f"verification failed: field {f.name!r}{where} in {str(out)!r} differs from the "
+            "input: delete OUT and convert again (and check the disk)."
+        )
+    return FieldResult(
+        name=f.name, source=f.source, shape=(int(f.array.shape[0]), *f.step_shape),
+        chunks=(f.t_chunk, *f.step_shape), dtype=str(out_dtype or _native(f.array.dtype)),
+        slabs=n, checksum_in=checksum_in, checksum_out=checksum_out,
+        max_abs_error=None if out_dtype is None else _rounding_error(
+            f.array, f.index, target, f.t_chunk, n),
+    )  # fmt: skip
+
+
 def convert_store(
     source: str | os.PathLike,
     out: str | os.PathLike,
@@ -228,153 +397,57 @@ def convert_store(
     from tqdm.auto import tqdm
 
     begin = time.perf_counter()
-    if not chunk_mb > 0:
-        raise ConfigError.bad("chunk_mb", chunk_mb, "a positive number of MiB, e.g. 32")
-    workers = min(4, os.cpu_count() or 1) if workers is None else workers
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError.bad("workers", workers, "an int >= 1")
+    workers = _check_workers(chunk_mb, workers)
     compressors = compressors_for(codec, zarr_format)
-    out_dtype = None
-    if dtype is not None:
-        try:
-            out_dtype = np.dtype(dtype)
-        except TypeError:
-            out_dtype = None
-        if out_dtype is None or out_dtype.name not in OUT_DTYPES:
-            raise ConfigError.bad(
-                "dtype", dtype, f"None or one of {', '.join(OUT_DTYPES)}",
-                "Pass --dtype float16 for a half-precision copy.",
-            )  # fmt: skip
+    out_dtype = _out_dtype(dtype)
     if is_remote(out):
         raise ConfigError.bad("out", str(out), "a local directory (progress is kept on disk)")
-    arrays = open_arrays(source)
-    requests = parse_fields(fields)
-    if not requests:
-        raise ConfigError.bad("fields", fields, "at least one NAME=INDEX", "Pass --fields.")
-    resolved = [resolve_field(req, arrays) for req in requests]
-    check_lengths({r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved, strict=True)},
-                  str(source))  # fmt: skip
+    plan = _plan_fields(source, fields, chunk_mb)
     out = Path(out).absolute()
     src_text = str(source) if is_remote(source) else str(Path(source).absolute())
     if not is_remote(source) and (out == Path(src_text) or Path(src_text) in out.parents):
         raise ConfigError(
             f"out={str(out)!r} lies inside the input {src_text!r}: choose an OUT outside it."
         )
-    plan = []
-    for req, (name, array, index) in zip(requests, resolved, strict=True):
-        step_shape = selected_shape(index, tuple(array.shape[1:]))
-        step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * array.dtype.itemsize)
-        total = int(array.shape[0])
-        t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
-        plan.append((req.name, f"{name}[{format_index(index)}]", array, index, step_shape, t_chunk))
     args = {
-        "source": src_text, "fields": {p[0]: p[1] for p in plan}, "chunk_mb": float(chunk_mb),
+        "source": src_text, "fields": {f.name: f.source for f in plan}, "chunk_mb": float(chunk_mb),
         "codec": codec, "zarr_format": zarr_format,
     }  # fmt: skip
     if out_dtype is not None:  # only when given, so earlier conversions still resume
         args["dtype"] = out_dtype.name
     saved = _prepare_out(out, args, overwrite)
-    state = saved or {"args": args, "done": {p[0]: {} for p in plan}}
+    state = saved or {"args": args, "done": {f.name: {} for f in plan}}
     if saved is None:
-        group = zarr.open_group(str(out), mode="w", zarr_format=zarr_format)
-        group.attrs["chunkstream"] = {"layout": "per-field", "source": src_text,
-                                      "fields": args["fields"]}  # fmt: skip
-        for name, _, array, _, step_shape, t_chunk in plan:
-            group.create_array(
-                name, shape=(int(array.shape[0]), *step_shape),
-                dtype=out_dtype or _native(array.dtype), chunks=(t_chunk, *step_shape),
-                compressors=compressors, fill_value=0,
-                config={"write_empty_chunks": True},
-            )  # fmt: skip
+        _create_out(out, plan, args, compressors, out_dtype)
         _save_progress(out / PROGRESS, state)
     group = zarr.open_group(str(out), mode="r+")
-    targets = {name: group[name] for name, *_ in plan}
+    targets = {f.name: group[f.name] for f in plan}
     slabs = [
-        (name, i, i * t_chunk, min(int(array.shape[0]), (i + 1) * t_chunk), array, index)
-        for name, _, array, index, _, t_chunk in plan
-        for i in range(-(-int(array.shape[0]) // t_chunk))
-    ]
+        (f.name, i, i * f.t_chunk, min(int(f.array.shape[0]), (i + 1) * f.t_chunk), f.array,
+         f.index)
+        for f in plan
+        for i in range(-(-int(f.array.shape[0]) // f.t_chunk))
+    ]  # fmt: skip
     done = state["done"]
     pending = [s for s in slabs if done is not None and str(s[1]) not in done[s[0]]]
-
-    def copy(slab: tuple) -> str:
-        name, _, t0, t1, array, index = slab
-        data = np.ascontiguousarray(array[(slice(t0, t1), *index)])
-        if out_dtype is not None:
-            try:
-                with np.errstate(over="raise"):
-                    data = data.astype(out_dtype)
-            except FloatingPointError:  # a finite value would become inf: refuse, not round
-                raise ConfigError.bad(
-                    "dtype", out_dtype.name,
-                    f"a dtype that holds field {name!r}: timesteps [{t0}, {t1}) reach "
-                    f"{np.nanmax(np.abs(data)):.6g}, beyond {out_dtype.name}'s "
-                    f"{float(np.finfo(out_dtype).max):.6g}",
-                    "Convert to float32, or rescale the data first.",
-                ) from None
-        targets[name][t0:t1] = data
-        return _digest(data)
-
-    written = 0
+    copy = functools.partial(_copy_slab, targets=targets, out_dtype=out_dtype)
     with (
         cf.ThreadPoolExecutor(workers, thread_name_prefix="chunkstream-convert") as pool,
         tqdm(total=len(slabs), initial=len(slabs) - len(pending), unit="slab", desc="convert",
              disable=None if progress else True) as bar,
     ):  # fmt: skip
-        queue = iter(pending)
-        running: dict[cf.Future, tuple] = {}
-        try:
-            while True:
-                while len(running) < 2 * workers and (slab := next(queue, None)) is not None:
-                    running[pool.submit(copy, slab)] = slab
-                if not running:
-                    break
-                finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-                for future in finished:
-                    name, i, *_ = running.pop(future)
-                    state["done"][name][str(i)] = future.result()
-                    _save_progress(out / PROGRESS, state)
-                    written += 1
-                    bar.update(1)
-                    if on_slab is not None:
-                        on_slab(written)
-        finally:
-            for future in running:
-                future.cancel()
+        written = _copy_pending(pool, pending, copy, state, out / PROGRESS, bar, on_slab, workers)
         checks: dict[tuple[str, int], cf.Future] = {}
         if verify:
             # Streamed: each task reads one output slab back and keeps only its digest.
             for name, i, t0, t1, *_ in slabs:
                 checks[(name, i)] = pool.submit(lambda n=name, a=t0, b=t1: _digest(targets[n][a:b]))
     results = []
-    ok = True
-    for name, source_sel, array, index, step_shape, t_chunk in plan:
-        n = -(-int(array.shape[0]) // t_chunk)
-        if done is not None:
-            ins = [done[name][str(i)] for i in range(n)]
-            checksum_in = _combine(ins)
-        else:
-            ins, checksum_in = None, state["checksums"][name]
-        outs = [checks[(name, i)].result() for i in range(n)] if verify else None
-        checksum_out = _combine(outs) if outs is not None else None
-        if outs is not None and checksum_out != checksum_in:
-            bad = next((i for i in range(n) if ins and ins[i] != outs[i]), None)
-            where = "" if bad is None else (
-                f" slab {bad} (timesteps {bad * t_chunk}..{min(int(array.shape[0]), (bad + 1) * t_chunk)})"
-            )  # fmt: skip
-            raise CorruptChunkError(
-                f"verification failed: field {name!r}{where} in {str(out)!r} differs from the "
-                "input: delete OUT and convert again (and check the disk)."
-            )
-        ok = ok and outs is not None
-        results.append(FieldResult(
-            name=name, source=source_sel, shape=(int(array.shape[0]), *step_shape),
-            chunks=(t_chunk, *step_shape), dtype=str(out_dtype or _native(array.dtype)),
-            slabs=n,
-            checksum_in=checksum_in, checksum_out=checksum_out,
-            max_abs_error=None if out_dtype is None else _rounding_error(
-                array, index, targets[name], t_chunk, n),
-        ))  # fmt: skip
+    for f in plan:
+        n = -(-int(f.array.shape[0]) // f.t_chunk)
+        outs = [checks[(f.name, i)].result() for i in range(n)] if verify else None
+        results.append(_field_result(f, state, outs, out, targets[f.name], out_dtype))
+    ok = verify
     if ok and done is not None:
         meta = dict(group.attrs["chunkstream"])
         meta.update(args=args, checksums={r.name: r.checksum_in for r in results})
