@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -165,6 +166,59 @@ def _candidates_below(limit: int, *, align: int, batch: int) -> int | None:
     return None
 
 
+def _budget_cost(
+    on_cuda: bool, *, prefetch: int, gpu_prefetch: int, workers: int, val_bytes: int
+) -> tuple[Callable[[int, int], int], Callable[[int, int], int]]:
+    """``(device cost, host cost)``: each maps ``(chunk_bytes, depth)`` to the bytes the
+    memory model (:func:`_streaming_bytes`) charges against ``--gpu-mem`` / ``--host-mem``
+    at that ``gpu_prefetch`` / ``prefetch`` depth, validation data included."""
+
+    def model(cb: int, p: int, gp: int) -> tuple[int | None, int, int]:
+        return _streaming_bytes(cb, on_cuda=on_cuda, prefetch=p, gpu_prefetch=gp,
+                                workers=workers, host_slots=p + workers,
+                                val_bytes=val_bytes)  # fmt: skip
+
+    def device(cb: int, depth: int) -> int:
+        return model(cb, prefetch, depth)[0] or 0
+
+    def host(cb: int, depth: int) -> int:
+        _, pinned, pageable = model(cb, depth, gpu_prefetch)
+        return pinned + pageable
+
+    return device, host
+
+
+def _deepest(cost: Callable[[int, int], int], cb: int, budget: int, at_least: int) -> int:
+    """The largest depth (>= ``at_least``) whose ``cost`` fits ``budget``; the model is
+    linear in the depth, so this inverts it from its value at depths 0 and 1."""
+    base = cost(cb, 0)
+    return max(at_least, (budget - base) // (cost(cb, 1) - base))
+
+
+def _budget_rows(
+    limits: dict[str, int], smallest: int, step: int, costs: tuple, budgets: dict[str, int | None],
+    val_bytes: int, depths: dict[str, int],
+) -> tuple[str, int]:  # fmt: skip
+    """``(the binding budget's flag, the most timesteps per chunk it allows)``; raises
+    :class:`ConfigError` when that is below ``smallest``, naming the budget that would do."""
+    limited_by, rows = min(limits.items(), key=lambda kv: kv[1])
+    if rows >= smallest:
+        return limited_by, rows
+    if limited_by == "--gpu-mem":
+        need = costs[0](smallest * step, depths["gpu_prefetch"])
+        what = f"gpu_prefetch + 1 = {depths['gpu_prefetch'] + 1} chunks"
+    else:
+        # The host figure counts the pipeline's chunks alone (validation is shown beside it).
+        need = costs[1](smallest * step, depths["prefetch"]) - costs[1](0, depths["prefetch"])
+        what = "prefetch + workers chunks"
+    raise ConfigError(
+        f"{limited_by}={format_bytes(budgets[limited_by])} is too small: it must hold {what} of "
+        f"at least max(window, batch_size)={smallest} timesteps ({format_bytes(need)} with "
+        f"{format_bytes(val_bytes)} of validation data). Raise the budget to at least "
+        f"{format_bytes(need)}, or lower the depths, the window or --val-fraction."
+    )
+
+
 def fit_budget(
     layout: DataLayout,
     *,
@@ -190,30 +244,20 @@ def fit_budget(
     total = layout.total_timesteps
     val_bytes = round(total * val_fraction) * step
     smallest = max(window, min(batch_size, total), align)
-    limits: dict[str, int] = {}
-    if on_cuda and gpu_mem is not None:
-        limits["--gpu-mem"] = (gpu_mem - val_bytes) // ((gpu_prefetch + 1) * step)
-    if host_mem is not None:
-        per = (prefetch + workers) if on_cuda else (prefetch + workers + 2)
-        limits["--host-mem"] = (host_mem - (0 if on_cuda else val_bytes)) // (per * step)
+    costs = _budget_cost(on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
+                         workers=workers, val_bytes=val_bytes)  # fmt: skip
+    budgets = {"--gpu-mem": gpu_mem if on_cuda else None, "--host-mem": host_mem}
+    # Timesteps per chunk each budget allows: what is left after the fixed bytes
+    # (validation), over the bytes one timestep of every chunk held costs.
+    limits = {}
+    for (flag, budget), cost, depth in zip(budgets.items(), costs, (gpu_prefetch, prefetch),
+                                           strict=True):  # fmt: skip
+        if budget is not None:
+            limits[flag] = (budget - cost(0, depth)) // (cost(step, depth) - cost(0, depth))
     if not limits:
         raise ConfigError("fit_budget needs gpu_mem or host_mem (and gpu_mem only on cuda)")
-    limited_by, rows = min(limits.items(), key=lambda kv: kv[1])
-    if rows < smallest:
-        budget = gpu_mem if limited_by == "--gpu-mem" else host_mem
-        need = smallest * step
-        if limited_by == "--gpu-mem":
-            need = (gpu_prefetch + 1) * need + val_bytes
-            what = f"gpu_prefetch + 1 = {gpu_prefetch + 1} chunks"
-        else:
-            need *= (prefetch + workers) if on_cuda else (prefetch + workers + 2)
-            what = "prefetch + workers chunks"
-        raise ConfigError(
-            f"{limited_by}={format_bytes(budget)} is too small: it must hold {what} of at "
-            f"least max(window, batch_size)={smallest} timesteps ({format_bytes(need)} with "
-            f"{format_bytes(val_bytes)} of validation data). Raise the budget to at least "
-            f"{format_bytes(need)}, or lower the depths, the window or --val-fraction."
-        )
+    limited_by, rows = _budget_rows(limits, smallest, step, costs, budgets, val_bytes,
+                                    {"gpu_prefetch": gpu_prefetch, "prefetch": prefetch})  # fmt: skip
     best = total if rows >= total else _candidates_below(rows, align=align, batch=batch_size)
     if best is None or best < smallest:
         raise ConfigError(
@@ -221,31 +265,87 @@ def fit_budget(
             f"--align={align}: lower --align or raise the budget."
         )
     cb = window_nbytes(layout.fields, min(best, total))
-    deepest_gpu = gpu_prefetch
-    if on_cuda and gpu_mem is not None:
-        deepest_gpu = max(gpu_prefetch, (gpu_mem - val_bytes) // cb - 1)
-    deepest_host = prefetch
-    if host_mem is not None:
-        held = (host_mem - (0 if on_cuda else val_bytes)) // cb
-        deepest_host = max(prefetch, held - workers - (0 if on_cuda else 2))
+    deepest_gpu = gpu_prefetch if budgets["--gpu-mem"] is None else _deepest(
+        costs[0], cb, gpu_mem, gpu_prefetch)  # fmt: skip
+    deepest_host = prefetch if host_mem is None else _deepest(costs[1], cb, host_mem, prefetch)
     slots = deepest_host + workers
     device_b, pinned_b, _ = _streaming_bytes(
         cb, on_cuda=on_cuda, prefetch=deepest_host, gpu_prefetch=deepest_gpu, workers=workers,
         host_slots=slots, val_bytes=val_bytes,
     )  # fmt: skip
     req_cb = window_nbytes(layout.fields, min(chunk_size, total))
-    req_dev, req_pin, req_host = _streaming_bytes(
-        req_cb, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
-        host_slots=prefetch + workers, val_bytes=val_bytes,
-    )  # fmt: skip
-    fits = (gpu_mem is None or req_dev is None or req_dev <= gpu_mem) and (
-        host_mem is None or req_pin + req_host <= host_mem
+    fits = (gpu_mem is None or not on_cuda or costs[0](req_cb, gpu_prefetch) <= gpu_mem) and (
+        host_mem is None or costs[1](req_cb, prefetch) <= host_mem
     )
     return BudgetFit(
         gpu_mem=gpu_mem, host_mem=host_mem, requested_fits=fits, chunk_size=best,
         chunk_bytes=cb, prefetch=deepest_host, gpu_prefetch=deepest_gpu, host_slots=slots,
         device_bytes=device_b, pinned_bytes=pinned_b, limited_by=limited_by,
     )  # fmt: skip
+
+
+def _check_plan_args(
+    layout: DataLayout, ints: dict[str, int], device: str, val_fraction: float
+) -> tuple[int, int]:
+    """``(validation timesteps, training timesteps)`` once every setting can run.
+
+    ``ints`` maps each integer flag (``--chunk-size``, ``--batch-size``,
+    ``--window``, ``--align`` and the depths) to its value; raises
+    :class:`ConfigError` naming the first bad flag.
+    """
+    for name, value in ints.items():
+        check_int(name, value)
+    if device not in ("cuda", "cpu"):
+        raise ConfigError.bad("--device", device, "'cuda' or 'cpu'")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError.bad("--val-fraction", val_fraction, "a fraction in [0, 1)")
+    chunk_size, window = ints["--chunk-size"], ints["--window"]
+    batch_size, align = ints["--batch-size"], ints["--align"]
+    total = layout.total_timesteps
+    val_steps = round(total * val_fraction)
+    train = total - val_steps
+    if window > chunk_size:
+        raise ConfigError.bad(
+            "--window", window, f"at most --chunk-size={chunk_size}",
+            "Every training window must lie inside one chunk: raise --chunk-size or shorten "
+            "the window (time_units * evolve_multiple_steps).",
+        )  # fmt: skip
+    if window > train:
+        raise ConfigError.bad("--window", window, f"at most the {train} training timesteps")
+    if batch_size > train:
+        raise ConfigError.bad(
+            "--batch-size", batch_size, f"at most the {train} training timesteps",
+            "Lower --batch-size: not one batch fits in the data.",
+        )  # fmt: skip
+    if chunk_size % align:
+        raise ConfigError.bad("--chunk-size", chunk_size, f"a multiple of --align={align}")
+    return val_steps, train
+
+
+def _memory_rows(
+    on_cuda: bool, full_bytes: int, streamed: tuple[int | None, int, int], scratch: int | None,
+    *, prefetch: int, gpu_prefetch: int, workers: int, slots: int, val_bytes: int,
+) -> tuple[MemoryRow, MemoryRow, float]:  # fmt: skip
+    """``(full-dataset row, streaming row, device saving)`` of the memory table;
+    ``streamed`` is :func:`_streaming_bytes`'s ``(device, pinned, host)``."""
+    dev, pinned, host = streamed
+    if on_cuda:
+        full = MemoryRow(name="full dataset on the device", device_bytes=full_bytes,
+                         pinned_bytes=0, host_bytes=full_bytes,
+                         note="host: staged once while loading")  # fmt: skip
+        note = f"device: (gpu_prefetch {gpu_prefetch} + 1 held) chunks"
+        note += " + validation" if val_bytes else ""
+        note += f"; pinned: {slots} host slots"
+        streaming = MemoryRow(name="streaming", device_bytes=dev, pinned_bytes=pinned,
+                              host_bytes=scratch, note=note + "; other: decode scratch (known for a store)")  # fmt: skip
+        return full, streaming, 1.0 - dev / full_bytes if dev is not None else 0.0
+    full = MemoryRow(name="full dataset in memory", device_bytes=None, pinned_bytes=0,
+                     host_bytes=full_bytes)  # fmt: skip
+    streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
+                          host_bytes=host + (scratch or 0),
+                          note=f"(prefetch + workers + 2 arena) = {prefetch + workers + 2} "
+                               "chunks + validation + decode scratch")  # fmt: skip
+    return full, streaming, 1.0 - (host or 0) / full_bytes
 
 
 def plan_memory(
@@ -273,67 +373,29 @@ def plan_memory(
     than the chunk or the data, a batch larger than the data, budgets too small
     for one chunk, a validation fraction outside ``[0, 1)``.
     """
-    for name, value in (("--chunk-size", chunk_size), ("--batch-size", batch_size),
-                        ("--window", window), ("--prefetch", prefetch),
-                        ("--gpu-prefetch", gpu_prefetch), ("--workers", workers),
-                        ("--passes", passes), ("--world-size", world_size), ("--align", align)):  # fmt: skip
-        check_int(name, value)
-    if device not in ("cuda", "cpu"):
-        raise ConfigError.bad("--device", device, "'cuda' or 'cpu'")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ConfigError.bad("--val-fraction", val_fraction, "a fraction in [0, 1)")
-    total = layout.total_timesteps
-    val_steps = round(total * val_fraction)
-    train = total - val_steps
-    if window > chunk_size:
-        raise ConfigError.bad(
-            "--window", window, f"at most --chunk-size={chunk_size}",
-            "Every training window must lie inside one chunk: raise --chunk-size or shorten "
-            "the window (time_units * evolve_multiple_steps).",
-        )  # fmt: skip
-    if window > train:
-        raise ConfigError.bad("--window", window, f"at most the {train} training timesteps")
-    if batch_size > train:
-        raise ConfigError.bad(
-            "--batch-size", batch_size, f"at most the {train} training timesteps",
-            "Lower --batch-size: not one batch fits in the data.",
-        )  # fmt: skip
-    if chunk_size % align:
-        raise ConfigError.bad("--chunk-size", chunk_size, f"a multiple of --align={align}")
+    ints = {"--chunk-size": chunk_size, "--batch-size": batch_size, "--window": window,
+            "--prefetch": prefetch, "--gpu-prefetch": gpu_prefetch, "--workers": workers,
+            "--passes": passes, "--world-size": world_size, "--align": align}  # fmt: skip
+    val_steps, train = _check_plan_args(layout, ints, device, val_fraction)
     epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
     on_cuda = device == "cuda"
     slots = host_slots if host_slots is not None else prefetch + workers
     if on_cuda and slots < workers:
         raise ConfigError.bad("--host-slots", slots, f"at least --workers={workers}")
-    step = layout.step_nbytes
+    total, step = layout.total_timesteps, layout.step_nbytes
     rows = min(chunk_size, train)
     cb = window_nbytes(layout.fields, rows)
     val_bytes = val_steps * step
-    full_bytes = total * step
     threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
     scratch = None if layout.zarr_chunk_bytes is None else 2 * threads * layout.zarr_chunk_bytes
-    dev, pinned, host = _streaming_bytes(
+    streamed = _streaming_bytes(
         cb, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
         host_slots=slots, val_bytes=val_bytes,
     )  # fmt: skip
-    if on_cuda:
-        full = MemoryRow(name="full dataset on the device", device_bytes=full_bytes,
-                         pinned_bytes=0, host_bytes=full_bytes,
-                         note="host: staged once while loading")  # fmt: skip
-        note = f"device: (gpu_prefetch {gpu_prefetch} + 1 held) chunks"
-        note += " + validation" if val_bytes else ""
-        note += f"; pinned: {slots} host slots"
-        streaming = MemoryRow(name="streaming", device_bytes=dev, pinned_bytes=pinned,
-                              host_bytes=scratch, note=note + "; other: decode scratch (known for a store)")  # fmt: skip
-        saving = 1.0 - dev / full_bytes if dev is not None else 0.0
-    else:
-        full = MemoryRow(name="full dataset in memory", device_bytes=None, pinned_bytes=0,
-                         host_bytes=full_bytes)  # fmt: skip
-        streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
-                              host_bytes=host + (scratch or 0),
-                              note=f"(prefetch + workers + 2 arena) = {prefetch + workers + 2} "
-                                   "chunks + validation + decode scratch")  # fmt: skip
-        saving = 1.0 - (host or 0) / full_bytes
+    full, streaming, saving = _memory_rows(
+        on_cuda, total * step, streamed, scratch, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
+        workers=workers, slots=slots, val_bytes=val_bytes,
+    )  # fmt: skip
     notes: list[str] = []
     if chunk_size > train:
         notes.append(
