@@ -233,6 +233,77 @@ def _metadata(neurons: int, seed: int) -> np.ndarray:
     return np.stack(cols, axis=1).astype(np.float32)
 
 
+def _prepare_out(out: Path, names: tuple[str, ...], overwrite: bool) -> None:
+    """Make ``out`` ready to write ``names``; raises :class:`ConfigError` when ``out`` is
+    a file, or already holds one of them and ``overwrite`` is False."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError.bad("out", str(out), "a directory", "Choose another path.")
+    existing = [n for n in names if (out / f"{n}.zarr").exists()]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"out={str(out)!r} already holds {existing[0]}.zarr: delete it or pass "
+            "overwrite=True (--overwrite)."
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STAMP).unlink(missing_ok=True)
+
+
+def _create_arrays(
+    out: Path, layout: str, timesteps: int, neurons: int, stim_dims: int, dt: np.dtype,
+    chunks: tuple, compressors: Any, zarr_format: int, seed: int,
+) -> tuple[dict[str, tuple[int, ...]], dict[str, Any], int]:  # fmt: skip
+    """``(shapes, {name: zarr array}, bytes per timestep)`` of the layout's new arrays;
+    the flyvis metadata is written here, the dynamic arrays are left to fill."""
+    import zarr
+
+    def create(name: str, shape: tuple[int, ...], chunk: tuple[int, ...]):
+        path = out / f"{name}.zarr"
+        if path.exists():
+            shutil.rmtree(path)
+        chunk = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True)) if all(shape) else chunk
+        return zarr.create_array(
+            str(path), shape=shape, chunks=chunk, dtype=dt, compressors=compressors,
+            zarr_format=zarr_format, fill_value=0.0, config={"write_empty_chunks": True},
+        )  # fmt: skip
+
+    if layout == "flyvis":
+        shapes = {"timeseries": (timesteps, neurons, 4), "metadata": (neurons, 5)}
+        arrays = {"timeseries": create("timeseries", shapes["timeseries"], chunks)}
+        create("metadata", shapes["metadata"], (neurons, 5))[:] = _metadata(neurons, seed)
+        return shapes, arrays, neurons * 4 * dt.itemsize
+    shapes = {"voltage": (timesteps, neurons), "stimulus": (timesteps, stim_dims)}
+    arrays = {
+        "voltage": create("voltage", shapes["voltage"], chunks),
+        "stimulus": create("stimulus", shapes["stimulus"], (chunks[0], max(1, chunks[1]))),
+    }
+    return shapes, arrays, (neurons + stim_dims) * dt.itemsize
+
+
+def _write_slab(
+    arrays: dict[str, Any], t0: int, t1: int, parts: tuple[np.ndarray, ...], dt: np.dtype,
+    stim_dims: int,
+) -> None:  # fmt: skip
+    """Write the simulated ``(voltage, stimulus, calcium, fluorescence)`` of ``[t0, t1)``."""
+    volt, stim, calc, fluo = parts
+    if "timeseries" in arrays:
+        block = np.zeros((t1 - t0, volt.shape[1], 4), dtype=dt)
+        block[:, :, 0], block[:, :, 2], block[:, :, 3] = volt, calc, fluo
+        block[:, :stim_dims, 1] = stim
+        arrays["timeseries"][t0:t1] = block
+        return
+    arrays["voltage"][t0:t1] = volt.astype(dt, copy=False)
+    if stim_dims:
+        arrays["stimulus"][t0:t1] = stim.astype(dt, copy=False)
+
+
+def _write_regimes(out: Path, timesteps: int, regimes: int) -> None:
+    """``<out>/regimes.csv`` with each regime block (removed when ``regimes`` is 1)."""
+    (out / "regimes.csv").unlink(missing_ok=True)
+    if regimes > 1:
+        rows = [f"{a},{b},regime{r}" for r, (a, b) in enumerate(regime_bounds(timesteps, regimes))]
+        (out / "regimes.csv").write_text("start,stop,name\n" + "\n".join(rows) + "\n")
+
+
 def write_synthetic(
     out: str | os.PathLike,
     *,
@@ -257,7 +328,6 @@ def write_synthetic(
     on a terminal, and never when ``progress`` is False. ``regimes`` > 1 cuts
     the recording into that many stimulus regimes (module docs).
     """
-    import zarr
     from tqdm.auto import tqdm
 
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
@@ -267,64 +337,23 @@ def write_synthetic(
         )
     compressors = compressors_for(codec, zarr_format)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError.bad("out", str(out), "a directory", "Choose another path.")
     names = ("timeseries", "metadata") if layout == "flyvis" else ("voltage", "stimulus")
-    existing = [n for n in names if (out / f"{n}.zarr").exists()]
-    if existing and not overwrite:
-        raise ConfigError(
-            f"out={str(out)!r} already holds {existing[0]}.zarr: delete it or pass "
-            "overwrite=True (--overwrite)."
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / STAMP).unlink(missing_ok=True)
+    _prepare_out(out, names, overwrite)
     begin = time.perf_counter()
-
-    def create(name: str, shape: tuple[int, ...], chunk: tuple[int, ...]):
-        path = out / f"{name}.zarr"
-        if path.exists():
-            shutil.rmtree(path)
-        chunk = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True)) if all(shape) else chunk
-        return zarr.create_array(
-            str(path), shape=shape, chunks=chunk, dtype=dt, compressors=compressors,
-            zarr_format=zarr_format, fill_value=0.0, config={"write_empty_chunks": True},
-        )  # fmt: skip
-
-    if layout == "flyvis":
-        shapes = {"timeseries": (timesteps, neurons, 4), "metadata": (neurons, 5)}
-        ts = create("timeseries", shapes["timeseries"], chunks)
-        create("metadata", shapes["metadata"], (neurons, 5))[:] = _metadata(neurons, seed)
-        step_bytes = neurons * 4 * dt.itemsize
-        t_chunk = ts.chunks[0]
-    else:
-        shapes = {"voltage": (timesteps, neurons), "stimulus": (timesteps, stim_dims)}
-        volt_arr = create("voltage", shapes["voltage"], chunks)
-        stim_arr = create("stimulus", shapes["stimulus"], (chunks[0], max(1, chunks[1])))
-        step_bytes = (neurons + stim_dims) * dt.itemsize
-        t_chunk = volt_arr.chunks[0]
+    shapes, arrays, step_bytes = _create_arrays(out, layout, timesteps, neurons, stim_dims, dt,
+                                                chunks, compressors, zarr_format, seed)  # fmt: skip
+    t_chunk = next(iter(arrays.values())).chunks[0]
     # A slab is a whole number of time chunks so each write fills chunks exactly once.
     slab = t_chunk * max(1, _SLAB_BYTES // max(1, step_bytes * t_chunk))
     net = _Network(neurons, stim_dims, seed, regimes=regimes, timesteps=timesteps)
     np.savez(out / "connectivity.npz", **net.csr())
-    (out / "regimes.csv").unlink(missing_ok=True)
-    if regimes > 1:
-        rows = [f"{a},{b},regime{r}" for r, (a, b) in enumerate(regime_bounds(timesteps, regimes))]
-        (out / "regimes.csv").write_text("start,stop,name\n" + "\n".join(rows) + "\n")
+    _write_regimes(out, timesteps, regimes)
     with tqdm(
         total=timesteps, unit="step", desc="synth", disable=None if progress else True
     ) as bar:
         for t0 in range(0, timesteps, slab):
             t1 = min(timesteps, t0 + slab)
-            volt, stim, calc, fluo = net.run(t0, t1)
-            if layout == "flyvis":
-                block = np.zeros((t1 - t0, neurons, 4), dtype=dt)
-                block[:, :, 0], block[:, :, 2], block[:, :, 3] = volt, calc, fluo
-                block[:, :stim_dims, 1] = stim
-                ts[t0:t1] = block
-            else:
-                volt_arr[t0:t1] = volt.astype(dt, copy=False)
-                if stim_dims:
-                    stim_arr[t0:t1] = stim.astype(dt, copy=False)
+            _write_slab(arrays, t0, t1, net.run(t0, t1), dt, stim_dims)
             bar.update(t1 - t0)
     info = SynthInfo(
         out=str(out), layout=layout, timesteps=timesteps, neurons=neurons,
