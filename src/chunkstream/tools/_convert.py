@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +56,17 @@ from .._errors import ConfigError, CorruptChunkError
 from ..sources import check_lengths
 from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
+from ._slabs import (
+    FieldPlan,
+    Slab,
+    combine,
+    copy_slab,
+    copy_slabs,
+    digest,
+    native,
+    rounding_error,
+    slabs_of,
+)
 from ._stores import is_remote, open_arrays, resolve_field
 
 __all__ = ["OUT_DTYPES", "ConvertReport", "FieldResult", "convert_store", "flyvis_fields"]
@@ -126,39 +136,6 @@ def flyvis_fields(column: str | int = "voltage", stim_dims: int = 1736) -> list[
 
 # Output dtypes ``dtype=`` accepts: storage precisions a loader streams as they are.
 OUT_DTYPES = ("float16", "float32", "float64")
-_ERROR_SAMPLE_SLABS = 4  # slabs per field compared for the rounding error, spread over time
-
-
-def _rounding_error(array: Any, index: tuple, target: Any, t_chunk: int, slabs: int) -> float:
-    """The largest ``|IN - OUT|`` over up to ``_ERROR_SAMPLE_SLABS`` slabs spread over time."""
-    picks = sorted({round(i * (slabs - 1) / max(1, _ERROR_SAMPLE_SLABS - 1))
-                    for i in range(min(slabs, _ERROR_SAMPLE_SLABS))})  # fmt: skip
-    worst = 0.0
-    for i in picks:
-        t0, t1 = i * t_chunk, min(int(array.shape[0]), (i + 1) * t_chunk)
-        exact = np.asarray(array[(slice(t0, t1), *index)], dtype=np.float64)
-        stored = np.asarray(target[t0:t1], dtype=np.float64)
-        with np.errstate(invalid="ignore"):  # inf - inf where IN already held inf
-            diff = np.abs(exact - stored)
-        diff[(exact == stored) | (np.isnan(exact) & np.isnan(stored))] = 0.0
-        worst = max(worst, float(diff.max(initial=0.0)))
-    return worst
-
-
-def _digest(data: np.ndarray) -> str:
-    """The digest of ``data``'s values: its bytes in native byte order, so a big-endian
-    input and its native-order output agree."""
-    native = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("="))
-    return hashlib.blake2b(native.data, digest_size=16).hexdigest()
-
-
-def _native(dtype: Any) -> np.dtype:
-    """``dtype`` in native byte order: the output is written so, whatever IN's order."""
-    return np.dtype(dtype).newbyteorder("=")
-
-
-def _combine(digests: list[str]) -> str:
-    return hashlib.blake2b("".join(digests).encode(), digest_size=16).hexdigest()
 
 
 def _save_progress(path: Path, state: dict[str, Any]) -> None:
@@ -201,18 +178,6 @@ def _prepare_out(out: Path, args: dict[str, Any], overwrite: bool) -> dict[str, 
     return None
 
 
-class _FieldPlan(NamedTuple):
-    """One output field: its name, its source text, the input array and selection,
-    the shape of one output timestep, and the output time chunk."""
-
-    name: str
-    source: str
-    array: Any
-    index: tuple
-    step_shape: tuple[int, ...]
-    t_chunk: int
-
-
 def _check_workers(chunk_mb: float, workers: int | None) -> int:
     """The worker count (``workers`` or its default) once ``chunk_mb`` and ``workers`` are
     valid; raises :class:`ConfigError` naming a bad one."""
@@ -242,7 +207,7 @@ def _out_dtype(dtype: str | None) -> np.dtype | None:
 
 def _plan_fields(
     source: str | os.PathLike, fields: Iterable[str] | Mapping[str, Any], chunk_mb: float
-) -> list[_FieldPlan]:
+) -> list[FieldPlan]:
     """Each requested field resolved in ``source``, with a time chunk of ~``chunk_mb`` MiB.
 
     Raises :class:`ConfigError` when no field is named or their time lengths differ.
@@ -260,13 +225,13 @@ def _plan_fields(
         step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * array.dtype.itemsize)
         total = int(array.shape[0])
         t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
-        plan.append(_FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index,
+        plan.append(FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index,
                                step_shape, t_chunk))  # fmt: skip
     return plan
 
 
 def _create_out(
-    out: Path, plan: list[_FieldPlan], args: dict[str, Any], compressors: Any, out_dtype: Any
+    out: Path, plan: list[FieldPlan], args: dict[str, Any], compressors: Any, out_dtype: Any
 ) -> None:
     """Create the output group, one empty array per field, and the progress file."""
     import zarr
@@ -277,80 +242,37 @@ def _create_out(
     for f in plan:
         group.create_array(
             f.name, shape=(int(f.array.shape[0]), *f.step_shape),
-            dtype=out_dtype or _native(f.array.dtype), chunks=(f.t_chunk, *f.step_shape),
+            dtype=out_dtype or native(f.array.dtype), chunks=(f.t_chunk, *f.step_shape),
             compressors=compressors, fill_value=0,
             config={"write_empty_chunks": True},
         )  # fmt: skip
 
 
-def _copy_slab(slab: tuple, targets: dict[str, Any], out_dtype: Any) -> str:
-    """Read one slab from IN, write it to its output chunk, return its digest.
-
-    Raises :class:`ConfigError` when a finite value would overflow ``out_dtype``.
-    """
-    name, _, t0, t1, array, index = slab
-    data = np.ascontiguousarray(array[(slice(t0, t1), *index)])
-    if out_dtype is not None:
-        try:
-            with np.errstate(over="raise"):
-                data = data.astype(out_dtype)
-        except FloatingPointError:  # a finite value would become inf: refuse, not round
-            raise ConfigError.bad(
-                "dtype", out_dtype.name,
-                f"a dtype that holds field {name!r}: timesteps [{t0}, {t1}) reach "
-                f"{np.nanmax(np.abs(data)):.6g}, beyond {out_dtype.name}'s "
-                f"{float(np.finfo(out_dtype).max):.6g}",
-                "Convert to float32, or rescale the data first.",
-            ) from None
-    targets[name][t0:t1] = data
-    return _digest(data)
-
-
-def _copy_pending(
-    pool: cf.ThreadPoolExecutor, pending: list[tuple], copy: Callable[[tuple], str],
-    state: dict[str, Any], progress_path: Path, bar: Any, on_slab: Callable[[int], None] | None,
-    workers: int,
-) -> int:  # fmt: skip
-    """Copy ``pending`` slabs, at most ``2 * workers`` in flight, recording each finished
-    one in ``state`` and the progress file; returns how many were written."""
-    written = 0
-    queue = iter(pending)
-    running: dict[cf.Future, tuple] = {}
-    try:
-        while True:
-            while len(running) < 2 * workers and (slab := next(queue, None)) is not None:
-                running[pool.submit(copy, slab)] = slab
-            if not running:
-                break
-            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-            for future in finished:
-                name, i, *_ = running.pop(future)
-                state["done"][name][str(i)] = future.result()
-                _save_progress(progress_path, state)
-                written += 1
-                bar.update(1)
-                if on_slab is not None:
-                    on_slab(written)
-    finally:
-        for future in running:
-            future.cancel()
-    return written
+def _check_out(source: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, str]:
+    """``(absolute OUT, the input as recorded)``; raises :class:`ConfigError` when OUT
+    lies inside the input."""
+    out = Path(out).absolute()
+    src_text = str(source) if is_remote(source) else str(Path(source).absolute())
+    if not is_remote(source) and (out == Path(src_text) or Path(src_text) in out.parents):
+        raise ConfigError(
+            f"out={str(out)!r} lies inside the input {src_text!r}: choose an OUT outside it."
+        )
+    return out, src_text
 
 
 def _field_result(
-    f: _FieldPlan, state: dict[str, Any], outs: list[str] | None, out: Path, target: Any,
+    f: FieldPlan, state: dict[str, Any], outs: list[str] | None, out: Path, target: Any,
     out_dtype: Any,
 ) -> FieldResult:  # fmt: skip
     """``f``'s report; raises ``CorruptChunkError`` when its read-back digests ``outs``
     disagree with the input's."""
-    done = state["done"]
-    n = -(-int(f.array.shape[0]) // f.t_chunk)
+    done, n = state["done"], f.slabs
     if done is not None:
         ins = [done[f.name][str(i)] for i in range(n)]
-        checksum_in = _combine(ins)
+        checksum_in = combine(ins)
     else:
         ins, checksum_in = None, state["checksums"][f.name]
-    checksum_out = _combine(outs) if outs is not None else None
+    checksum_out = combine(outs) if outs is not None else None
     if outs is not None and checksum_out != checksum_in:
         bad = next((i for i in range(n) if ins and ins[i] != outs[i]), None)
         where = "" if bad is None else (
@@ -362,11 +284,34 @@ def _field_result(
         )
     return FieldResult(
         name=f.name, source=f.source, shape=(int(f.array.shape[0]), *f.step_shape),
-        chunks=(f.t_chunk, *f.step_shape), dtype=str(out_dtype or _native(f.array.dtype)),
+        chunks=(f.t_chunk, *f.step_shape), dtype=str(out_dtype or native(f.array.dtype)),
         slabs=n, checksum_in=checksum_in, checksum_out=checksum_out,
-        max_abs_error=None if out_dtype is None else _rounding_error(
+        max_abs_error=None if out_dtype is None else rounding_error(
             f.array, f.index, target, f.t_chunk, n),
     )  # fmt: skip
+
+
+def _run_args(
+    src_text: str, plan: list[FieldPlan], *, chunk_mb: float, codec: str, zarr_format: int,
+    out_dtype: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """The arguments a conversion is recorded and resumed by."""
+    args = {
+        "source": src_text, "fields": {f.name: f.source for f in plan}, "chunk_mb": float(chunk_mb),
+        "codec": codec, "zarr_format": zarr_format,
+    }  # fmt: skip
+    if out_dtype is not None:  # only when given, so earlier conversions still resume
+        args["dtype"] = out_dtype.name
+    return args
+
+
+def _finish(out: Path, group: Any, args: dict[str, Any], results: list[FieldResult]) -> None:
+    """Move the arguments and checksums of a verified conversion to the group attributes
+    and remove the progress file."""
+    meta = dict(group.attrs["chunkstream"])
+    meta.update(args=args, checksums={r.name: r.checksum_in for r in results})
+    group.attrs["chunkstream"] = meta
+    (out / PROGRESS).unlink()
 
 
 def convert_store(
@@ -403,18 +348,9 @@ def convert_store(
     if is_remote(out):
         raise ConfigError.bad("out", str(out), "a local directory (progress is kept on disk)")
     plan = _plan_fields(source, fields, chunk_mb)
-    out = Path(out).absolute()
-    src_text = str(source) if is_remote(source) else str(Path(source).absolute())
-    if not is_remote(source) and (out == Path(src_text) or Path(src_text) in out.parents):
-        raise ConfigError(
-            f"out={str(out)!r} lies inside the input {src_text!r}: choose an OUT outside it."
-        )
-    args = {
-        "source": src_text, "fields": {f.name: f.source for f in plan}, "chunk_mb": float(chunk_mb),
-        "codec": codec, "zarr_format": zarr_format,
-    }  # fmt: skip
-    if out_dtype is not None:  # only when given, so earlier conversions still resume
-        args["dtype"] = out_dtype.name
+    out, src_text = _check_out(source, out)
+    args = _run_args(src_text, plan, chunk_mb=chunk_mb, codec=codec, zarr_format=zarr_format,
+                     out_dtype=out_dtype)  # fmt: skip
     saved = _prepare_out(out, args, overwrite)
     state = saved or {"args": args, "done": {f.name: {} for f in plan}}
     if saved is None:
@@ -422,37 +358,33 @@ def convert_store(
         _save_progress(out / PROGRESS, state)
     group = zarr.open_group(str(out), mode="r+")
     targets = {f.name: group[f.name] for f in plan}
-    slabs = [
-        (f.name, i, i * f.t_chunk, min(int(f.array.shape[0]), (i + 1) * f.t_chunk), f.array,
-         f.index)
-        for f in plan
-        for i in range(-(-int(f.array.shape[0]) // f.t_chunk))
-    ]  # fmt: skip
-    done = state["done"]
-    pending = [s for s in slabs if done is not None and str(s[1]) not in done[s[0]]]
-    copy = functools.partial(_copy_slab, targets=targets, out_dtype=out_dtype)
+    slabs, done = slabs_of(plan), state["done"]
+    pending = [s for s in slabs if done is not None and str(s.i) not in done[s.name]]
+
+    def record(slab: Slab, digest: str, n: int) -> None:
+        state["done"][slab.name][str(slab.i)] = digest
+        _save_progress(out / PROGRESS, state)
+        bar.update(1)
+        if on_slab is not None:
+            on_slab(n)
+
     with (
         cf.ThreadPoolExecutor(workers, thread_name_prefix="chunkstream-convert") as pool,
         tqdm(total=len(slabs), initial=len(slabs) - len(pending), unit="slab", desc="convert",
              disable=None if progress else True) as bar,
     ):  # fmt: skip
-        written = _copy_pending(pool, pending, copy, state, out / PROGRESS, bar, on_slab, workers)
-        checks: dict[tuple[str, int], cf.Future] = {}
-        if verify:
-            # Streamed: each task reads one output slab back and keeps only its digest.
-            for name, i, t0, t1, *_ in slabs:
-                checks[(name, i)] = pool.submit(lambda n=name, a=t0, b=t1: _digest(targets[n][a:b]))
-    results = []
-    for f in plan:
-        n = -(-int(f.array.shape[0]) // f.t_chunk)
-        outs = [checks[(f.name, i)].result() for i in range(n)] if verify else None
-        results.append(_field_result(f, state, outs, out, targets[f.name], out_dtype))
-    ok = verify
-    if ok and done is not None:
-        meta = dict(group.attrs["chunkstream"])
-        meta.update(args=args, checksums={r.name: r.checksum_in for r in results})
-        group.attrs["chunkstream"] = meta
-        (out / PROGRESS).unlink()
+        copy = functools.partial(copy_slab, targets=targets, out_dtype=out_dtype)
+        written = copy_slabs(pool, pending, copy, workers, record)
+        # Streamed: each task reads one output slab back and keeps only its digest.
+        checks = {(s.name, s.i): pool.submit(lambda s=s: digest(targets[s.name][s.t0 : s.t1]))
+                  for s in slabs} if verify else {}  # fmt: skip
+    results = [
+        _field_result(f, state, [checks[(f.name, i)].result() for i in range(f.slabs)]
+                      if verify else None, out, targets[f.name], out_dtype)
+        for f in plan
+    ]  # fmt: skip
+    if verify and done is not None:
+        _finish(out, group, args, results)
     stored = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     decoded = sum(
         int(np.prod(r.shape, dtype=np.int64)) * np.dtype(r.dtype).itemsize for r in results
@@ -460,5 +392,5 @@ def convert_store(
     return ConvertReport(
         source=src_text, out=str(out), codec=codec, fields=results, slabs_written=written,
         slabs_skipped=len(slabs) - len(pending), decoded_bytes=decoded, stored_bytes=stored,
-        verified=ok, seconds=time.perf_counter() - begin,
+        verified=verify, seconds=time.perf_counter() - begin,
     )  # fmt: skip
