@@ -17,7 +17,10 @@ before each field's read and raises what the pipelines would not:
   them; see :func:`._zarrs.zstd_frame_bound`).
 
 Local files are checked directly with ``os`` calls, not through zarr's event
-loop: a round trip per chunk file on every read adds up.
+loop: a round trip per chunk file on every read adds up. With
+``check_missing="open"`` :func:`check_all_chunks` lists the store once when the
+source opens and raises ``MissingChunkError`` for the first chunk any field needs
+that is absent.
 """
 
 from __future__ import annotations
@@ -37,7 +40,16 @@ from ._remote import store_errors
 from ._select import Selection, chunk_ranges, iter_chunk_coords
 from ._shards import ShardLayout, corrupt_error, is_empty, parse_index, shard_layout
 
-__all__ = ["ReadChecks", "missing_error", "needed_keys", "raw_file_nbytes", "shard_index_layout"]
+__all__ = [
+    "ReadChecks",
+    "check_all_chunks",
+    "missing_error",
+    "needed_keys",
+    "raw_file_nbytes",
+    "shard_index_layout",
+]
+
+_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 
 _ZSTD_HEADER = 18  # the longest zstd frame header: magic, descriptor, window, dict id, size
 
@@ -227,3 +239,43 @@ class ReadChecks:
                     )  # fmt: skip
         finally:
             os.close(fd)
+
+
+def check_all_chunks(
+    array: zarr.Array, selections: Mapping[str, Selection], length: int, path: str,
+    local: Path | None,
+) -> None:  # fmt: skip
+    """List the store once (``local``: its root on disk; else through zarr) and raise
+    ``MissingChunkError`` for the first chunk a field needs over ``[0, length)`` that
+    is absent."""
+    present = _list_local(local) if local is not None else _list_remote(array, path)
+    for name, sel in selections.items():
+        for key in needed_keys(array, sel, 0, length):
+            if key not in present:
+                raise missing_error(f"zarr chunk {key!r}", name, repr(path))
+
+
+def _list_remote(array: zarr.Array, path: str) -> set[str]:
+    from zarr.core.sync import collect_aiterator
+
+    prefix = array.store_path.path
+    # collect_aiterator runs the listing on zarr's loop itself (wrapping it in sync() failed)
+    with store_errors(path, "the list of chunk keys"):
+        keys = collect_aiterator(array.store.list_prefix(prefix))
+    cut = len(prefix) + 1 if prefix else 0
+    return {k[cut:] for k in keys}
+
+
+def _list_local(root: Path) -> set[str]:
+    """Every file under ``root`` as a ``/``-separated key, metadata files excluded."""
+    keys: set[str] = set()
+    stack = [(str(root), "")]
+    while stack:
+        folder, prefix = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=True):
+                    stack.append((entry.path, f"{prefix}{entry.name}/"))
+                elif entry.name not in _METADATA_FILES:
+                    keys.add(prefix + entry.name)
+    return keys

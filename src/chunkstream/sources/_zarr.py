@@ -61,15 +61,10 @@ from .._errors import (
     SourceNotFoundError,
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
-from ._checked_codecs import FrameError, with_checked_codecs
-from ._fastzarr import FastChunkReader, decode_pool, fast_decoder
-from ._read_checks import (
-    ReadChecks,
-    missing_error,
-    needed_keys,
-    raw_file_nbytes,
-    shard_index_layout,
-)
+from ._checked_codecs import FrameError
+from ._engines import ENGINES, choose_engine, read_checks
+from ._fastzarr import FastChunkReader, decode_pool
+from ._read_checks import ReadChecks, check_all_chunks
 from ._remote import close_store, open_remote_store, own_store, store_errors
 from ._select import (
     Selection,
@@ -78,12 +73,9 @@ from ._select import (
     normalize_selection,
     read_amplification,
 )
-from ._zarrs import with_zarrs_pipeline, zarrs_defect, zstd_frame_bound
 
 __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
 
-#: The values of ``ZarrSource(engine=...)``.
-ENGINES = ("auto", "chunkstream", "zarrs", "zarr")
 #: What codecs raise for a bad frame (bz2 and zarrs: a bare ``OSError``, see _is_decode;
 #: zstd: ``MemoryError`` for a damaged size field; blosc: ``SystemError``; zarrs: ``IndexError``)
 _DECODE_ERRORS: tuple[type[Exception], ...] = (
@@ -91,7 +83,6 @@ _DECODE_ERRORS: tuple[type[Exception], ...] = (
     SystemError, IndexError,
 )  # fmt: skip
 
-_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _AMPLIFICATION_LIMIT = 1.5
 _LOCATE_LIMIT = 64  # chunks of a failed window decoded one by one to name the bad one
 _AMPLIFICATION_WARNED: set[tuple[str, str]] = set()  # (store, field) already warned about
@@ -258,44 +249,20 @@ class ZarrSource:
         if mode == "auto":
             mode = "open" if local is not None else False
         if mode == "open":
-            self._check_all_chunks(local)
+            check_all_chunks(arr, self._selections, self._len, self.path, local)
         self._fast: FastChunkReader | None = None
         self._checks: ReadChecks | None = None
-        decoder = fast_decoder(arr) if engine in ("auto", "chunkstream") else None
-        if engine == "chunkstream" and decoder is None:
-            raise ConfigError.bad(
-                "engine", engine, '"auto", "zarrs" or "zarr" for this array',
-                "chunkstream's reader takes local arrays: zarr v2 with any numcodecs "
-                "compressor and filters; zarr v3, sharded or not, with a bytes codec, at most "
-                "one of blosc, zstd or gzip and a trailing crc32c, and no transpose.",
-            )  # fmt: skip
-        if engine == "zarrs":
-            if local is None and _is_remote_store(arr.store):
-                # zarrs does a remote store's I/O in Rust and reports an HTTP 500 or a 403 as
-                # a RuntimeError like a bad frame's: it could not be told from a corrupt chunk
-                raise ConfigError.bad(
-                    "engine", engine, f'"auto" or "zarr" for the remote array {self.path!r}',
-                    'zarrs reads remote stores without chunkstream\'s error mapping (a server '
-                    'error would read as a corrupt chunk); use engine="auto".',
-                )  # fmt: skip
-            defect = zarrs_defect(arr)
-            if defect is not None:
-                raise ConfigError.bad(
-                    "engine", engine, f'"auto" or "zarr" for {self.path!r}',
-                    f'{defect}, so it is refused for this array; engine="auto" reads it.',
-                )  # fmt: skip
-            self.array = with_zarrs_pipeline(arr, read_threads)
-        elif decoder is None:
-            self.array = with_checked_codecs(arr)
+        chosen = choose_engine(arr, engine, self.path, local, read_threads)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
-        self.engine = "chunkstream" if decoder is not None else engine.replace("auto", "zarr")
-        if decoder is None:
-            self._checks = self._read_checks(arr, mode, check_missing, engine == "zarrs")
+        self.engine, self.array = chosen.name, chosen.array
+        if chosen.decoder is None:
+            self._checks = read_checks(arr, self.path, local, self._selections, mode,
+                                       check_missing, zarrs=chosen.name == "zarrs")  # fmt: skip
         else:
             self._pool = decode_pool(read_threads)
             self._fast = FastChunkReader(
-                arr, decoder[0], self._selections, fill_missing=mode is False, pool=self._pool,
-                shards=decoder[1],
+                arr, chosen.decoder[0], self._selections, fill_missing=mode is False,
+                pool=self._pool, shards=chosen.decoder[1],
             )  # fmt: skip
 
     @property
@@ -425,51 +392,6 @@ class ZarrSource:
             return Path(store.root) / self.array.store_path.path
         return None
 
-    def _read_checks(
-        self, arr: zarr.Array, mode: object, check_missing: object, zarrs: bool
-    ) -> ReadChecks | None:
-        """The general path's checks before each read (:mod:`._read_checks`), or ``None``."""
-        local = self._root
-        # zarrs only: the most a zstd frame may declare (see _zarrs.zstd_frame_bound)
-        zstd_bound = zstd_frame_bound(arr) if zarrs else None
-        shards = None
-        if mode is not False or zstd_bound is not None:
-            shards = shard_index_layout(arr, self.path, check_missing)
-        raw_nbytes = raw_file_nbytes(arr) if local is not None else None
-        # A local chunk deleted after open reads as the fill value on these pipelines; an
-        # existence check per chunk file, or a read of each shard index, per read is cheap.
-        # Remote stores only where asked (check_missing=True, or "open" for shard indices).
-        wanted = (
-            mode is True
-            or zstd_bound is not None
-            or (local is not None and (mode == "open" or raw_nbytes is not None))
-            or shards is not None
-        )
-        if not wanted:
-            return None
-        return ReadChecks(
-            arr, self.path, local, self._selections, check_missing=mode is not False,
-            shards=shards, raw_nbytes=raw_nbytes, zstd_bound=zstd_bound,
-        )  # fmt: skip
-
-    def _check_all_chunks(self, local: Path | None) -> None:
-        """List the store once and raise ``MissingChunkError`` for the first absent chunk."""
-        present = _list_local(local) if local is not None else self._list_remote()
-        for name, sel in self._selections.items():
-            for key in needed_keys(self.array, sel, 0, self._len):
-                if key not in present:
-                    raise missing_error(f"zarr chunk {key!r}", name, repr(self.path))
-
-    def _list_remote(self) -> set[str]:
-        from zarr.core.sync import collect_aiterator
-
-        prefix = self.array.store_path.path
-        # collect_aiterator runs the listing on zarr's loop itself (wrapping it in sync() failed)
-        with store_errors(self.path, "the list of chunk keys"):
-            keys = collect_aiterator(self.array.store.list_prefix(prefix))
-        cut = len(prefix) + 1 if prefix else 0
-        return {k[cut:] for k in keys}
-
 
 def _is_decode(exc: BaseException) -> bool:
     """Whether a codec's exception means a bad frame, not an I/O failure.
@@ -483,28 +405,3 @@ def _is_decode(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and not isinstance(exc, BadGzipFile):
         return type(exc) is OSError and exc.errno is None
     return "(os error " not in str(exc)
-
-
-def _is_remote_store(store: Any) -> bool:
-    """Whether zarr's ``store`` reads over the network (fsspec, or obstore's remote stores)."""
-    from zarr.storage import FsspecStore, ObjectStore
-
-    if isinstance(store, FsspecStore):
-        return True
-    inner = type(getattr(store, "store", None)).__name__ if isinstance(store, ObjectStore) else ""
-    return inner in ("HTTPStore", "S3Store", "GCSStore", "AzureStore")
-
-
-def _list_local(root: Path) -> set[str]:
-    """Every file under ``root`` as a ``/``-separated key, metadata files excluded."""
-    keys: set[str] = set()
-    stack = [(str(root), "")]
-    while stack:
-        folder, prefix = stack.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=True):
-                    stack.append((entry.path, f"{prefix}{entry.name}/"))
-                elif entry.name not in _METADATA_FILES:
-                    keys.add(prefix + entry.name)
-    return keys
