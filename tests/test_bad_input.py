@@ -169,12 +169,13 @@ def _x(rows: int = 10) -> np.ndarray:
     return np.zeros((rows, 2), np.float32)
 
 
-def _convert_dtype(tmp: Path, dtype: str, big: bool = False):
+def _convert_dtype(tmp: Path, dtype: str, big: bool = False, **kwargs):
     from chunkstream.tools import convert_store
 
     data = random_data((40, 3)) * (1e6 if big else 1)
     make_array(tmp / "in.zarr", data.astype(np.float32), (10, 3))
-    convert_store(tmp / "in.zarr", tmp / "out", fields=["x=:"], dtype=dtype, progress=False)
+    convert_store(tmp / "in.zarr", tmp / "out", fields=["x=:"], dtype=dtype, progress=False,
+                  **kwargs)  # fmt: skip
 
 
 def _train_config(**kwargs):
@@ -322,6 +323,8 @@ CASES = [
      cs.ConfigError, ValueError, ["check_missing='sometimes'", '"auto"']),
     ("ZarrSource.read_threads", lambda t: cs.ZarrSource(_zarr(t), read_threads=0),
      cs.ConfigError, ValueError, ["read_threads=0", "positive int"]),
+    ("ZarrSource.read_threads", lambda t: cs.ZarrSource(_zarr(t), read_threads=True),
+     cs.ConfigError, ValueError, ["read_threads=True", "positive int"]),
     ("ZarrSource.engine", lambda t: cs.ZarrSource(_zarr(t), engine="rust"),
      cs.ConfigError, ValueError, ["engine='rust'", '"auto"', '"zarrs"']),
     ("ZarrSource.engine.unsuited", _transposed_with_our_reader,
@@ -475,6 +478,8 @@ CASES = [
      cs.ConfigError, ValueError, ["dtype='int8'", "float16", "--dtype float16"]),
     ("convert_store.dtype.range", lambda t: _convert_dtype(t, "float16", big=True),
      cs.ConfigError, ValueError, ["dtype='float16'", "field 'x'", "65504", "Convert to float32"]),
+    ("convert_store.workers", lambda t: _convert_dtype(t, None, workers=True),
+     cs.ConfigError, ValueError, ["workers=True", "an integer >= 1"]),
     ("compat.load_fn", lambda t: compat.RandomChunkLoader(3, 500, 50, device="cpu"),
      cs.ConfigError, ValueError, ["load_fn=3", "a callable"]),
     ("compat.total_timesteps", lambda t: compat.RandomChunkLoader(_load, 0, 50, device="cpu"),
@@ -521,6 +526,24 @@ def test_bad_input_is_refused_clearly(tmp_path, row, call, error, builtin, says)
     while {t.ident for t in chunkstream_threads()} - before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert {t.ident for t in chunkstream_threads()} <= before, chunkstream_threads()
+
+
+def test_check_int_is_the_one_integer_rule():
+    from chunkstream._errors import check_int
+
+    assert check_int("n", 3) == 3 and check_int("n", 0, 0) == 0
+    assert check_int("n", np.int64(4), numpy=True) == 4
+    assert type(check_int("n", np.int64(4), numpy=True)) is int
+    for bad, kwargs in [(True, {}), (np.int64(4), {}), (2.0, {}), ("3", {}), (0, {}),
+                        (np.True_, {"numpy": True}), (5, {"maximum": 4})]:  # fmt: skip
+        with pytest.raises(cs.ConfigError) as info:
+            check_int("depth", bad, fix="Use 1.", **kwargs)
+        message = str(info.value)
+        assert f"depth={bad!r}" in message and message.endswith("Use 1."), message
+    with pytest.raises(cs.ConfigError, match=r"expected an integer in \[1, 4\]"):
+        check_int("depth", 5, maximum=4)
+    with pytest.raises(cs.ConfigError, match="expected a positive int or None"):
+        check_int("depth", -1, expected="a positive int or None")
 
 
 def test_every_documented_row_has_a_case_and_every_case_a_row():

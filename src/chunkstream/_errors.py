@@ -29,6 +29,8 @@ Messages say what was received, what was expected and what to do.
 
 from __future__ import annotations
 
+import operator
+
 __all__ = [
     "ChunkLoadError",
     "ChunkstreamError",
@@ -66,12 +68,36 @@ class ConfigError(ChunkstreamError, ValueError):
         return cls(message)
 
 
-def check_int(name: str, value: object, minimum: int = 1, fix: str = "") -> int:
-    """``value`` if it is an int >= ``minimum`` (bools are not ints here), else
-    :class:`ConfigError` naming ``name``, the value, the range and ``fix``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError.bad(name, value, f"an integer >= {minimum}", fix)
-    return value
+def check_int(
+    name: str,
+    value: object,
+    minimum: int = 1,
+    fix: str = "",
+    *,
+    maximum: int | None = None,
+    expected: str = "",
+    numpy: bool = False,
+) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]``, else :class:`ConfigError`.
+
+    The one integer check of the library. Bools are never integers here; numpy
+    integers (anything ``operator.index`` takes) are accepted only with
+    ``numpy=True``, and returned as a Python ``int``. The error names ``name``
+    and the value, says what was expected (``expected``, or the range) and adds
+    ``fix``.
+    """
+    if not expected:
+        expected = (f"an integer >= {minimum}" if maximum is None
+                    else f"an integer in [{minimum}, {maximum}]")  # fmt: skip
+    if isinstance(value, bool) or not (numpy or isinstance(value, int)):
+        raise ConfigError.bad(name, value, expected, fix)
+    try:
+        result = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError.bad(name, value, expected, fix) from None
+    if result < minimum or (maximum is not None and result > maximum):
+        raise ConfigError.bad(name, value, expected, fix)
+    return result
 
 
 class SourceError(ChunkstreamError):

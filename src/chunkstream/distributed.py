@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._errors import ConfigError
+from ._errors import ConfigError, check_int
 from .plans import remaining_indices
 
 __all__ = ["EpochShare", "Uneven", "epoch_share", "is_distributed", "resolve_rank"]
@@ -61,14 +61,9 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
         world_size = dist.get_world_size() if world_size is None else world_size
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError.bad(
-            "world_size", world_size, "an integer >= 1", "Pass the number of ranks."
-        )
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ConfigError.bad(
-            "rank", rank, f"an integer in [0, world_size={world_size})", "Check the rank setup."
-        )
+    check_int("world_size", world_size, 1, "Pass the number of ranks.")
+    check_int("rank", rank, 0, "Check the rank setup.", maximum=world_size - 1,
+              expected=f"an integer in [0, world_size={world_size})")  # fmt: skip
     return rank, world_size
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ._errors import ConfigError, NotZarrError, SourceNotFoundError
+from ._errors import ConfigError, NotZarrError, SourceNotFoundError, check_int
 from .sources import Source, ZarrSource, close_store, is_url, open_zarr_array, store_errors
 
 __all__ = [
@@ -102,10 +102,8 @@ def open(  # shadows the built-in on purpose: `cs.flyvis.open` is the fixed name
     opens as a :class:`~chunkstream.sources.ZarrGroupSource` with the same fields.
     """
     name, k = _dynamic(column, "column")
-    if stim_dims is not None and (
-        isinstance(stim_dims, bool) or not isinstance(stim_dims, int) or stim_dims <= 0
-    ):
-        raise ConfigError.bad("stim_dims", stim_dims, "a positive int or None (all neurons)")
+    if stim_dims is not None:
+        check_int("stim_dims", stim_dims, expected="a positive int or None (all neurons)")
     if _is_per_field(path):
         # The layout `chunkstream convert --flyvis` writes: one array per field.
         from .sources import ZarrGroupSource

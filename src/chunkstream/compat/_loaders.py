@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError
+from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError, check_int
 from ..pipeline import ChunkLoader, LoaderConfig, resolve_device
 from ..plans import RandomPlan
 from ..sources import CallableSource, FieldSpec
@@ -61,8 +61,7 @@ class RandomChunkLoader:
         # Everything is checked now, as the original's constructor would have failed now;
         # only the pipeline itself waits for the first window's shapes.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
-        if isinstance(_align, bool) or not isinstance(_align, int) or _align < 1:
-            raise ConfigError.bad("time_units", _align, "an int >= 1", "Use 1 for no alignment.")
+        check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
         self._config = LoaderConfig(
             chunk_size=chunk_size, prefetch=prefetch, gpu_prefetch=_gpu_prefetch, workers=1,
             stall_timeout=_stall_timeout,
@@ -99,10 +98,8 @@ class RandomChunkLoader:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
         if self._closed:
             raise LoaderClosedError("the loader was cleaned up; create a new one")
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
-            raise ConfigError.bad(
-                "num_chunks", num_chunks, "an int >= 0", "Use calculate_chunk_params(...)[0]."
-            )
+        check_int("num_chunks", num_chunks, 0, "Use calculate_chunk_params(...)[0].",
+                  expected="an int >= 0")  # fmt: skip
         previous = self._epoch
         if previous is None:
             epoch = Epoch(0, 0, num_chunks)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 
 __all__ = ["neighbour_union", "zero_neurons_with_neighbours"]
 
@@ -143,8 +143,7 @@ def zero_neurons_with_neighbours(
     """
     k = num_neurons_to_zero
     neurons = int(batch.shape[-1])
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= neurons:
-        raise ConfigError.bad("num_neurons_to_zero", k, f"an int in [0, {neurons}]")
+    check_int("num_neurons_to_zero", k, 0, maximum=neurons)
     device = batch.device
     if k == 0:
         empty = torch.empty(0, dtype=torch.long, device=device)

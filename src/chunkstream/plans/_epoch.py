@@ -20,10 +20,9 @@ error rather than a silent repeat.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 
 __all__ = ["EpochPlan", "calculate_chunk_params", "plan_epoch"]
 
@@ -67,17 +66,6 @@ class EpochPlan:
         return self.describe()
 
 
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, bool):
-        try:
-            result = operator.index(value)
-        except TypeError:
-            result = 0
-        if result > 0:
-            return result
-    raise ConfigError.bad(name, value, "an int > 0", f"Pass a positive {name}.")
-
-
 def plan_epoch(
     total_timesteps: int,
     chunk_size: int,
@@ -95,15 +83,19 @@ def plan_epoch(
     (the plan's ``total_timesteps``). Raises :class:`ConfigError` (a
     ``ValueError``) naming the input to change when any count would be zero.
     """
-    total = _positive("total_timesteps", total_timesteps)
+    total = check_int(
+        "total_timesteps", total_timesteps, 1, "Pass a positive total_timesteps.", numpy=True
+    )
     if segments is not None:
         from ._segments import as_segments
 
         total = as_segments(segments, total).timesteps
-    chunk = _positive("chunk_size", chunk_size)
-    batch = _positive("batch_size", batch_size)
-    passes = _positive("passes_per_epoch", passes_per_epoch)
-    world = _positive("world_size", world_size)
+    chunk = check_int("chunk_size", chunk_size, 1, "Pass a positive chunk_size.", numpy=True)
+    batch = check_int("batch_size", batch_size, 1, "Pass a positive batch_size.", numpy=True)
+    passes = check_int(
+        "passes_per_epoch", passes_per_epoch, 1, "Pass a positive passes_per_epoch.", numpy=True
+    )
+    world = check_int("world_size", world_size, 1, "Pass a positive world_size.", numpy=True)
 
     batches_per_epoch = (total // batch) * passes
     if batches_per_epoch == 0:
@@ -154,6 +146,8 @@ def calculate_chunk_params(
     total_timesteps: int, chunk_size: int, batch_size: int, data_passes_per_epoch: int
 ) -> tuple[int, int, int]:
     """``(chunks_per_epoch, batches_per_chunk, batches_per_epoch)``, as the original."""
-    passes = _positive("data_passes_per_epoch", data_passes_per_epoch)
+    passes = check_int(
+        "data_passes_per_epoch", data_passes_per_epoch, 1, "Pass a positive data_passes_per_epoch.", numpy=True
+    )
     plan = plan_epoch(total_timesteps, chunk_size, batch_size, passes)
     return plan.chunks_per_epoch, plan.batches_per_chunk, plan.batches_per_epoch

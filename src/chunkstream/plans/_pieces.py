@@ -38,10 +38,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._hash import feistel, half_bits, hash_words, mix, round_keys, seed_key
 from ._segments import Segments, as_segments
-from ._windows import _index, _int
+from ._windows import _index
 
 __all__ = ["Piece", "PiecePlan", "chunk_pieces"]
 
@@ -98,19 +98,27 @@ class PiecePlan:
     _geo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        total = _int("total_timesteps", self.total_timesteps, 1, "The source must hold data.")
-        chunk = _int("chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.")
-        k = _int("pieces", self.pieces, 1, "Use pieces=1 for contiguous chunks.")
+        total = check_int(
+            "total_timesteps", self.total_timesteps, 1, "The source must hold data.", numpy=True
+        )
+        chunk = check_int(
+            "chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.", numpy=True
+        )
+        k = check_int("pieces", self.pieces, 1, "Use pieces=1 for contiguous chunks.", numpy=True)
         if chunk % k:
             divisors = [d for d in (2, 4, 8, 16, 32, 64) if chunk % d == 0]
             raise ConfigError.bad(
                 "pieces", k, f"a divisor of chunk_size={chunk}",
                 f"Use one of {divisors or [1]}, or a chunk_size that is a multiple of {k}.",
             )  # fmt: skip
-        align = _int("align", self.align, 1, "Use align=1 for no alignment.")
-        seed = _int("seed", self.seed, 0, "Pass a non-negative int seed.")
-        grid = _int("grid", self.grid, 1, "Pass the stored time-chunk length, or 1.")
-        window = _int("batch_window", self.batch_window, 1, "Pass the timesteps one sample needs.")
+        align = check_int("align", self.align, 1, "Use align=1 for no alignment.", numpy=True)
+        seed = check_int("seed", self.seed, 0, "Pass a non-negative int seed.", numpy=True)
+        grid = check_int(
+            "grid", self.grid, 1, "Pass the stored time-chunk length, or 1.", numpy=True
+        )
+        window = check_int(
+            "batch_window", self.batch_window, 1, "Pass the timesteps one sample needs.", numpy=True
+        )
         if self.sampling not in _SAMPLINGS:
             raise ConfigError.bad(
                 "sampling", self.sampling, f"one of {', '.join(map(repr, _SAMPLINGS))}",
@@ -218,8 +226,12 @@ class PiecePlan:
         self, epoch: int, step: int, rank: int = 0, world_size: int = 1
     ) -> tuple[Piece, ...]:
         """Chunk ``step`` of ``rank`` out of ``world_size``: ``chunk(epoch, step * W + rank)``."""
-        world_size = _int("world_size", world_size, 1, "Pass the number of ranks (>= 1).")
-        rank = _int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).")
+        world_size = check_int(
+            "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
+        )
+        rank = check_int(
+            "rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True
+        )
         if rank >= world_size:
             raise ConfigError.bad("rank", rank, f"an int in [0, world_size={world_size})")
         return self.chunk(epoch, _index("step", step) * world_size + rank)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 
 __all__ = ["Segment", "Segments", "split_segments"]
 
@@ -40,7 +40,8 @@ class Segment:
         return self.stop - self.start
 
 
-def _int(name: str, value: object, where: str) -> int:
+def _timestep(name: str, value: object, where: str) -> int:
+    """A segment bound as an int: an integer, or its text as read from a CSV file."""
     if isinstance(value, bool):
         raise ConfigError.bad(name, value, f"an int ({where})", "Give timesteps as integers.")
     try:
@@ -91,7 +92,8 @@ class Segments(Sequence[Segment]):
                 raise ConfigError.bad(
                     "segments", item, f"(start, stop) or (start, stop, name) ({where})"
                 )
-            start, stop = _int("segments", item[0], where), _int("segments", item[1], where)
+            start = _timestep("segments", item[0], where)
+            stop = _timestep("segments", item[1], where)
             name = str(item[2]) if len(item) == 3 else f"seg{i}"
             parsed.append(Segment(start, stop, name))
         if not parsed:
@@ -269,8 +271,7 @@ def split_segments(
             "fractions", fractions, f"fractions in [0, 1] that sum to 1 (they sum to {sum(shares):g})",
             "E.g. (0.7, 0.1, 0.2) for train/val/test.",
         )  # fmt: skip
-    if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
-        raise ConfigError.bad("gap", gap, "an int >= 0", "Use the batch window minus one.")
+    check_int("gap", gap, 0, "Use the batch window minus one.")
     out: dict[str, list[tuple[int, int, str]]] = {n: [] for n in names}
     for seg in segs:
         usable = len(seg) - gap * (len(shares) - 1)

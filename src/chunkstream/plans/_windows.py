@@ -35,13 +35,12 @@ When ``chunk_size >= total_timesteps`` every plan returns the whole data
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._hash import feistel as _feistel
 from ._hash import half_bits as _half_bits
 from ._hash import hash_words as _hash
@@ -102,21 +101,8 @@ class WindowPlan(Protocol):
 # -- validation ---------------------------------------------------------------------
 
 
-def _int(name: str, value: object, minimum: int, fix: str = "") -> int:
-    """``value`` as a Python int >= ``minimum`` (numpy ints accepted, bools not)."""
-    if isinstance(value, bool):
-        raise ConfigError.bad(name, value, f"an int >= {minimum}", fix)
-    try:
-        result = operator.index(value)
-    except TypeError:
-        raise ConfigError.bad(name, value, f"an int >= {minimum}", fix) from None
-    if result < minimum:
-        raise ConfigError.bad(name, value, f"an int >= {minimum}", fix)
-    return result
-
-
 def _index(name: str, value: object) -> int:
-    result = _int(name, value, 0, f"Pass a non-negative {name}.")
+    result = check_int(name, value, 0, f"Pass a non-negative {name}.", numpy=True)
     if result > _MAX_INDEX:
         raise ConfigError.bad(name, value, f"at most {_MAX_INDEX}", f"Pass a smaller {name}.")
     return result
@@ -158,10 +144,14 @@ class _PlanBase:
 
     def __post_init__(self) -> None:
         # Frozen: normalise numpy ints to Python ints so the scalar path stays exact.
-        total = _int("total_timesteps", self.total_timesteps, 1, "The source must hold data.")
-        chunk = _int("chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.")
-        align = _int("align", self.align, 1, "Use align=1 for no alignment.")
-        seed = _int("seed", self.seed, 0, "Pass a non-negative int seed.")
+        total = check_int(
+            "total_timesteps", self.total_timesteps, 1, "The source must hold data.", numpy=True
+        )
+        chunk = check_int(
+            "chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.", numpy=True
+        )
+        align = check_int("align", self.align, 1, "Use align=1 for no alignment.", numpy=True)
+        seed = check_int("seed", self.seed, 0, "Pass a non-negative int seed.", numpy=True)
         for name, value in (
             ("total_timesteps", total),
             ("chunk_size", chunk),
@@ -210,8 +200,12 @@ class _PlanBase:
 
         Ranks get disjoint global indices and, for the same number of steps, equal counts.
         """
-        world_size = _int("world_size", world_size, 1, "Pass the number of ranks (>= 1).")
-        rank = _int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).")
+        world_size = check_int(
+            "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
+        )
+        rank = check_int(
+            "rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True
+        )
         if rank >= world_size:
             raise ConfigError.bad(
                 "rank", rank, f"an int in [0, world_size={world_size})", "Check the rank setup."
@@ -383,14 +377,20 @@ def remaining_indices(consumed_global: int, total_global: int, rank: int, world_
     part (elastic resume). When ``consumed_global`` is a multiple of ``W`` this is the
     continuation of :meth:`WindowPlan.rank_window` at ``step = consumed_global // W``.
     """
-    world_size = _int("world_size", world_size, 1, "Pass the number of ranks (>= 1).")
-    rank = _int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).")
+    world_size = check_int(
+        "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
+    )
+    rank = check_int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True)
     if rank >= world_size:
         raise ConfigError.bad(
             "rank", rank, f"an int in [0, world_size={world_size})", "Check the rank setup."
         )
-    total_global = _int("total_global", total_global, 0, "Pass the epoch's window count.")
-    consumed_global = _int("consumed_global", consumed_global, 0, "Pass the count delivered.")
+    total_global = check_int(
+        "total_global", total_global, 0, "Pass the epoch's window count.", numpy=True
+    )
+    consumed_global = check_int(
+        "consumed_global", consumed_global, 0, "Pass the count delivered.", numpy=True
+    )
     if consumed_global > total_global:
         raise ConfigError.bad(
             "consumed_global",

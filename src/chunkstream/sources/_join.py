@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._errors import ConfigError, FieldLengthError
+from .._errors import ConfigError, FieldLengthError, check_int
 from ._base import FieldSpec, Source, describe_source, window_nbytes
 
 __all__ = ["JoinSource"]
@@ -83,11 +83,9 @@ class JoinSource:
                 )  # fmt: skip
         if read_threads is None:
             read_threads = max(1, 4 * (len(labelled) - 1))
-        if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
-            raise ConfigError.bad(
-                "read_threads", read_threads, "an int >= 1, or None",
-                "Pass None for one thread per extra part and reader worker.",
-            )  # fmt: skip
+        check_int("read_threads", read_threads, 1,
+                  "Pass None for one thread per extra part and reader worker.",
+                  expected="an int >= 1, or None")  # fmt: skip
         lengths = {label: len(part) for label, part in labelled.items()}
         if len(set(lengths.values())) != 1:
             detail = ", ".join(

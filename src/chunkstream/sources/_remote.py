@@ -50,7 +50,7 @@ from typing import Any
 
 import zarr.core.sync  # registers zarr's exit hook (stopping its loop) before ours below
 
-from .._errors import ConfigError, RemotePermissionError, RemoteStoreError
+from .._errors import ConfigError, RemotePermissionError, RemoteStoreError, check_int
 
 try:
     from obstore.exceptions import BaseError as _ObstoreError
@@ -104,9 +104,7 @@ class RemoteOptions:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError.bad(name, value, "a positive number of seconds")
         for name, low in (("retries", 0), ("concurrency", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError.bad(name, value, f"an int >= {low}")
+            check_int(name, getattr(self, name), low)
 
     def client_config(self) -> dict[str, Any]:
         """obstore's ``ClientConfig`` for these bounds."""

@@ -59,6 +59,7 @@ from .._errors import (
     NotZarrError,
     ReadAmplificationWarning,
     SourceNotFoundError,
+    check_int,
 )
 from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
 from ._checked_codecs import FrameError
@@ -195,8 +196,8 @@ class ZarrSource:
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
         if not isinstance(engine, str) or engine not in ENGINES:
             raise ConfigError.bad("engine", engine, " or ".join(f'"{e}"' for e in ENGINES))
-        if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
-            raise ConfigError.bad("read_threads", read_threads, "a positive int or None")
+        if read_threads is not None:
+            check_int("read_threads", read_threads, expected="a positive int or None")
         self._closed = False
         self._pool: ThreadPoolExecutor | None = None
         #: Closes the store opened here from a URL (on close(), collection or exit);

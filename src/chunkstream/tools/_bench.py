@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import ChunkLoader, resolve_device
 from ..sources import Source, window_nbytes
 from ..stats import LatencyStats
@@ -266,17 +266,15 @@ def run_bench(
     path: str | None = None,
 ) -> BenchReport:
     """Run every (prefetch, workers) setting on ``source`` and diagnose it (module docs)."""
-    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 2:
-        raise ConfigError.bad(
-            "--chunks", num_chunks, "an integer >= 2 (the first one only fills the pipeline)"
-        )
+    check_int("--chunks", num_chunks, 2,
+              expected="an integer >= 2 (the first one only fills the pipeline)")  # fmt: skip
     if train_ms < 0:
         raise ConfigError.bad("--train-ms", train_ms, "a time >= 0")
     for name, values in (("--prefetch", prefetch), ("--workers", workers)):
-        if not values or any(
-            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values
-        ):
+        if not values:
             raise ConfigError.bad(name, list(values), "a list of integers >= 1, e.g. 1,2,4,6")
+        for v in values:
+            check_int(name, v, expected="a list of integers >= 1, e.g. 1,2,4,6")
     resolved = resolve_device(device)
     total = len(source)
     step = window_nbytes(source.fields, 1)

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError, CorruptChunkError
+from .._errors import ConfigError, CorruptChunkError, check_int
 from ..sources import check_lengths
 from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
@@ -126,8 +126,7 @@ def flyvis_fields(column: str | int = "voltage", stim_dims: int = 1736) -> list[
         )  # fmt: skip
     if name not in _FLYVIS_COLUMNS:
         raise ConfigError.bad("column", column, f"one of {sorted(_FLYVIS_COLUMNS)} or 3, 4, 7, 8")
-    if not isinstance(stim_dims, int) or stim_dims < 1:
-        raise ConfigError.bad("stim_dims", stim_dims, "an int >= 1")
+    check_int("stim_dims", stim_dims)
     stim = f"stimulus=timeseries[0:{stim_dims},1]"
     if name == "stimulus":
         return [stim]
@@ -184,8 +183,7 @@ def _check_workers(chunk_mb: float, workers: int | None) -> int:
     if not chunk_mb > 0:
         raise ConfigError.bad("chunk_mb", chunk_mb, "a positive number of MiB, e.g. 32")
     workers = min(4, os.cpu_count() or 1) if workers is None else workers
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError.bad("workers", workers, "an int >= 1")
+    check_int("workers", workers)
     return workers
 
 

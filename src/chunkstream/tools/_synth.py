@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._codecs import compressors_for
 
 __all__ = [
@@ -115,11 +115,10 @@ def regime_bounds(timesteps: int, regimes: int) -> list[tuple[int, int]]:
 def _validate(layout, timesteps, neurons, stim_dims, dtype, chunks) -> tuple[np.dtype, tuple]:
     if layout not in LAYOUTS:
         raise ConfigError.bad("layout", layout, "'flyvis' or 'arrays'")
-    for name, value, low in (("timesteps", timesteps, 1), ("neurons", neurons, 1)):
-        if not isinstance(value, int) or value < low:
-            raise ConfigError.bad(name, value, f"an int >= {low}")
-    if not isinstance(stim_dims, int) or not 0 <= stim_dims <= neurons:
-        raise ConfigError.bad("stim_dims", stim_dims, f"an int in [0, neurons={neurons}]")
+    check_int("timesteps", timesteps)
+    check_int("neurons", neurons)
+    check_int("stim_dims", stim_dims, 0, maximum=neurons,
+              expected=f"an integer in [0, neurons={neurons}]")  # fmt: skip
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -331,10 +330,8 @@ def write_synthetic(
     from tqdm.auto import tqdm
 
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
-    if isinstance(regimes, bool) or not isinstance(regimes, int) or not 1 <= regimes <= timesteps:
-        raise ConfigError.bad(
-            "regimes", regimes, f"an int in [1, timesteps={timesteps}]", "Use 1 for no regimes."
-        )
+    check_int("regimes", regimes, 1, "Use 1 for no regimes.", maximum=timesteps,
+              expected=f"an integer in [1, timesteps={timesteps}]")  # fmt: skip
     compressors = compressors_for(codec, zarr_format)
     out = Path(out)
     names = ("timeseries", "metadata") if layout == "flyvis" else ("voltage", "stimulus")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 
 __all__ = ["EpochRecord", "TrainConfig", "TrainResult"]
 
@@ -72,16 +72,12 @@ class TrainConfig:
         for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
                      "prefetch", "workers", "time_every", "pieces", "mix"):  # fmt: skip
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError.bad(name, value, "an int >= 1")
+            check_int(name, getattr(self, name), expected="an int >= 1")
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError.bad(name, value, "an int >= 0")
-        bpe = self.batches_per_epoch
-        if bpe is not None and (isinstance(bpe, bool) or not isinstance(bpe, int) or bpe < 1):
-            raise ConfigError.bad("batches_per_epoch", bpe, "an int >= 1, or None (the plan's)")
+            check_int(name, getattr(self, name), 0, expected="an int >= 0")
+        if self.batches_per_epoch is not None:
+            check_int("batches_per_epoch", self.batches_per_epoch,
+                      expected="an int >= 1, or None (the plan's)")  # fmt: skip
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError.bad("val_fraction", self.val_fraction, "a fraction in (0, 1)")
         if self.lr <= 0 or self.recon_weight < 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 
 __all__ = ["LatentDynamics", "rollout_window"]
 
@@ -27,8 +27,7 @@ def rollout_window(time_units: int, evolve_multiple_steps: int) -> int:
         ("time_units", time_units),
         ("evolve_multiple_steps", evolve_multiple_steps),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError.bad(name, value, "an int >= 1")
+        check_int(name, value)
     return time_units * evolve_multiple_steps + 1
 
 
