@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from ..sources import Source, window_nbytes
 
@@ -42,45 +43,6 @@ def streaming_bytes(
     if on_cuda:
         return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
     return None, 0, (prefetch + workers + 2) * chunk_bytes
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device to run on, with its index resolved: ``"cuda"`` becomes ``cuda:<k>``.
-
-    ``None`` means CUDA when present, else CPU; asking for a missing CUDA, or a
-    CUDA index this machine lacks, is an error. A bare ``"cuda"`` is fixed to
-    the caller's current device *now*, in the caller's thread: background
-    threads start on device 0, so an index left open would be resolved there
-    (a second CUDA context on GPU 0, ~500 MB, and copies to the wrong GPU
-    under torchrun).
-    """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError.bad(
-            "device", device, "a torch device such as 'cuda', 'cuda:1' or 'cpu'"
-        ) from exc
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError.bad(
-            "device",
-            device,
-            "a device this machine has (torch.cuda.is_available() is False)",
-            "Pass device='cpu' (or None to pick CUDA when present), or install a CUDA build of torch.",
-        )
-    if resolved.type == "cuda":
-        count = torch.cuda.device_count()
-        index = torch.cuda.current_device() if resolved.index is None else resolved.index
-        if not 0 <= index < count:
-            raise ConfigError.bad(
-                "device",
-                device,
-                f"a CUDA index in [0, {count}) (this machine has {count} visible GPUs)",
-                "Pass 'cuda:<k>' for a visible GPU, or check CUDA_VISIBLE_DEVICES.",
-            )
-        resolved = torch.device("cuda", index)
-    return resolved
 
 
 def warn_if_not_local_rank(

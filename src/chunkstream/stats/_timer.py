@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .._device import resolve_device
 from .._errors import ConfigError, check_int
 
 __all__ = ["BatchTimer"]
@@ -105,12 +106,9 @@ class BatchTimer:
         self, stats: BatchSink, device: str | torch.device | None = "cpu", *, every: int = 1
     ) -> None:
         check_int("every", every, fix="Pass every=1 to time each batch.")
-        device = torch.device(device if device is not None else "cpu")
-        self.cuda = device.type == "cuda"
-        if self.cuda and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         #: The device whose current stream the marks are recorded on (index resolved).
-        self.device = device
+        self.device = resolve_device(device if device is not None else "cpu")
+        self.cuda = self.device.type == "cuda"
         self.every = every
         self.count = 0
         self._stats = stats
