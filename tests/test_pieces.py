@@ -262,3 +262,23 @@ def test_segments_files_and_splits(tmp_path):
         assert va.start - tr.stop == 5 and te.start - va.stop == 5
         usable = len(cond) - 10
         assert abs(len(tr) - 0.7 * usable) <= 1 and abs(len(va) - 0.1 * usable) <= 1
+
+
+@pytest.mark.parametrize("sampling", ["random", "shuffled", "sequential"])
+def test_the_loader_gets_each_plans_chunks_in_one_call(sampling):
+    from chunkstream.plans import chunk_pieces, epoch_pieces
+
+    indices = [3, 0, 7, 7, 12]
+    window_plan = cs.make_plan(sampling, total_timesteps=1000, chunk_size=64, seed=5)
+    piece_plan = cs.PiecePlan(total_timesteps=1000, chunk_size=64, pieces=4, sampling=sampling,
+                              seed=5)  # fmt: skip
+    for plan in (window_plan, piece_plan):
+        for epoch in (0, 2):
+            got = epoch_pieces(plan, epoch, np.asarray(indices))
+            assert got == [chunk_pieces(plan, epoch, i) for i in indices]
+            assert all(isinstance(p.start, int) and isinstance(p.stop, int)
+                       for pieces in got for p in pieces)  # fmt: skip
+    with cs.ChunkLoader(cs.NumpySource({"x": np.arange(1000.0)[:, None]}), 64, device="cpu",
+                        sampling=sampling, seed=5) as loader:  # fmt: skip
+        starts = [chunk.start for chunk in loader.epoch(5)]
+    assert starts == [window_plan.window(0, i)[0] for i in range(5)]

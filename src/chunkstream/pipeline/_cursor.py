@@ -14,7 +14,7 @@ from typing import Any
 
 from .._errors import ConfigError, check_int
 from ..distributed import EpochShare, Uneven, epoch_share
-from ..plans import Piece, PiecePlan, WindowPlan, chunk_pieces
+from ..plans import Piece, PiecePlan, WindowPlan, epoch_pieces
 
 __all__ = ["EpochCursor", "EpochIterator", "EpochSpan"]
 
@@ -100,7 +100,7 @@ class EpochCursor:
         self._resume_step, self._resume_global = 0, None
         share = epoch_share(epoch=self.epoch, consumed=consumed, total=total, rank=self.rank,
                             world_size=world, uneven=self._uneven)  # fmt: skip
-        windows = [chunk_pieces(self.plan, self.epoch, index) for index in share.indices]
+        windows = epoch_pieces(self.plan, self.epoch, share.indices)
         first = share.first_step
         span = EpochSpan(self.epoch, share, windows, first, first + len(windows), first)
         self.epoch += 1

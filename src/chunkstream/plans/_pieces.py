@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,7 +44,7 @@ from ._hash import feistel, half_bits, hash_words, mix, round_keys, seed_key
 from ._segments import Segments, as_segments
 from ._windows import _index
 
-__all__ = ["Piece", "PiecePlan", "chunk_pieces"]
+__all__ = ["Piece", "PiecePlan", "chunk_pieces", "epoch_pieces"]
 
 _TAG_PIECE = 0x50494543  # "PIEC"
 _TAG_TILES = 0x54494C45  # "TILE"
@@ -73,6 +74,15 @@ def chunk_pieces(plan: object, epoch: int, index: int) -> tuple[Piece, ...]:
         return plan.chunk(epoch, index)
     start, stop = plan.window(epoch, index)  # type: ignore[attr-defined]
     return (Piece(0, start, stop, None),)
+
+
+def epoch_pieces(plan: object, epoch: int, indices: Sequence[int]) -> list[tuple[Piece, ...]]:
+    """:func:`chunk_pieces` of every index in ``indices``, in order; a window plan's
+    windows are drawn in one vectorised call (``WindowPlan.windows``)."""
+    if isinstance(plan, PiecePlan):
+        return [plan.chunk(epoch, index) for index in indices]
+    bounds = plan.windows(epoch, np.asarray(indices, dtype=np.int64))  # type: ignore[attr-defined]
+    return [(Piece(0, start, stop, None),) for start, stop in bounds.tolist()]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,11 +239,8 @@ class PiecePlan:
         world_size = check_int(
             "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
         )
-        rank = check_int(
-            "rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True
-        )
-        if rank >= world_size:
-            raise ConfigError.bad("rank", rank, f"an int in [0, world_size={world_size})")
+        rank = check_int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).",
+                         maximum=world_size - 1, numpy=True)  # fmt: skip
         return self.chunk(epoch, _index("step", step) * world_size + rank)
 
     def rank_window(

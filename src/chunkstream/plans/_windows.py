@@ -203,13 +203,8 @@ class _PlanBase:
         world_size = check_int(
             "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
         )
-        rank = check_int(
-            "rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True
-        )
-        if rank >= world_size:
-            raise ConfigError.bad(
-                "rank", rank, f"an int in [0, world_size={world_size})", "Check the rank setup."
-            )
+        rank = check_int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).",
+                         maximum=world_size - 1, numpy=True)  # fmt: skip
         step = _index("step", step)
         return self.window(epoch, step * world_size + rank)
 
@@ -380,11 +375,8 @@ def remaining_indices(consumed_global: int, total_global: int, rank: int, world_
     world_size = check_int(
         "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
     )
-    rank = check_int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).", numpy=True)
-    if rank >= world_size:
-        raise ConfigError.bad(
-            "rank", rank, f"an int in [0, world_size={world_size})", "Check the rank setup."
-        )
+    rank = check_int("rank", rank, 0, f"Pass a rank in [0, world_size={world_size}).",
+                     maximum=world_size - 1, numpy=True)  # fmt: skip
     total_global = check_int(
         "total_global", total_global, 0, "Pass the epoch's window count.", numpy=True
     )
