@@ -29,20 +29,13 @@ map, into ``out`` where whole. A missing shard file, or an inner chunk its
 index marks empty (zarr leaves out inner chunks equal to the fill value unless
 ``write_empty_chunks=True``), is a missing chunk, as an absent chunk file is.
 
-Why our own reader and not a library's (issue 11; BENCHMARKS.md "decode engines",
-``python -m benchmarks.run --only engines``, 2 cores, windows of 80 MiB): on the
-compressed per-column, compressed interleaved, uncompressed and sharded (blosc
-inside the shards) stores this reader delivered 1.83, 0.28, 4.87 and 2.09 GB/s
-(median of the last run), with the least CPU per GB on the last three; tensorstore
-with a tuned context 1.01x, 0.76x, 0.68x and 0.97x of that (and 4% less CPU per GB
-on the first), zarrs 0.56x, 0.17x, 0.65x and 0.66x, zarr's own pipeline 0.67x,
-0.41x, 0.54x and 0.48x. No library was within 5% on every store, so this stays the
-default engine. Where the difference comes from: a chunk
-that several fields need is decoded once (field-by-field engines decode each
-interleaved chunk twice), the chunks of all fields go to one pool together, and
-whole chunks decode, and uncompressed files are read, straight into ``out``. On
-the sharded store ``auto`` used zarr's pipeline (about 1.0 GB/s) until this reader
-took sharded arrays.
+Why our own reader and not a library's: it stays the default engine while no
+library reads every benchmark store within 5% of its speed (the rule and the
+figures: BENCHMARKS.md "decode engines", ``python -m benchmarks.run --only
+engines``). What it does that they do not: a chunk that several fields need is
+decoded once (field-by-field engines decode each interleaved chunk twice), the
+chunks of all fields go to one pool together, and whole chunks decode, and
+uncompressed files are read, straight into ``out``.
 
 Concurrency: :meth:`FastChunkReader.read_into` may be called from many threads;
 each call waits for all of its own decode tasks before returning or raising, so

@@ -18,9 +18,8 @@ timeouts and retries, which :class:`RemoteOptions` sets as obstore's own
   :class:`ChunkLoader` it arrives wrapped in ``ChunkLoadError`` naming the window;
   being a ``ChunkstreamError`` it is not retried again by the loader.
 
-``benchmarks/_remote.py`` raced this against the store chunkstream used before
-(fsspec's, inside a retrying wrapper of ours) on the same local servers and faults;
-BENCHMARKS.md ("remote stores") has the figures and the decision.
+Why obstore and not fsspec's store in a retrying wrapper: BENCHMARKS.md ("remote
+stores", ``benchmarks/_remote.py``) runs both against the same servers and faults.
 
 Other schemes fsspec knows (``memory://``, ``hf://``, ...) open as zarr's
 ``FsspecStore`` with fsspec's own behaviour: no timeouts or retries of ours.

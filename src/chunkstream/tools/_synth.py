@@ -21,11 +21,10 @@ and Gaussian weights of scale ``0.9 / sqrt(K)``, so its spectral radius is about
 neurons) is a sum of low-frequency sinusoids plus decaying noise bursts.
 
 Why the full network and not a latent one projected to N: with a fixed fan-in
-a step is one gather of ``N * K`` floats (~1 ms for N = 13,741), so ~1 GB of
-output takes seconds, and the saved connectivity is exactly the one that made
-the data (the compat augmentation helper zeroes CSR neighbours). Only the time
-recurrence runs step by step; noise, stimulus and fluorescence are vectorised
-per slab.
+a step is one gather of ``N * K`` floats (linear in N), and the saved
+connectivity is exactly the one that made the data (the compat augmentation
+helper zeroes CSR neighbours). Only the time recurrence runs step by step;
+noise, stimulus and fluorescence are vectorised per slab.
 
 Layouts (see DESIGN "The FlyVis layout"):
 
