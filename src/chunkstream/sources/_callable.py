@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ._base import FieldSpec, check_dtype, field_context
 
 __all__ = ["CallableSource"]
@@ -44,10 +44,8 @@ class CallableSource:
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, stop)")
-        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, (int, np.integer)):
-            raise ConfigError.bad("total_timesteps", total_timesteps, "a positive int")
-        if total_timesteps <= 0:
-            raise ConfigError.bad("total_timesteps", total_timesteps, "a positive int")
+        total_timesteps = check_int("total_timesteps", total_timesteps, expected="a positive int",
+                                    numpy=True)  # fmt: skip
         names = tuple(names)
         if not names or len(set(names)) != len(names):
             raise ConfigError.bad("names", names, "a non-empty sequence of distinct names")
