@@ -52,10 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._errors import ConfigError
 from ..consumer import ChunkMixer
 from ..distributed import is_distributed, resolve_rank
-from ..pipeline import Chunk, ChunkLoader, resolve_device
+from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
 from ._batches import batch_seed, batch_starts
 from ._config import EpochRecord, TrainConfig, TrainResult
@@ -64,76 +63,12 @@ from ._heldout import HeldOut, evaluate, held_out_parts, split_source
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
 from ._model import LatentDynamics
 from ._report import log_epoch, open_writer
+from ._setup import field_sizes, fit_pieces, trainer_device
 
 __all__ = ["Trainer"]
 
 _log = logging.getLogger("chunkstream.train")
 CHECKPOINT = "checkpoint.pt"
-
-
-def trainer_device(
-    requested: str | torch.device | None, *, distributed: bool, env: Any = None
-) -> torch.device:
-    """The trainer's device: under torch.distributed a CUDA request without an index
-    (or ``None`` with CUDA present) becomes ``cuda:{LOCAL_RANK}``, one GPU per rank.
-
-    An explicit ``cuda:k`` is kept. Without ``LOCAL_RANK`` in the environment (a
-    launcher other than torchrun) the current device is used, as outside DDP.
-    """
-    env = os.environ if env is None else env
-    if requested is None:
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        asked = torch.device(requested)
-    except (RuntimeError, TypeError):
-        return resolve_device(requested)  # raises the standard ConfigError
-    if distributed and asked.type == "cuda" and asked.index is None and "LOCAL_RANK" in env:
-        local = int(env["LOCAL_RANK"])
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not 0 <= local < count:
-            raise ConfigError.bad(
-                "device", f"cuda (LOCAL_RANK={local})",
-                f"a GPU per rank on this node ({count} visible)",
-                "Start at most one rank per visible GPU (torchrun --nproc_per_node), "
-                "or pass device='cpu' with the gloo backend.",
-            )  # fmt: skip
-        asked = torch.device("cuda", local)
-    return resolve_device(asked)
-
-
-def _field_sizes(source: Any, c: TrainConfig) -> tuple[int, int]:
-    """``(neurons, stimulus dims)`` of the source's data and stimulus fields.
-
-    Raises :class:`ConfigError` when a named field is missing or is not ``(T, N)``.
-    """
-    fields = source.fields
-    for name in (c.data_field, c.stim_field):
-        if name is not None and name not in fields:
-            raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
-    data_spec = fields[c.data_field]
-    if len(data_spec.shape) != 1 or (c.stim_field and len(fields[c.stim_field].shape) != 1):
-        raise ConfigError.bad(
-            "fields", {n: s.shape for n, s in fields.items()}, "(T, N) data and (T, S) stimulus"
-        )
-    stim_dims = 0 if c.stim_field is None else int(fields[c.stim_field].shape[0])
-    return int(data_spec.shape[0]), stim_dims
-
-
-def _pieces(c: TrainConfig, chunk_size: int) -> int:
-    """The largest piece count <= ``c.pieces`` that divides ``chunk_size`` into pieces
-    that each hold a window; raises :class:`ConfigError` when a chunk cannot hold one."""
-    if c.window > chunk_size:
-        raise ConfigError.bad(
-            "chunk_size", c.chunk_size, f">= the window {c.window}",
-            "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
-        )  # fmt: skip
-    pieces = max(
-        d for d in range(1, c.pieces + 1) if chunk_size % d == 0 and chunk_size // d >= c.window
-    )
-    if pieces != c.pieces:
-        _log.info("pieces=%d does not fit chunk_size=%d and window=%d; using %d",
-                  c.pieces, chunk_size, c.window, pieces)  # fmt: skip
-    return pieces
 
 
 class Trainer:
@@ -157,7 +92,7 @@ class Trainer:
         self.source = source
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.on_chunk, self.on_epoch = on_chunk, on_epoch
-        self.neurons, self.stim_dims = _field_sizes(source, c)
+        self.neurons, self.stim_dims = field_sizes(source, c)
         self.device = trainer_device(c.device, distributed=is_distributed())
         if is_distributed() and self.device.type == "cuda":
             # NCCL and every CUDA call without an explicit device use the current one.
@@ -171,7 +106,7 @@ class Trainer:
         self.chunk_size = min(c.chunk_size, self.train_len if c.segments is None else len(source))
         #: Pieces per chunk: ``config.pieces``, or the largest divisor of ``chunk_size``
         #: below it whose pieces still hold a window.
-        self.pieces = _pieces(c, self.chunk_size)
+        self.pieces = fit_pieces(c, self.chunk_size)
         self.plan = plan_epoch(
             total_timesteps=self.train_len, chunk_size=self.chunk_size,
             batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
