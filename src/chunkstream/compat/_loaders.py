@@ -6,10 +6,8 @@ See the package docstring for the draw rule, ``load_fn``'s calls and the differe
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -19,7 +17,7 @@ import numpy as np
 import torch
 
 from .._errors import ChunkLoadError, ConfigError, LoaderClosedError, LoaderStalledError, check_int
-from ..pipeline import ChunkLoader, LoaderConfig, resolve_device
+from ..pipeline import POLL_S, ChunkLoader, LoaderConfig, resolve_device, thread_stack
 from ..plans import RandomPlan
 from ..sources import CallableSource, FieldSpec
 from ..stats import LatencyStats
@@ -28,7 +26,6 @@ from ._helpers import CALLER, Claims
 
 __all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
 
-_POLL_S = 0.1  # how often the wait for the first window looks at cleanup() and the clock
 _JOIN_S = 2.0  # how long cleanup() waits for a first read in flight
 _log = logging.getLogger("chunkstream.compat")
 
@@ -160,7 +157,7 @@ class RandomChunkLoader:
         timeout = self._config.stall_timeout
         while True:
             try:
-                return future.result(timeout=_POLL_S)
+                return future.result(timeout=POLL_S)
             except FutureTimeout:
                 pass
             except Exception as exc:
@@ -176,7 +173,8 @@ class RandomChunkLoader:
                 raise LoaderStalledError(
                     f"load_fn{window} did not return within {timeout:.1f} s (stall_timeout); "
                     "the loader is shut down. Stuck reader:\n"
-                    + ("\n".join(filter(None, map(_stack, threads))) or "(it has just ended)"),
+                    + ("\n".join(filter(None, (thread_stack(t, "load_fn") for t in threads)))
+                       or "(it has just ended)"),
                     window=window,
                 )
 
@@ -335,14 +333,6 @@ def _in_background(call: Callable[[], Any], *, name: str, after: Future | None):
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return future, thread
-
-
-def _stack(thread: threading.Thread) -> str:
-    """``thread``'s current stack, for a stall error; empty if it has ended."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return ""
-    return f"thread {thread.name!r}:\n" + "".join(traceback.format_stack(frame))
 
 
 class PipelineChunkLoader(RandomChunkLoader):

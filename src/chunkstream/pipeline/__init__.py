@@ -5,10 +5,6 @@ from ._config import LoaderConfig, resolve_device
 from ._loader import ChunkLoader
 
 # The package's internal face for the rest of chunkstream (not public API).
-from ._config import check_source as check_source  # isort: skip
-from ._config import streaming_bytes as streaming_bytes  # isort: skip
-from ._jobs import call_with_retries as call_with_retries  # isort: skip
-from ._resident import resident_decision as resident_decision  # isort: skip
 from ._run import POLL_S as POLL_S  # isort: skip
 from ._run import thread_stack as thread_stack  # isort: skip
 

@@ -1,4 +1,4 @@
-"""Loader configuration: validated, frozen data, and the memory arithmetic behind it."""
+"""Loader configuration: validated, frozen data; the device the loader runs on."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import torch
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
+from .._memory import budget_depths
 from ..sources import Source, window_nbytes
 
-__all__ = ["LoaderConfig", "check_source", "resolve_device", "streaming_bytes", "warn_if_not_local_rank"]
+__all__ = ["LoaderConfig", "check_source", "resolve_device", "warn_if_not_local_rank"]
 
 
 def check_source(source: object) -> Source:
@@ -29,33 +30,14 @@ def check_source(source: object) -> Source:
     return source
 
 
-def streaming_bytes(
-    chunk_bytes: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
-    host_slots: int,
-) -> tuple[int | None, int, int]:  # fmt: skip
-    """The memory model: ``(device, pinned host, pageable host)`` bytes a loader holds.
-
-    CUDA: ``gpu_prefetch + 1`` chunks on the device for a loop that drops each
-    chunk before asking for the next, and ``host_slots`` pinned chunks. CPU: the
-    host arena, ``prefetch + workers`` sets for the pipeline plus two for the
-    chunks a plain ``for`` loop holds (device ``None``: there is none).
-    """
-    if on_cuda:
-        return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
-    return None, 0, (prefetch + workers + 2) * chunk_bytes
 
 
 def warn_if_not_local_rank(
     requested: str | torch.device | None, resolved: torch.device, env: Mapping[str, str]
 ) -> None:
-    """Warn when a device without an index lands on another GPU than this rank's.
-
-    Under torchrun (``LOCAL_RANK`` set, ``WORLD_SIZE`` > 1) a bare ``"cuda"``
-    means the current device, as everywhere in torch; a script that never calls
-    ``torch.cuda.set_device(local_rank)`` then puts every rank's chunks on
-    ``cuda:0``. The index is not changed here: the user's model, also moved with
-    ``"cuda"``, is on the current device too, and chunks elsewhere would not meet it.
-    """
+    """Warn when, under torchrun (``LOCAL_RANK`` set, ``WORLD_SIZE`` > 1), a device without
+    an index resolved to another GPU than this rank's. The index is kept: the user's
+    model, moved with ``"cuda"`` too, is on the current device as well."""
     if resolved.type != "cuda" or "LOCAL_RANK" not in env:
         return
     if requested is not None and torch.device(requested).index is not None:
@@ -80,15 +62,12 @@ def warn_if_not_local_rank(
 class LoaderConfig:
     """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
 
-    Memory bounds that follow from it (``chunk_bytes`` is one window of every field):
-
-    * CUDA: pinned host bytes = ``host_slots * chunk_bytes``, fixed at start (one
-      registered arena, see ``_buffers``); loader device bytes =
-      ``gpu_prefetch * chunk_bytes`` plus chunks the user holds: ``gpu_prefetch + 1``
-      chunks for a loop that drops each chunk before asking for the next, one
-      more for a plain ``for`` loop (it holds the previous chunk during ``next()``).
-    * CPU: bytes held by the pipeline <= ``(prefetch + workers) * chunk_bytes``,
-      plus the chunks the user holds.
+    Memory bounds (``chunk_bytes``: one window of every field): on CUDA pinned host
+    bytes = ``host_slots * chunk_bytes``, fixed at start, and loader device bytes =
+    ``gpu_prefetch * chunk_bytes`` plus the chunks the user holds (``gpu_prefetch + 1``
+    for a loop that drops each chunk before asking for the next, one more for a plain
+    ``for`` loop); on the CPU the pipeline holds at most ``(prefetch + workers) *
+    chunk_bytes`` plus the user's chunks.
     """
 
     chunk_size: int
@@ -107,20 +86,14 @@ class LoaderConfig:
         check_int("gpu_prefetch", self.gpu_prefetch, fix="Use 1 or more chunks kept on the device.")
         check_int("workers", self.workers, fix="Use 1 or more reader threads.")
         if self.host_slots is not None:
-            check_int(
-                "host_slots",
-                self.host_slots,
-                fix="Use at least one pinned slot per reader worker (or leave it None).",
-            )
+            check_int("host_slots", self.host_slots,
+                      fix="Use at least one pinned slot per reader worker (or leave it None).")  # fmt: skip
         check_int("read_retries", self.read_retries, 0, "Use 0 to fail on the first error.")
         if not isinstance(self.check_finite, bool):  # a string such as "no" would be truthy
-            raise ConfigError.bad(
-                "check_finite", self.check_finite, "True or False", "Pass a bool."
-            )
-        for name in ("stall_timeout",):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int | float) or value <= 0):
-                raise ConfigError.bad(name, value, "a number of seconds > 0, or None to disable")
+            raise ConfigError.bad("check_finite", self.check_finite, "True or False", "Pass a bool.")
+        value = self.stall_timeout
+        if value is not None and (not isinstance(value, int | float) or value <= 0):
+            raise ConfigError.bad("stall_timeout", value, "a number of seconds > 0, or None to disable")
         if not isinstance(self.close_timeout, int | float) or self.close_timeout <= 0:
             raise ConfigError.bad("close_timeout", self.close_timeout, "a number of seconds > 0")
 
@@ -134,25 +107,16 @@ class LoaderConfig:
         return self.host_slots if self.host_slots is not None else self.reader_capacity
 
     def host_sets(self, on_cuda: bool) -> int:
-        """Buffer sets in the host arena (:func:`streaming_bytes`): the pinned slots on
-        CUDA; on the CPU the pipeline's ``prefetch + workers`` and two a loop holds."""
+        """Buffer sets in the host arena: the pinned slots on CUDA; on the CPU the
+        pipeline's ``prefetch + workers`` and two a loop holds (``streaming_bytes``)."""
         return self.slots if on_cuda else self.reader_capacity + 2
 
     @classmethod
     def for_source(
-        cls,
-        source: Source,
-        chunk_size: int,
-        *,
-        on_cuda: bool,
-        prefetch: int | None = None,
-        gpu_prefetch: int | None = None,
-        workers: int = 2,
-        host_slots: int | None = None,
-        host_memory: int | None = None,
-        device_memory: int | None = None,
-        **rest: object,
-    ) -> tuple[LoaderConfig, int, int]:
+        cls, source: Source, chunk_size: int, *, on_cuda: bool, prefetch: int | None = None,
+        gpu_prefetch: int | None = None, workers: int = 2, host_slots: int | None = None,
+        host_memory: int | None = None, device_memory: int | None = None, **rest: object,
+    ) -> tuple[LoaderConfig, int, int]:  # fmt: skip
         """Validate a loader's settings for ``source``; derive depths from byte budgets.
 
         Returns ``(config, rows, chunk_bytes)``: the rows of one window (``chunk_size``,
@@ -164,59 +128,16 @@ class LoaderConfig:
         rows = min(probe, total) if probe > 0 else 1
         chunk_bytes = window_nbytes(source.fields, rows)
         check_int("workers", workers, fix="Use 1 or more reader threads.")  # the budget needs it
-        budget = cls.from_budget(chunk_bytes=chunk_bytes, workers=workers, host_memory=host_memory,
-                                 device_memory=device_memory, on_cuda=on_cuda)  # fmt: skip
+        fit = budget_depths(chunk_bytes=chunk_bytes, workers=workers, host_memory=host_memory,
+                            device_memory=device_memory, on_cuda=on_cuda)  # fmt: skip
         config = cls(
-            chunk_size=chunk_size,
-            prefetch=prefetch if prefetch is not None else budget.get("prefetch", 2),
-            gpu_prefetch=gpu_prefetch if gpu_prefetch is not None
-            else budget.get("gpu_prefetch", 1),
-            workers=workers,
-            host_slots=host_slots if host_slots is not None else budget.get("host_slots"),
+            chunk_size=chunk_size, workers=workers,
+            prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,
+            gpu_prefetch=fit.get("gpu_prefetch", 1) if gpu_prefetch is None else gpu_prefetch,
+            host_slots=fit.get("host_slots") if host_slots is None else host_slots,
             **rest,  # type: ignore[arg-type]
         )  # fmt: skip
         if on_cuda and config.slots < config.workers:
-            raise ConfigError.bad(
-                "host_slots",
-                config.slots,
-                f"at least workers={workers} pinned slots",
-                "Raise host_slots (or host_memory), or use fewer workers.",
-            )
+            raise ConfigError.bad("host_slots", config.slots, f"at least workers={workers} pinned slots",
+                                  "Raise host_slots (or host_memory), or use fewer workers.")  # fmt: skip
         return config, rows, chunk_bytes
-
-    @classmethod
-    def from_budget(
-        cls,
-        *,
-        chunk_bytes: int,
-        workers: int,
-        host_memory: int | None,
-        device_memory: int | None,
-        on_cuda: bool,
-    ) -> dict[str, int]:
-        """Depths that fit byte budgets: returns ``prefetch``/``host_slots``/``gpu_prefetch``."""
-        derived: dict[str, int] = {}
-        if host_memory is not None:
-            fit = int(host_memory) // max(1, chunk_bytes)
-            if fit < workers + 1:
-                raise ConfigError.bad(
-                    "host_memory",
-                    host_memory,
-                    f"room for at least workers + 1 = {workers + 1} chunks of "
-                    f"{chunk_bytes / 1e6:.1f} MB",
-                    "Raise the budget, lower chunk_size, or use fewer workers.",
-                )
-            derived["prefetch"] = fit - workers
-            if on_cuda:
-                derived["host_slots"] = fit
-        if device_memory is not None:
-            fit = int(device_memory) // max(1, chunk_bytes)
-            if fit < 1:
-                raise ConfigError.bad(
-                    "device_memory",
-                    device_memory,
-                    f"room for at least one chunk of {chunk_bytes / 1e6:.1f} MB",
-                    "Raise the budget or lower chunk_size.",
-                )
-            derived["gpu_prefetch"] = fit
-        return derived

@@ -1,23 +1,16 @@
-"""The work of one window: read it into a host buffer, then (CUDA) copy it to the device.
+"""The work of one chunk: read its pieces into a host buffer set, then (CUDA) copy it.
 
-These are plain functions of their inputs (they never see the loader), so the
-executor threads hold no reference to a :class:`~chunkstream.ChunkLoader` and a
-loader the user drops can be collected and stopped. Each call gets its own
-window and a ``dropped()`` callable that turns true once its epoch run is
-abandoned, so a long wait inside can give up early.
+Plain functions of their inputs: executor threads never hold the loader, so a
+dropped loader can be collected. ``dropped()`` turns true once the chunk's
+epoch run is abandoned, so a wait inside can give up early.
 
-Buffer ownership along the way: :func:`read_job` takes a buffer set from the
-pool and either hands it on inside a :class:`Loaded` or gives it back when the
-read fails. On the CPU, :func:`read_to_host` turns it into the user's tensors
-at once (zero copy; the pool reuses the set only once those tensors are gone).
-On CUDA, :func:`copy_job` gives the slot back with the event recorded after its
-copy (``PinnedSlotPool.release_after``), so the slot is refilled only once the
-copy has finished; a copy that fails part-way gives its slot back the same way,
-behind an event recorded after whatever copies it had queued.
-
-Threads: both jobs run in executor threads that set the loader's CUDA device at
-start (``Executor(init=...)``), so their CUDA calls (an event's ``query()``
-while waiting for a slot, allocations, copies) run in the right device's context.
+Buffer ownership: :func:`read_job` takes a set from the pool and hands it on in
+a :class:`Loaded`, or gives it back if the read fails. On the CPU
+:func:`read_to_host` makes it the user's zero-copy tensors at once. On CUDA
+:func:`copy_job` gives the slot back behind the event recorded after its copy
+(``PinnedSlotPool.release_after``), also after a copy that failed part-way.
+Both jobs run in threads that bound the loader's CUDA device at start
+(:func:`device_binder`), so their CUDA calls run in that device's context.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,27 +31,20 @@ from ..plans import Piece
 from ..sources import Source, describe_source
 from ..stats import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
-from ._pieces import chunk_rows, piece_views, read_pieces
 
 _T = TypeVar("_T")
 
-__all__ = [
-    "Delivery",
-    "Loaded",
-    "call_with_retries",
-    "copy_job",
-    "device_binder",
-    "give_back",
-    "read_job",
-    "read_to_host",
-    "read_window",
-]
+__all__ = ["Delivery", "Loaded", "call_with_retries", "copy_job", "device_binder", "read_job",
+           "read_to_host", "read_window"]  # fmt: skip
 
 _log = logging.getLogger("chunkstream.pipeline")
 _RETRY_BACKOFF_S = 0.05
-
-Window = tuple[int, int]
 Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
+
+
+def chunk_rows(pieces: Pieces) -> int:
+    """Rows the pieces fill together."""
+    return pieces[-1].offset + pieces[-1].length
 
 
 @dataclass
@@ -70,23 +57,11 @@ class Loaded:
     read_end: float
     thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
 
-    @property
-    def window(self) -> Window:
-        """The first piece's bounds (the chunk's ``start``/``stop``)."""
-        return self.pieces[0].start, self.pieces[0].stop
-
-    @property
-    def rows(self) -> int:
-        return chunk_rows(self.pieces)
-
 
 @dataclass
 class Delivery:
-    """A window's finished tensors on the loader's device, and how they got there.
-
-    ``events`` is ``(begin, done)``, the CUDA events around the copy (``None`` off
-    CUDA); the consumer's stream must wait on ``done`` before using the tensors.
-    """
+    """A chunk's finished tensors on the loader's device. ``events`` is ``(begin, done)``
+    around the CUDA copy (``None`` off CUDA): the consumer's stream must wait on ``done``."""
 
     pieces: Pieces
     tensors: dict[str, torch.Tensor]
@@ -97,76 +72,54 @@ class Delivery:
     read_thread: str | None = None  # the threads that read and copied it (trace tracks)
     transfer_thread: str | None = None
 
-    @property
-    def window(self) -> Window:
-        """The first piece's bounds (the chunk's ``start``/``stop``)."""
-        return self.pieces[0].start, self.pieces[0].stop
 
+def read_window(source: Source, pieces: Pieces, out: Mapping[str, np.ndarray], *,
+                check_finite: bool, retries: int,
+                cancelled: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    """Read ``pieces`` of every field into consecutive rows of ``out``.
 
-def read_window(
-    source: Source,
-    pieces: Pieces,
-    out: Mapping[str, np.ndarray],
-    *,
-    check_finite: bool,
-    retries: int,
-    cancelled: Callable[[], bool] = lambda: False,
-) -> None:
-    """Read a chunk's ``pieces`` of every field into consecutive rows of ``out``.
-
-    Transient errors are retried (:func:`call_with_retries`); any failure is
-    raised as :class:`ChunkLoadError` naming the piece's window and, when known,
-    the field.
+    Piece ``p`` fills rows ``[p.offset, p.offset + p.length)`` with one
+    ``source.read_into`` on a leading-axis (so C-contiguous) slice. Transient
+    errors are retried (:func:`call_with_retries`); any failure is raised as
+    :class:`ChunkLoadError` naming the piece's window and, when known, the field.
     """
-
-    def read(call: Callable[[], None], piece: Piece) -> None:
-        call_with_retries(call, retries, (piece.start, piece.stop), cancelled)
-        if check_finite:
-            _check_finite(piece_views(out, piece), piece.start, piece.stop)
-
-    try:
-        read_pieces(source, pieces, out, read=read)
-    except ChunkLoadError:
-        raise
-    except BaseException as exc:
-        piece = getattr(exc, "chunkstream_piece", pieces[0])
-        start, stop = piece.start, piece.stop
-        field = getattr(exc, "chunkstream_field", None)
-        where = f" field {field!r}" if field else ""
-        raise ChunkLoadError(
-            f"reading window [{start}, {stop}){where} of {describe_source(source)} failed: "
-            f"{type(exc).__name__}: {exc}",
-            window=(start, stop),
-            field=field,
-        ) from exc
+    for piece in pieces:
+        rows = {name: a[piece.offset : piece.offset + piece.length] for name, a in out.items()}
+        window = (piece.start, piece.stop)
+        try:
+            call_with_retries(partial(source.read_into, *window, rows), retries, window, cancelled)
+            if check_finite:
+                _check_finite(rows, *window)
+        except ChunkLoadError:
+            raise
+        except BaseException as exc:
+            name = getattr(exc, "chunkstream_field", None)
+            where = f" field {name!r}" if name else ""
+            raise ChunkLoadError(
+                f"reading window [{piece.start}, {piece.stop}){where} of "
+                f"{describe_source(source)} failed: {type(exc).__name__}: {exc}",
+                window=window, field=name,
+            ) from exc  # fmt: skip
 
 
-def read_job(
-    pieces: Pieces,
-    dropped: Callable[[], bool],
-    *,
-    source: Source,
-    pool: HostBufferPool | PinnedSlotPool,
-    check_finite: bool,
-    retries: int,
-) -> Loaded:
-    """Take a buffer set from ``pool`` and read the chunk's ``pieces`` into it; the set is
-    given back if the read fails."""
-    start, stop = pieces[0].start, pieces[0].stop
+def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
+             pool: HostBufferPool | PinnedSlotPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
+    """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
+    if the read fails."""
+    window = (pieces[0].start, pieces[0].stop)
     try:
         buffers = pool.acquire(dropped)
     except BaseException as exc:
-        # Waiting for a pinned slot queries CUDA events, which can fail (a sticky
-        # error from the user's kernels); the consumer must get a ChunkLoadError,
-        # which shuts the pipeline down, not a bare RuntimeError.
+        # Waiting for a pinned slot queries CUDA events, which can fail (a sticky error
+        # from the user's kernels): a ChunkLoadError shuts the pipeline down.
         raise ChunkLoadError(
-            f"waiting for a free host buffer for window [{start}, {stop}) failed: "
+            f"waiting for a free host buffer for window [{window[0]}, {window[1]}) failed: "
             f"{type(exc).__name__}: {exc}",
-            window=(start, stop),
+            window=window,
         ) from exc
     begin = time.perf_counter()
     try:
-        with profiled(READ, (start, stop)):
+        with profiled(READ, window):
             read_window(source, pieces, buffers.views(chunk_rows(pieces)),
                         check_finite=check_finite, retries=retries, cancelled=dropped)  # fmt: skip
     except BaseException:
@@ -177,26 +130,21 @@ def read_job(
 
 def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool,
                  **read: Any) -> Delivery:  # fmt: skip
-    """The CPU path: read ``pieces``, then hand the buffer set over as the user's tensors.
-
-    The tensors are zero-copy views; the pool reuses the set only once no
-    tensor refers to it any more (``HostBufferPool``).
-    """
+    """The CPU path: read ``pieces``, then hand the set over as the user's tensors
+    (zero-copy views; the pool reuses the set once no tensor refers to it)."""
     loaded = read_job(pieces, dropped, pool=pool, **read)
-    tensors = {name: torch.from_numpy(a) for name, a in loaded.buffers.views(loaded.rows).items()}
+    views = loaded.buffers.views(chunk_rows(loaded.pieces))
+    tensors = {name: torch.from_numpy(a) for name, a in views.items()}
     pool.release(loaded.buffers)
     return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
                     read_thread=loaded.thread)  # fmt: skip
 
 
-def call_with_retries(
-    call: Callable[[], _T],
-    retries: int,
-    window: Window,
-    cancelled: Callable[[], bool] = lambda: False,
-) -> _T:
-    """``call()``, retried up to ``retries`` times after a transient error (:func:`_transient`),
-    waiting ``_RETRY_BACKOFF_S * 2**attempt`` between tries; the last error is raised as it is."""
+def call_with_retries(call: Callable[[], _T], retries: int, window: tuple[int, int],
+                      cancelled: Callable[[], bool] = lambda: False) -> _T:  # fmt: skip
+    """``call()``, retried up to ``retries`` times after a transient error (I/O and network
+    hiccups, not bad data or a missing path), waiting ``_RETRY_BACKOFF_S * 2**attempt``
+    between tries; the last error is raised as it is."""
     for attempt in range(retries + 1):
         try:
             return call()
@@ -213,7 +161,6 @@ def call_with_retries(
 
 
 def _transient(exc: BaseException) -> bool:
-    """Errors worth retrying: I/O and network hiccups, not bad data or a missing path."""
     if isinstance(exc, ChunkstreamError):
         return False
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
@@ -236,35 +183,24 @@ def _check_finite(out: Mapping[str, np.ndarray], start: int, stop: int) -> None:
             )
 
 
-def give_back(pool: HostBufferPool | PinnedSlotPool, loaded: Loaded) -> None:
-    """Return the buffer set of a read nobody will consume (its epoch was dropped)."""
-    pool.release(loaded.buffers)
-
-
-def copy_job(
-    loaded: Loaded,
-    dropped: Callable[[], bool],
-    *,
-    pool: PinnedSlotPool | HostBufferPool,
-    device: torch.device,
-    stream: Any,
-) -> Delivery | None:
+def copy_job(loaded: Loaded, dropped: Callable[[], bool], *, pool: PinnedSlotPool | HostBufferPool,
+             device: torch.device, stream: Any) -> Delivery | None:  # fmt: skip
     """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to ``pool`` behind
     the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
     if dropped():
         pool.release(loaded.buffers)
         return None
-    start, stop = loaded.window
+    window = (loaded.pieces[0].start, loaded.pieces[0].stop)
     issued = time.perf_counter()
     try:
-        with profiled(COPY, (start, stop)):
+        with profiled(COPY, window):
             delivery = _copy(loaded, pool, device, stream, issued)
     except BaseException as exc:
         _release_after_failed_copy(pool, loaded.buffers, stream)
         raise ChunkLoadError(
-            f"copying window [{start}, {stop}) to {device} failed: "
+            f"copying window [{window[0]}, {window[1]}) to {device} failed: "
             f"{type(exc).__name__}: {exc}",
-            window=(start, stop),
+            window=window,
         ) from exc
     if delivery.events is not None:
         pool.release_after(loaded.buffers, delivery.events[1])
@@ -272,24 +208,24 @@ def copy_job(
 
 
 def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: float) -> Delivery:
-    """:func:`copy_job`'s copy. Off CUDA the slot is given back once copied; on CUDA the
-    caller gives it back behind ``Delivery.events[1]``."""
-    rows, me = loaded.rows, threading.current_thread().name
+    """Off CUDA the slot is given back once copied; on CUDA the caller gives it back
+    behind ``Delivery.events[1]``."""
+    rows, me = chunk_rows(loaded.pieces), threading.current_thread().name
+    done = partial(Delivery, loaded.pieces, read_begin=loaded.read_begin,
+                   read_end=loaded.read_end, issued=issued, read_thread=loaded.thread,
+                   transfer_thread=me)  # fmt: skip
     if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
-        tensors = {
-            name: torch.from_numpy(array).to(device)
-            for name, array in loaded.buffers.views(rows).items()
-        }
+        views = loaded.buffers.views(rows)
+        tensors = {name: torch.from_numpy(array).to(device) for name, array in views.items()}
         pool.release(loaded.buffers)
-        return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
-                        read_thread=loaded.thread, transfer_thread=me)  # fmt: skip
+        return done(tensors)
     host = loaded.buffers.tensors
     assert host is not None  # CUDA always runs with pinned slots (internal invariant)
-    # The thread's current device is ``device`` (set at thread start, with an
-    # index the loader resolved), so no device guard is needed here.
+    # The thread's current device is ``device`` (set at thread start, with an index the
+    # loader resolved), so no device guard is needed here.
     with torch.cuda.stream(stream):
         begin = torch.cuda.Event(enable_timing=True)
-        done = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
         begin.record(stream)
         # Allocated on the transfer stream; the consumer calls record_stream.
         tensors = {
@@ -298,18 +234,16 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: 
             )
             for name, t in host.items()
         }
-        done.record(stream)
-    return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end, issued,
-                    (begin, done), read_thread=loaded.thread, transfer_thread=me)  # fmt: skip
+        end.record(stream)
+    return done(tensors, events=(begin, end))
 
 
 def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> None:
     """Give back a slot whose copy failed part-way, behind the copies it had queued.
 
-    Copies of earlier fields may still be reading the slot; handing it out at
-    once would let a reader overwrite memory under a DMA. If no event can be
-    recorded either (the context is broken), the slot is kept out of the pool:
-    the loader shuts down after this error anyway.
+    Copies of earlier fields may still be reading the slot, so it waits for a
+    fence event; if none can be recorded (the context is broken) the slot is
+    kept out of the pool: the loader shuts down after this error anyway.
     """
     if stream is None:
         pool.release(buffers)

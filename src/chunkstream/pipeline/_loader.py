@@ -7,11 +7,9 @@ The flow (see DESIGN.md)::
 
 Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
 rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
-executors (``workers`` readers; on a device one copy thread), dropping the
-previous run. On CUDA the consumer's stream waits on each copy's event
-(``wait_event``) and ``record_stream`` tells the caching allocator where the
-tensors are used (see ``_jobs``); on CPU the readers' buffers become the
-user's tensors, reused once no tensor of the user's refers to them.
+executors, dropping the previous run. On CUDA the consumer's stream waits on
+each copy's event and ``record_stream`` tells the caching allocator where the
+tensors are used; on CPU the readers' buffers become the user's tensors.
 """
 
 from __future__ import annotations
@@ -29,23 +27,14 @@ import torch
 
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank
-from ..plans import Segments, WindowPlan
-from ..sources import Source, describe_source
+from ..plans import Segments, WindowPlan, loader_plan
+from ..sources import Source, describe_source, stored_time_chunk
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
 from ._cursor import EpochCursor, EpochIterator, EpochSpan
-from ._jobs import (
-    Delivery,
-    Loaded,
-    copy_job,
-    device_binder,
-    give_back,
-    read_job,
-    read_to_host,
-)
-from ._pieces import loader_plan
+from ._jobs import Delivery, Loaded, copy_job, device_binder, read_job, read_to_host
 from ._resident import make_resident
 from ._run import POLL_S, EpochRun, Executor, shutdown
 
@@ -55,64 +44,41 @@ __all__ = ["ChunkLoader"]
 class ChunkLoader:
     """Stream windows of ``source`` as :class:`Chunk` objects, read ahead in background threads.
 
-    Parameters
-    ----------
-    source:
-        A :class:`~chunkstream.Source` (``ZarrSource``, ``NumpySource``, ...).
-    chunk_size:
-        Timesteps per window. A chunk_size larger than the data gives the whole data.
-    device:
-        ``"cuda"``, ``"cuda:k"``, ``"cpu"``, or ``None`` for CUDA when present.
-        ``"cuda"`` is the current CUDA device, as in torch: under torchrun call
-        ``torch.cuda.set_device(local_rank)`` first, or pass
-        ``device=f"cuda:{local_rank}"`` (``LOCAL_RANK``); otherwise every rank
-        streams to ``cuda:0``, and the loader warns.
-    prefetch, gpu_prefetch, workers, host_slots:
-        Read-ahead depth in host memory, chunks kept ready on the device, reader
-        threads, and pinned slots (CUDA; default ``prefetch + workers``).
-    host_memory, device_memory:
-        Byte budgets; when given they set ``prefetch``/``host_slots`` and
-        ``gpu_prefetch`` to the largest depths that fit.
-    sampling, align, seed:
-        The window plan: ``"random"``, ``"shuffled"``, ``"sequential"`` or a
-        :class:`~chunkstream.plans.WindowPlan`; starts are multiples of ``align``.
-    pieces, segments, window:
-        ``pieces=k`` makes each chunk ``k`` pieces of ``chunk_size // k``
-        timesteps from independent places (:class:`~chunkstream.plans.PiecePlan`;
-        starts aligned to the source's stored time chunks when the piece length
-        is a multiple of them); ``chunk.pieces`` says which rows hold which
-        timesteps. ``segments`` (a :class:`~chunkstream.Segments`, a sequence of
-        ``(start, stop[, name])`` or a CSV/JSON path) bounds every piece: no
-        chunk, piece or sampled window crosses a segment's end. ``window`` (the
-        batch window) must fit in a piece; segments shorter than it are
-        skipped with a warning.
-    resident:
-        ``True`` reads the timesteps the plan can reach once, at the first ``epoch()``,
-        and serves chunks from the device as views or gathers (never modify one in
-        place then); ``"auto"`` does so when they fit the budget (docs/tuning.md),
-        decided at construction (``loader.mode``); ``False`` streams.
-    rank, world_size:
-        This process's share of every epoch (defaults from torch.distributed
-        when it is initialised, else 0 and 1).
-    stall_timeout:
-        Seconds without any progress before the consumer gets a
-        :class:`LoaderStalledError` holding the stuck workers' stacks (``None``: never).
-    check_finite:
-        Raise :class:`NonFiniteError` naming the position of any NaN/Inf read.
-    read_retries:
-        Retries (with exponential backoff from 50 ms) of a read that failed with a
-        transient I/O or network error; bad data and missing paths fail at once.
-    close_source:
-        Whether the loader owns ``source``: ``True`` closes it (a ``ZarrSource``'s
-        remote store with it) when the loader closes. ``False`` (the default) leaves
-        it open, since one source may feed several loaders; a ``ZarrSource`` opened
-        from a URL still closes its store when collected or at interpreter exit.
+    Every parameter has a row in docs/parameters.md; in short:
 
-    Notes
-    -----
+    * ``chunk_size``: timesteps per window (more than the data: the whole data).
+    * ``device``: ``"cuda"``, ``"cuda:k"``, ``"cpu"``, or ``None`` for CUDA when
+      present. ``"cuda"`` is the current CUDA device, as in torch: under torchrun
+      call ``torch.cuda.set_device(local_rank)`` first or pass ``f"cuda:{local_rank}"``
+      (``LOCAL_RANK``); otherwise every rank streams to one GPU, and the loader warns.
+    * ``prefetch``, ``gpu_prefetch``, ``workers``, ``host_slots``: read-ahead depth,
+      chunks kept ready on the device, reader threads, pinned slots (CUDA; default
+      ``prefetch + workers``); ``host_memory``/``device_memory`` byte budgets set them
+      to the largest depths that fit.
+    * ``sampling``, ``align``, ``seed``: the window plan (``"random"``, ``"shuffled"``,
+      ``"sequential"`` or a :class:`~chunkstream.plans.WindowPlan`); starts are
+      multiples of ``align``.
+    * ``pieces``, ``segments``, ``window``: ``pieces=k`` makes a chunk ``k`` pieces
+      from independent places (:class:`~chunkstream.plans.PiecePlan`,
+      ``chunk.pieces``); ``segments`` (a :class:`~chunkstream.Segments`, ``(start,
+      stop[, name])`` rows or a CSV/JSON path) bounds every chunk, piece and sampled
+      window; ``window`` (the batch window) must fit in a piece.
+    * ``resident``: ``True`` reads the reachable timesteps once, at the first
+      ``epoch()``, and serves chunks from the device as views or gathers (never
+      modify one in place then); ``"auto"`` does so when they fit the budget,
+      decided at construction (``loader.mode``, ``loader.mode_reason``).
+    * ``rank``, ``world_size``: this process's share of every epoch (defaults from
+      torch.distributed when initialised, else 0 and 1).
+    * ``stall_timeout``: seconds without progress before :class:`LoaderStalledError`
+      with the stuck workers' stacks (``None``: never). ``check_finite``: raise
+      :class:`NonFiniteError` at any NaN/Inf read. ``read_retries``: retries, with
+      backoff, of a transient I/O or network error.
+    * ``close_source``: whether ``close()`` also closes ``source`` (default ``False``:
+      one source may feed several loaders).
+
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
-    second and ``close()`` is seen promptly. ``close()`` is idempotent; the
-    loader is a context manager. A loader dropped without ``close()`` warns
+    second. ``close()`` is idempotent and joins every thread within a deadline;
+    the loader is a context manager; a loader dropped without ``close()`` warns
     (``ResourceWarning``) and stops its threads when collected.
     """
 
@@ -160,8 +126,9 @@ class ChunkLoader:
         )  # fmt: skip
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.plan = loader_plan(
-            sampling, source, len(source), chunk_size, align, seed, pieces, segments, window
-        )
+            sampling, total=len(source), chunk_size=chunk_size, align=align, seed=seed,
+            pieces=pieces, segments=segments, window=window, grid=stored_time_chunk(source),
+        )  # fmt: skip
         if stats is not None and not isinstance(stats, LatencyStats):
             raise ConfigError.bad(
                 "stats", type(stats).__name__, "a cs.LatencyStats or None",
@@ -192,8 +159,8 @@ class ChunkLoader:
         return HostBufferPool(fields, self.rows, slots=sets if self._resident is None else 1)
 
     def _start_executors(self, on_cuda: bool) -> None:
-        """The reader threads and, on a device, the copy thread; the jobs they run refer
-        to the source and the pool only, so a loader the user drops is collected."""
+        """The readers and, on a device, the copy thread; their jobs never refer to the
+        loader, so a loader the user drops is collected."""
         c = self.config
         # Every CUDA thread binds the loader's device first (a new thread starts on device 0).
         init = device_binder(self.device) if on_cuda else None
@@ -219,18 +186,12 @@ class ChunkLoader:
     def epoch(self, num_chunks: int | None = None, *, at: int = 0) -> Iterator[Chunk]:
         """Start the next epoch and iterate over its ``num_chunks`` chunks (on this rank).
 
-        Reading starts at once. Breaking out early is fine: the next ``epoch()``
-        call abandons what is left. ``num_chunks=None`` means one pass of the
-        plan (``shuffled``/``sequential``); ``random`` needs a number. ``at``
-        starts the epoch at that step of this rank's share: its first ``at``
-        chunks are neither read nor yielded (``0 <= at <= num_chunks``).
-
-        After :meth:`load_state_dict` of a mid-epoch state the call yields what
-        is left of the interrupted epoch, whose length comes from the state
-        (``num_chunks`` is then only checked). If the state came from another
-        world size, the remaining global windows are re-split over this one
-        (:func:`chunkstream.distributed.epoch_share`): counts then differ by at
-        most one across ranks unless ``uneven`` asked for padding or dropping.
+        Reading starts at once; breaking out early is fine (the next call abandons
+        what is left). ``num_chunks=None`` is one pass of the plan (``random``
+        needs a number). ``at`` skips the first ``at`` chunks of this rank's share
+        (``0 <= at <= num_chunks``): they are neither read nor yielded. After a
+        mid-epoch :meth:`load_state_dict` the call yields the rest of the
+        interrupted epoch, re-split over this world size if it changed.
         """
         self._check_open()
         if self._resident is not None and not self._resident.loaded:
@@ -239,10 +200,11 @@ class ChunkLoader:
             span = self._cursor.begin(num_chunks, at)
             self._drop_run()
             copier = self._executors[1] if self._copy is not None else None
+            pool = self._pool
             self._run = EpochRun(
                 span.windows, read=self._read, readers=self._executors[0], depth=self._depth,
                 copy=self._copy, copier=copier, copy_depth=self.config.gpu_prefetch,
-                reclaim=partial(give_back, self._pool) if copier is not None else None,
+                reclaim=(lambda loaded: pool.release(loaded.buffers)) if copier else None,
             )  # fmt: skip
             run = self._run
         self.stats.epoch_started()
@@ -272,7 +234,7 @@ class ChunkLoader:
             consumer.wait_event(ready)  # the consumer's stream waits, not the host
             for tensor in tensors.values():
                 tensor.record_stream(consumer)
-        start, stop = delivery.window
+        start, stop = delivery.pieces[0].start, delivery.pieces[0].stop
         record = ChunkRecord(
             epoch=span.epoch, index=span.received, start=start, stop=stop,
             nbytes=sum(t.numel() * t.element_size() for t in tensors.values()),
@@ -286,8 +248,8 @@ class ChunkLoader:
                      ready=ready, pieces=delivery.pieces)  # fmt: skip
 
     def _wait(self, future: Future, span: EpochSpan, run: EpochRun, asked: float) -> Delivery:
-        """``future``'s delivery. Its error, or an error of any later window of the run,
-        shuts the loader down and is raised as it is (within one poll)."""
+        """``future``'s delivery. Its error, or one of a later window, shuts the loader down
+        and is raised as it is (within one poll)."""
         while not wait_futures([future], timeout=POLL_S).done:
             failed = run.failed()
             if failed is not None:
@@ -334,26 +296,15 @@ class ChunkLoader:
     # -- resume ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, int]:
-        """A few integers: the epoch and how many of its chunks the consumer received.
-
-        ``step`` and ``num_chunks`` count this rank's chunks; ``consumed`` and
-        ``total`` count the epoch's global windows (across ranks) delivered and
-        in all, assuming every rank received as many as this one (save it from
-        any one rank of a DDP loop, which keeps ranks in lockstep). The global
-        counts are what lets a run resume with another world size.
-        """
+        """A few integers: the epoch and how many of its chunks the consumer received
+        (see :meth:`EpochCursor.state_dict`); save it from any one rank of a DDP loop."""
         with self._lock:
             return self._cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
-        """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows.
-
-        The state may come from another world size (elastic resume): the
-        remaining global windows are re-split over this loader's ranks with no
-        repeat and no omission. ``uneven`` says what to do when they do not
-        split evenly: ``"exact"`` (counts differ by at most one), ``"pad"`` or
-        ``"drop"``; see :mod:`chunkstream.distributed`.
-        """
+        """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows,
+        re-split with no repeat or omission if the state came from another world size;
+        ``uneven`` (``"exact"``, ``"pad"``, ``"drop"``) as in :mod:`chunkstream.distributed`."""
         with self._lock:
             self._cursor.load_state(state, uneven=uneven)
             self._drop_run()

@@ -1,29 +1,16 @@
 """Resident mode: the rows a plan can reach, read once and kept on the loader's device.
 
-When those rows (the whole source, or from the first segment's start to the last
-one's stop) fit the budget, the loader reads them once, at its first ``epoch()``,
-with the normal read path (:func:`~chunkstream.pipeline._jobs.read_window`, retries
-and ``check_finite`` included) on its reader threads, into one tensor per field
-on its device. Every chunk is then served from those tensors: a one-piece chunk
-as a view of its rows, a pieced chunk as a device-side gather into fresh tensors.
-Plans, cursor, :class:`~chunkstream.Chunk` API and ``state_dict`` are the
-streaming ones, so a resident and a streamed loader with the same plan deliver
-the same chunks. No source read happens after the load.
+At the first ``epoch()`` the readers read rows ``[lo, hi)`` (the whole source,
+or the segments' hull) with the streaming read path into one tensor per field on
+the device; then every chunk is served from them, a one-piece chunk as a view, a
+pieced chunk as a gather into fresh tensors. Plans, cursor, chunks and
+``state_dict`` are the streaming ones, so both modes deliver the same chunks.
 
-Budget (:func:`resident_decision`): ``device_memory=`` when given; else on CUDA the free
-device memory minus :data:`CUDA_MARGIN_FRACTION` of the device's total (at least
-:data:`CUDA_MARGIN_MIN` bytes), left for the model, its activations and the
-allocator's fragmentation; on the CPU ``host_memory=`` (none given: the loader
-streams unless ``resident=True``).
-
-CUDA ordering: the resident tensors are allocated by the thread that calls the
-first ``epoch()``, which waits for its current stream first (the blocks may have
-been in use there); each reader copies its windows from pageable memory, then
-the loading thread synchronizes the device, so the resident tensors are
-complete before any chunk is served, and they are never written again. A view
-is used on the consumer's stream like any tensor allocated there. A gather runs on the loader's transfer stream between two events; the
-consumer's stream waits on the second and ``record_stream`` covers the new
-tensors, as for a streamed copy.
+CUDA ordering: the tensors are allocated by the thread of the first ``epoch()``,
+which waits for its current stream first; the readers copy from pageable memory
+and the device is synchronized before any chunk is served, and the tensors are
+never written again. A gather runs on the transfer stream between two events;
+the consumer's stream waits on the second and ``record_stream`` covers it.
 """
 
 from __future__ import annotations
@@ -40,22 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ConfigError
+from .._memory import resident_decision
 from ..plans import Piece
 from ..sources import FieldSpec, Source, window_nbytes
 from ..stats import COPY, profiled
 from ._jobs import Delivery, read_window
 from ._run import Executor
 
-__all__ = [
-    "CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "ResidentStore", "make_resident",
-    "resident_decision", "resident_rows",
-]  # fmt: skip
+__all__ = ["ResidentStore", "make_resident", "resident_rows"]
 
 _log = logging.getLogger("chunkstream.pipeline")
-
-CUDA_MARGIN_FRACTION = 0.10
-CUDA_MARGIN_MIN = 2 << 30
 
 
 def resident_rows(plan: object, total: int) -> tuple[int, int]:
@@ -64,51 +45,6 @@ def resident_rows(plan: object, total: int) -> tuple[int, int]:
     if not segments:
         return 0, total
     return min(s.start for s in segments), min(total, max(s.stop for s in segments))
-
-
-def _budget(device: torch.device, device_memory: int | None,
-            host_memory: int | None) -> tuple[int | None, str]:  # fmt: skip
-    if device.type == "cpu":
-        return host_memory, "host_memory"
-    if device_memory is not None:
-        return device_memory, "device_memory"
-    if device.type != "cuda":
-        return None, "device_memory"
-    free, total = torch.cuda.mem_get_info(device)
-    margin = max(CUDA_MARGIN_MIN, int(CUDA_MARGIN_FRACTION * total))
-    return max(0, free - margin), f"free memory of {device} minus a {margin / 2**30:.1f} GiB margin"
-
-
-def resident_decision(
-    resident: object, *, device: torch.device, nbytes: int, rows: int,
-    device_memory: int | None, host_memory: int | None,
-) -> tuple[bool, str]:  # fmt: skip
-    """Whether a loader runs resident, and why (one line for the log and ``chunkstream plan``).
-
-    ``nbytes`` is what the ``rows`` reachable timesteps take on the device.
-    ``resident=True`` with a budget they exceed is a :class:`ConfigError`.
-    """
-    if not (isinstance(resident, bool) or resident == "auto"):
-        raise ConfigError.bad("resident", resident, "'auto', True or False",
-                              "Pass resident='auto' to keep the data on the device when it fits.")
-    if resident is False:
-        return False, "streaming: resident=False"
-    budget, what = _budget(device, device_memory, host_memory)
-    need = f"{rows} timesteps ({nbytes / 1e9:.3g} GB)"
-    if budget is not None and nbytes > budget:
-        if resident is True:
-            raise ConfigError.bad(
-                "resident", True, f"data that fits the budget: {need} exceed {what} "
-                f"({budget / 1e9:.3g} GB)",
-                "Raise device_memory (host_memory on the CPU), cut the data with segments, or "
-                "pass resident='auto' to stream when it does not fit.",
-            )  # fmt: skip
-        return False, f"streaming: {need} exceed {what} ({budget / 1e9:.3g} GB)"
-    if budget is None:
-        if resident is True:
-            return True, f"resident: resident=True ({need}, no budget given)"
-        return False, f"streaming: no {what} budget to hold {need} on {device.type}"
-    return True, f"resident: {need} fit {what} ({budget / 1e9:.3g} GB)"
 
 
 def make_resident(

@@ -1,23 +1,13 @@
 """An epoch as a run of futures on long-lived executors.
 
-:class:`Executor` is a fixed set of named daemon threads that run submitted
-calls and put each call's value or exception in its
-:class:`concurrent.futures.Future`. Daemon, so a read that never returns
-cannot keep the interpreter from exiting (``ThreadPoolExecutor`` joins its
-threads at exit); started at construction, so thread counts are fixed for the
-loader's life.
-
-:class:`EpochRun` is one epoch: its windows and two bounded deques of futures,
-reads (at most ``depth``) and, when a copy stage is given, copies (at most
-``copy_depth``). Each read future carries its own window; a copy future is
-chained to its read by a done-callback. The consumer takes futures in window
-order with :meth:`EpochRun.take`; the deques are topped up after each take, so
-at most ``depth + copy_depth`` windows are in the pipeline at once.
-
-Buffer ownership when a run is dropped (:meth:`EpochRun.drop`): reads not yet
-started are cancelled; a read result nobody will consume is passed to
-``reclaim`` exactly once (by ``drop`` if it is done, else by its
-done-callback); a copy not yet started receives ``dropped() == True`` and gives
+:class:`Executor`: named daemon threads (a read that never returns cannot keep
+the interpreter alive), started at construction, each call's value or error
+carried in its :class:`~concurrent.futures.Future`. :class:`EpochRun`: one
+epoch's windows as two bounded deques of futures, reads (at most ``depth``) and,
+with a copy stage, copies chained to their reads (at most ``copy_depth``); at
+most ``depth + copy_depth`` windows are in flight. When a run is dropped, reads
+not started are cancelled, a read result nobody will consume goes to
+``reclaim`` exactly once, and a copy not started sees ``dropped()`` and gives
 its buffer back itself.
 """
 
@@ -42,8 +32,8 @@ POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close
 
 
 def thread_stack(thread: threading.Thread, doing: str) -> str | None:
-    """``thread``'s current stack under a heading naming it and what it is ``doing``, for a
-    no-progress watchdog's error; ``None`` once the thread has ended."""
+    """``thread``'s current stack under a heading naming what it is ``doing`` (for a
+    watchdog's error); ``None`` once the thread has ended."""
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
     if frame is None:
         return None
@@ -53,16 +43,14 @@ def thread_stack(thread: threading.Thread, doing: str) -> str | None:
 class Executor:
     """``workers`` daemon threads named ``chunkstream-<name>-<k>`` running submitted calls.
 
-    ``init`` runs once at the start of each thread. If it raises, that error is
-    ``fatal``: every future submitted afterwards, and every one the failed thread
-    takes, fails with it, so an executor short of a worker never looks healthy.
+    ``init`` runs at the start of each thread; if it raises, that error is
+    ``fatal`` and fails every later future and every one the failed thread takes.
     """
 
     def __init__(self, name: str, workers: int, init: Callable[[], None] | None = None) -> None:
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple, str] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple, str] | None]
+        self._queue = queue.SimpleQueue()
         self._busy: dict[threading.Thread, str] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -77,9 +65,8 @@ class Executor:
         for thread in self.threads:
             thread.start()
 
-    def submit(
-        self, fn: Callable[..., Any], *args: Any, what: str = "", future: Future | None = None
-    ) -> Future:
+    def submit(self, fn: Callable[..., Any], *args: Any, what: str = "",
+               future: Future | None = None) -> Future:  # fmt: skip
         """Run ``fn(*args)`` in a worker; its value or exception lands in ``future``."""
         future = Future() if future is None else future
         if self.fatal is not None:
@@ -138,11 +125,8 @@ class Executor:
         return [stack for stack in stacks if stack is not None]
 
     def close(self, deadline: float) -> list[str]:
-        """Cancel queued calls, stop the threads, join them until ``deadline`` (monotonic).
-
-        Returns the names of threads still alive (inside a call that ignores
-        cancellation). Idempotent.
-        """
+        """Cancel queued calls, stop the threads, join them until ``deadline`` (monotonic);
+        returns the names of threads still alive (inside a call). Idempotent."""
         self._closed = True
         while True:
             try:
@@ -162,10 +146,8 @@ class Executor:
 class EpochRun:
     """One epoch's windows as bounded deques of futures (see the module docs).
 
-    ``read(window, dropped)`` runs in ``readers``; on a copy stage,
-    ``copy(result, dropped)`` runs in ``copier`` once its read has finished.
-    ``reclaim(result)`` gives back the buffer of a read result that will not
-    be consumed (``None``: results own no buffer).
+    ``read(window, dropped)`` runs in ``readers``, then ``copy(result, dropped)`` in
+    ``copier``; ``reclaim(result)`` gives back an unconsumed result's buffer.
     """
 
     def __init__(
@@ -207,8 +189,7 @@ class EpochRun:
         return count
 
     def failed(self) -> Future | None:
-        """A future of a later window that already failed, if any: the consumer raises its
-        error at once instead of first waiting for the windows before it."""
+        """A future of a later window that already failed, if any (raised at once)."""
         with self._lock:
             pending = [*self._copies, *self._reads]
         for future in pending:
@@ -302,15 +283,11 @@ def shutdown(
 ) -> str:  # fmt: skip
     """Stop the executors (the copy one first), close the pool, close ``owned_source``.
 
-    One deadline of ``deadline_s`` seconds covers everything, and every step runs
-    even if an earlier one raises (the first error is raised at the end). A
-    pinned pool is unpinned only if the copy thread has stopped (no copy can
-    still be issued). The source is closed only if no reader is still inside a
-    read: a reader stuck in ``read_into`` would make ``source.close()`` wait for
-    it (a ``ZarrSource`` joins its decode pool) past every deadline, and closing
-    a store under a live read is no better. Returns a note for an error message
-    when the source was left open (``""`` otherwise); ``warn_after`` (the
-    deadline the user set) warns about it and about threads that did not stop.
+    One deadline covers everything; every step runs even if an earlier one raises.
+    The pool is unpinned only once the copy thread has stopped, and the source is
+    closed only if no reader is inside a read (``source.close()`` would wait for
+    it past every deadline). Returns a note when the source was left open;
+    ``warn_after`` (the user's deadline) warns about it and about live threads.
     """
     end = time.monotonic() + deadline_s
     alive: list[str] = []

@@ -17,6 +17,7 @@ from ._hash import M64 as M64  # isort: skip
 from ._hash import hash_words as hash_words  # isort: skip
 from ._hash import seed_key as seed_key  # isort: skip
 from ._pieces import epoch_pieces as epoch_pieces  # isort: skip
+from ._pieces import loader_plan as loader_plan  # isort: skip
 from ._segments import as_segments as as_segments  # isort: skip
 
 __all__ = [

@@ -32,6 +32,7 @@ A segment shorter than a piece is one shorter piece; a segment shorter than
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,9 +43,9 @@ import numpy as np
 from .._errors import ConfigError, check_int
 from ._hash import feistel, half_bits, hash_words, mix, round_keys, seed_key
 from ._segments import Segments, as_segments
-from ._windows import _index
+from ._windows import WindowPlan, _index, make_plan
 
-__all__ = ["Piece", "PiecePlan", "chunk_pieces", "epoch_pieces"]
+__all__ = ["Piece", "PiecePlan", "chunk_pieces", "epoch_pieces", "loader_plan"]
 
 _TAG_PIECE = 0x50494543  # "PIEC"
 _TAG_TILES = 0x54494C45  # "TILE"
@@ -311,3 +312,40 @@ class PiecePlan:
             else:
                 spans.append((s, e, i))
         return spans
+
+
+def loader_plan(
+    sampling: str | WindowPlan, *, total: int, chunk_size: int, align: int, seed: int,
+    pieces: int, segments: object, window: int | None, grid: int,
+) -> WindowPlan | PiecePlan:  # fmt: skip
+    """A loader's plan: a window plan for contiguous chunks, a :class:`PiecePlan` for
+    pieces or segments (``grid``: the source's stored time-chunk length). Raises
+    :class:`ConfigError` naming ``window``, ``sampling`` or ``pieces``."""
+    if pieces == 1 and segments is None:
+        if window is not None and isinstance(chunk_size, int) and window > min(chunk_size, total):
+            raise ConfigError.bad(
+                "window", window, f"at most the chunk length {min(chunk_size, total)}",
+                "Use a larger chunk_size or a shorter window.",
+            )  # fmt: skip
+        return make_plan(sampling, total_timesteps=total, chunk_size=chunk_size, align=align,
+                         seed=seed)  # fmt: skip
+    if not isinstance(sampling, str):
+        raise ConfigError.bad(
+            "sampling", type(sampling).__name__,
+            "'random', 'shuffled' or 'sequential' with pieces or segments",
+            "Pieces and segments need a built-in plan; use pieces=1 and no segments with a "
+            "custom WindowPlan.",
+        )  # fmt: skip
+    if isinstance(segments, str | os.PathLike):
+        segments = Segments.read(segments)
+    if pieces != 1 and isinstance(chunk_size, int) and chunk_size > total:
+        # Buffers hold min(chunk_size, T) rows; k pieces drawn from less data could need more.
+        raise ConfigError.bad(
+            "pieces", pieces, f"1 when chunk_size={chunk_size} exceeds the data ({total} timesteps)",
+            "Use pieces=1 (a chunk is then the whole data) or a chunk_size <= the data.",
+        )  # fmt: skip
+    return PiecePlan(
+        total_timesteps=total, chunk_size=chunk_size, pieces=pieces, sampling=sampling,
+        segments=segments, align=align, seed=seed, grid=grid,
+        batch_window=1 if window is None else window,
+    )  # fmt: skip

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .._errors import ConfigError, check_int
-from ..pipeline import resident_decision, streaming_bytes
+from .._memory import resident_decision, streaming_bytes
 from ..plans import EpochPlan, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
@@ -127,7 +127,7 @@ def _streaming_bytes(
     host_slots: int, val_bytes: int,
 ) -> tuple[int | None, int, int]:  # fmt: skip
     """(device, pinned host, pipeline host) bytes of a streaming configuration: the
-    loader's memory model (:func:`chunkstream.pipeline.streaming_bytes`) plus validation."""
+    loader's memory model (:func:`chunkstream._memory.streaming_bytes`) plus validation."""
     device, pinned, host = streaming_bytes(cb, on_cuda=on_cuda, prefetch=prefetch,
                                            gpu_prefetch=gpu_prefetch, workers=workers,
                                            host_slots=host_slots)  # fmt: skip

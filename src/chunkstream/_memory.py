@@ -1,0 +1,110 @@
+"""The memory model shared by ``ChunkLoader`` and ``chunkstream plan``.
+
+What a streaming loader holds (:func:`streaming_bytes`), the depths that fit
+byte budgets (:func:`budget_depths`), and whether data fits on the device to
+run resident (:func:`resident_decision`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._errors import ConfigError
+
+__all__ = ["CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "budget_depths", "resident_decision",
+           "streaming_bytes"]  # fmt: skip
+
+CUDA_MARGIN_FRACTION = 0.10  # of the device's memory, left for the model and fragmentation
+CUDA_MARGIN_MIN = 2 << 30
+
+
+def streaming_bytes(
+    chunk_bytes: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
+    host_slots: int,
+) -> tuple[int | None, int, int]:  # fmt: skip
+    """``(device, pinned host, pageable host)`` bytes a streaming loader holds.
+
+    CUDA: ``gpu_prefetch + 1`` chunks on the device for a loop that drops each
+    chunk before asking for the next, and ``host_slots`` pinned chunks. CPU: the
+    host arena, ``prefetch + workers`` sets for the pipeline plus two for the
+    chunks a plain ``for`` loop holds (device ``None``: there is none).
+    """
+    if on_cuda:
+        return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
+    return None, 0, (prefetch + workers + 2) * chunk_bytes
+
+
+def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
+                  device_memory: int | None, on_cuda: bool) -> dict[str, int]:  # fmt: skip
+    """The largest ``prefetch``/``host_slots`` (host budget) and ``gpu_prefetch`` (device
+    budget) that fit; :class:`ConfigError` naming the budget that holds too few chunks."""
+    derived: dict[str, int] = {}
+    if host_memory is not None:
+        fit = int(host_memory) // max(1, chunk_bytes)
+        if fit < workers + 1:
+            raise ConfigError.bad(
+                "host_memory", host_memory,
+                f"room for at least workers + 1 = {workers + 1} chunks of {chunk_bytes / 1e6:.1f} MB",
+                "Raise the budget, lower chunk_size, or use fewer workers.",
+            )  # fmt: skip
+        derived["prefetch"] = fit - workers
+        if on_cuda:
+            derived["host_slots"] = fit
+    if device_memory is not None:
+        fit = int(device_memory) // max(1, chunk_bytes)
+        if fit < 1:
+            raise ConfigError.bad(
+                "device_memory", device_memory,
+                f"room for at least one chunk of {chunk_bytes / 1e6:.1f} MB",
+                "Raise the budget or lower chunk_size.",
+            )  # fmt: skip
+        derived["gpu_prefetch"] = fit
+    return derived
+
+
+def _budget(device: torch.device, device_memory: int | None,
+            host_memory: int | None) -> tuple[int | None, str]:  # fmt: skip
+    if device.type == "cpu":
+        return host_memory, "host_memory"
+    if device_memory is not None:
+        return device_memory, "device_memory"
+    if device.type != "cuda":
+        return None, "device_memory"
+    free, total = torch.cuda.mem_get_info(device)
+    margin = max(CUDA_MARGIN_MIN, int(CUDA_MARGIN_FRACTION * total))
+    return max(0, free - margin), f"free memory of {device} minus a {margin / 2**30:.1f} GiB margin"
+
+
+def resident_decision(
+    resident: object, *, device: torch.device, nbytes: int, rows: int,
+    device_memory: int | None, host_memory: int | None,
+) -> tuple[bool, str]:  # fmt: skip
+    """Whether a loader runs resident, and why (one line for the log and ``chunkstream plan``).
+
+    ``nbytes`` is what the ``rows`` reachable timesteps take on the device. The
+    budget is ``device_memory`` when given; else on CUDA the free memory minus a
+    margin (:data:`CUDA_MARGIN_FRACTION` of the total, at least
+    :data:`CUDA_MARGIN_MIN`); on the CPU ``host_memory``. ``resident=True`` with
+    a budget they exceed is a :class:`ConfigError`.
+    """
+    if not (isinstance(resident, bool) or resident == "auto"):
+        raise ConfigError.bad("resident", resident, "'auto', True or False",
+                              "Pass resident='auto' to keep the data on the device when it fits.")
+    if resident is False:
+        return False, "streaming: resident=False"
+    budget, what = _budget(device, device_memory, host_memory)
+    need = f"{rows} timesteps ({nbytes / 1e9:.3g} GB)"
+    if budget is not None and nbytes > budget:
+        if resident is True:
+            raise ConfigError.bad(
+                "resident", True, f"data that fits the budget: {need} exceed {what} "
+                f"({budget / 1e9:.3g} GB)",
+                "Raise device_memory (host_memory on the CPU), cut the data with segments, or "
+                "pass resident='auto' to stream when it does not fit.",
+            )  # fmt: skip
+        return False, f"streaming: {need} exceed {what} ({budget / 1e9:.3g} GB)"
+    if budget is None:
+        if resident is True:
+            return True, f"resident: resident=True ({need}, no budget given)"
+        return False, f"streaming: no {what} budget to hold {need} on {device.type}"
+    return True, f"resident: {need} fit {what} ({budget / 1e9:.3g} GB)"
