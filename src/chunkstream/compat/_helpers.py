@@ -54,12 +54,10 @@ def sample_batch_within_chunk(
 
     Returns ``(batch_indices, selected_neurons, needed_indices)``: ``batch_size``
     starts uniform in ``[0, chunk_len - total_steps)``; if ``num_neurons_to_zero > 0``,
-    that many neurons drawn uniformly with replacement (so repeats are possible,
-    and more than the chunk has may be asked for) and the sorted unique union of
-    them with their CSR neighbours; else two empty long tensors. The draws are the
-    original's ``torch.randint`` calls, so the same torch seed gives the same
-    tensors. The stimulus may be passed as ``_chunk_stim=`` or ``chunk_stim=``; it
-    is not used.
+    that many neurons drawn with replacement and the sorted unique union of them
+    with their CSR neighbours, else two empty long tensors. The draws are the
+    original's ``torch.randint`` calls (same torch seed, same tensors). The unused
+    stimulus may be passed as ``_chunk_stim=`` or ``chunk_stim=``.
     """
     chunk_len = int(chunk_data.shape[0])
     high = chunk_len - int(total_steps)
@@ -85,11 +83,8 @@ def sample_batch_within_chunk(
 
 @dataclass
 class ChunkLatencyStats:
-    """The original's latency recorder: seconds in, milliseconds in the summary.
-
-    ``chunk_load_times`` and ``chunk_transfer_times`` are kept for code that
-    appends to them; the summary, as the original's, reads the other lists.
-    """
+    """The original's latency recorder: seconds in, milliseconds in the summary (which,
+    as the original's, ignores ``chunk_load_times`` and ``chunk_transfer_times``)."""
 
     chunk_load_times: list[float] = field(default_factory=list)
     chunk_transfer_times: list[float] = field(default_factory=list)
@@ -150,11 +145,10 @@ CALLER: ContextVar[Claims | None] = ContextVar("chunkstream_compat_caller", defa
 class _ZarrLoadFn:
     """:func:`create_zarr_loader`'s ``load_fn``: a FlyVis store, open while in use.
 
-    The store is opened at creation (a bad path fails there). Every compat
-    loader that calls it claims it, through the wrapper it calls it from (a
-    lambda around it included); when the last claimant's ``cleanup()`` releases
-    it and no call is in flight, the store and its decode threads are closed.
-    A later call reopens it. Thread-safe.
+    Opened at creation (a bad path fails there). Every compat loader that calls it,
+    also through a wrapper, claims it (:data:`CALLER`); once the last claimant's
+    ``cleanup()`` released it and no call is in flight, the store is closed, and a
+    later call reopens it. Thread-safe.
     """
 
     def __init__(self, open_fn: Callable[[], Callable]) -> None:
@@ -210,10 +204,9 @@ def create_zarr_loader(
 ) -> Callable[[int, int], tuple[np.ndarray, np.ndarray]]:
     """``load_fn(start, end) -> (data, stim)`` over a FlyVis store, opened once.
 
-    The compat loaders that call it (directly or through a wrapper) close its
-    store in their ``cleanup()``, once none of them uses it any more; it
-    reopens on its next call. ``load_fn.source`` is the open
-    :class:`~chunkstream.ZarrSource`.
+    The compat loaders that call it close its store in their ``cleanup()`` once
+    none of them uses it (it reopens on its next call); ``load_fn.source`` is the
+    open :class:`~chunkstream.ZarrSource`.
     """
     from .. import flyvis
 

@@ -1,6 +1,12 @@
 """The drop-in loaders: the original's window draws, streamed by :class:`~chunkstream.ChunkLoader`.
 
-See the package docstring for the draw rule, ``load_fn``'s calls and the differences.
+Before the first ``get_next_chunk()`` there is no pipeline (its buffers need the
+arrays' shapes): ``start_epoch`` reads the epoch's first window in a daemon
+thread (``chunkstream-compat-first-<epoch>``, after the abandoned epoch's first
+read, so one ``load_fn`` call runs at a time); ``get_next_chunk()`` waits for it
+(bounded by the stall timeout, seeing ``cleanup()``), builds the loader over a
+:class:`~chunkstream.CallableSource` that answers that window from the arrays
+already read, and from then on every epoch is a ``ChunkLoader.epoch()`` call.
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ class RandomChunkLoader:
     """Uniform random windows ``[start, start + chunk_size)`` read ahead in a background thread.
 
     ``get_next_chunk()`` returns ``(data, stim)`` tensors on ``device``, then
-    ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered.
-    Windows and ``load_fn`` calls follow the original's draws (see the module
-    docstring); ``device`` is a :class:`torch.device`; ``source`` is ``None``
-    until the first chunk taught the loader the shapes.
+    ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered; windows
+    and ``load_fn`` calls follow the original's draws (see the package docs).
+    ``device`` is a :class:`torch.device`; ``source`` is ``None`` until the first
+    chunk taught the loader the shapes.
     """
 
     def __init__(
@@ -55,22 +61,16 @@ class RandomChunkLoader:
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, end)")
-        # Everything is checked now, as the original's constructor would have failed now;
-        # only the pipeline itself waits for the first window's shapes.
+        # Everything is checked now, as the original's constructor would have failed now.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
         check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
-        self._config = LoaderConfig(
-            chunk_size=chunk_size, prefetch=prefetch, gpu_prefetch=_gpu_prefetch, workers=1,
-            stall_timeout=_stall_timeout,
-        )  # fmt: skip
+        self._config = LoaderConfig(chunk_size=chunk_size, prefetch=prefetch, workers=1,
+                                    gpu_prefetch=_gpu_prefetch, stall_timeout=_stall_timeout)  # fmt: skip
         self._device = resolve_device(device)
-        self.load_fn = load_fn
-        self.total_timesteps = total_timesteps
-        self.chunk_size = chunk_size
+        self.load_fn, self.total_timesteps, self.chunk_size = load_fn, total_timesteps, chunk_size
         # As the original: a torch.device, "cuda" left without an index.
         self.device = torch.device(device) if isinstance(device, str) else device
-        self.prefetch = prefetch
-        self.seed = seed
+        self.prefetch, self.seed = prefetch, seed
         self._draws = OriginalDraws(total_timesteps, chunk_size, _align, seed)
         self.max_start_idx = self._draws.max_start
         # Chunks the original had loaded beyond those delivered once its reader was ahead.
@@ -86,10 +86,7 @@ class RandomChunkLoader:
         # by the abandoned epochs' first reads it waits for (for stacks and joins).
         self._first: tuple[tuple[int, int], Future, list[threading.Thread]] | None = None
         self._first_arrays: tuple[tuple[int, int], tuple] | None = None
-        self._first_read_times = (0.0, 0.0)  # perf_counter span of the first read delivered
         self._closed = False
-
-    # -- epochs -----------------------------------------------------------------------
 
     def start_epoch(self, num_chunks: int) -> None:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
@@ -109,7 +106,6 @@ class RandomChunkLoader:
             self._loader_epochs += 1
             self._iterator = self._loader.epoch(num_chunks)
             return
-        # No pipeline yet: read the epoch's first window in the background.
         after, older = None, []
         if self._first is not None:
             _, after, older = self._first
@@ -117,16 +113,14 @@ class RandomChunkLoader:
             self._first = None
         if num_chunks > 0:
             window = self._draws.draw(epoch.first_draw)
-            future, thread = _in_background(
-                lambda: self._timed_call(epoch, *window),
-                name=f"chunkstream-compat-first-{epoch.index}", after=after,
-            )  # fmt: skip
-            self._first = (window, future, [thread, *(t for t in older if t.is_alive())])
 
-    def _timed_call(self, epoch: Epoch, start: int, end: int) -> tuple[tuple, float, float]:
-        begin = time.perf_counter()
-        arrays = self._call(epoch, start, end)
-        return arrays, begin, time.perf_counter()
+            def timed() -> tuple[tuple, float, float]:
+                begin = time.perf_counter()
+                return self._call(epoch, *window), begin, time.perf_counter()
+
+            future, thread = _in_background(timed, after=after,
+                                            name=f"chunkstream-compat-first-{epoch.index}")  # fmt: skip
+            self._first = (window, future, [thread, *(t for t in older if t.is_alive())])
 
     def _call(self, epoch: Epoch, start: int, end: int):
         """``load_fn(start, end)``, counted for ``epoch``; a store it opens is this loader's."""
@@ -139,83 +133,67 @@ class RandomChunkLoader:
         return arrays
 
     def _read(self, start: int, end: int):
-        """The pipeline's ``load_fn``: the first window from the arrays already read, once.
-
-        One reader worker, so no two calls run at once.
-        """
+        """The source's ``load_fn`` (one reader worker): the first window from the arrays
+        already read, once; then ``load_fn``."""
         first = self._first_arrays
         if first is not None and first[0] == (start, end):
             self._first_arrays = None
             return first[1]
         return self._call(self._epoch, start, end)
 
-    def _await_first(
-        self, window: tuple[int, int], future: Future, threads: list[threading.Thread]
-    ) -> tuple[tuple, float, float]:
+    def _await_first(self, window: tuple[int, int], future: Future,
+                     threads: list[threading.Thread]) -> tuple[tuple, float, float]:  # fmt: skip
         """The first window's ``(arrays, begin, end)``; a bounded wait that sees cleanup()."""
-        begin = time.perf_counter()
-        timeout = self._config.stall_timeout
+        begin, timeout = time.perf_counter(), self._config.stall_timeout
         while True:
             try:
                 return future.result(timeout=POLL_S)
             except FutureTimeout:
                 pass
             except Exception as exc:
-                start, end = window
                 raise ChunkLoadError(
-                    f"reading window [{start}, {end}) of load_fn failed: "
+                    f"reading window [{window[0]}, {window[1]}) of load_fn failed: "
                     f"{type(exc).__name__}: {exc}",
                     window=window,
                 ) from exc
             if self._closed:
                 raise LoaderClosedError("the loader was cleaned up while waiting for a chunk")
             if timeout is not None and time.perf_counter() - begin >= timeout:
+                stacks = filter(None, (thread_stack(t, "load_fn") for t in threads))
                 raise LoaderStalledError(
                     f"load_fn{window} did not return within {timeout:.1f} s (stall_timeout); "
                     "the loader is shut down. Stuck reader:\n"
-                    + ("\n".join(filter(None, (thread_stack(t, "load_fn") for t in threads)))
-                       or "(it has just ended)"),
+                    + ("\n".join(stacks) or "(it has just ended)"),
                     window=window,
                 )
 
-    def _build(self, epoch: Epoch) -> None:
-        """Wait for the epoch's first window, learn the shapes from it, start the pipeline."""
-        window = self._first[0]
-        arrays, read_begin, read_end = self._await_first(*self._first)
+    def _build(self, epoch: Epoch) -> tuple[float, float]:
+        """Wait for the epoch's first window, learn the shapes from it, start the pipeline;
+        returns that read's ``(begin, end)``."""
+        window = self._first[0]  # type: ignore[index]
+        arrays, read_begin, read_end = self._await_first(*self._first)  # type: ignore[misc]
         self._first = None
         if not isinstance(arrays, (tuple, list)) or len(arrays) != 2:
             got = len(arrays) if isinstance(arrays, (tuple, list)) else type(arrays).__name__
-            raise ChunkLoadError(
-                f"load_fn{window} returned {got!r} values, expected a pair "
-                "(data, stim) of numpy arrays.",
-                window=window,
-            )
-        specs = {
-            name: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
-            for name, a in zip(("data", "stim"), arrays, strict=True)
-        }
-        self.source = CallableSource(
-            self._read, self.total_timesteps, names=("data", "stim"), specs=specs
-        )
+            raise ChunkLoadError(f"load_fn{window} returned {got!r} values, expected a pair "
+                                 "(data, stim) of numpy arrays.", window=window)  # fmt: skip
+        specs = {name: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
+                 for name, a in zip(("data", "stim"), arrays, strict=True)}  # fmt: skip
+        self.source = CallableSource(self._read, self.total_timesteps, names=("data", "stim"),
+                                     specs=specs)  # fmt: skip
         self._first_arrays = (window, tuple(arrays))
+        c = self._config
+        # One load_fn call at a time, in window order; under torchrun every rank reads the
+        # whole sequence, as the original did.
         self._loader = ChunkLoader(
-            self.source,
-            self.chunk_size,
-            device=self._device,
-            prefetch=self._config.prefetch,
-            gpu_prefetch=self._config.gpu_prefetch,
-            workers=1,  # one load_fn call at a time, in window order, as the original
-            sampling=self._draws,
-            stats=self._stats,
-            stall_timeout=self._config.stall_timeout,
-            # The original never sharded: under torchrun every rank reads the whole sequence.
-            rank=0,
-            world_size=1,
-        )
+            self.source, self.chunk_size, device=self._device, prefetch=c.prefetch,
+            gpu_prefetch=c.gpu_prefetch, workers=1, sampling=self._draws, stats=self._stats,
+            stall_timeout=c.stall_timeout, rank=0, world_size=1,
+        )  # fmt: skip
         self._draws.begin(0, epoch.first_draw)
         self._loader_epochs = 1
         self._iterator = self._loader.epoch(epoch.num_chunks)
-        self._first_read_times = (read_begin, read_end)
+        return read_begin, read_end
 
     def _next(self):
         if self._closed:
@@ -228,7 +206,7 @@ class RandomChunkLoader:
                 return None
             asked = time.perf_counter()
             try:
-                self._build(epoch)
+                read = self._build(epoch)
                 chunk = next(self._iterator, None)
             except BaseException:
                 self._closed = True  # as the pipeline shuts down after a failed read
@@ -236,7 +214,7 @@ class RandomChunkLoader:
             # The pipeline answered this window from the arrays read in the background:
             # its record gets that read's times and the caller's whole wait.
             record = self._stats.chunks[-1]
-            record.read_begin, record.read_end = self._first_read_times
+            record.read_begin, record.read_end = read
             record.read_s = record.read_end - record.read_begin
             record.wait_s = record.received - asked
         else:
@@ -246,28 +224,20 @@ class RandomChunkLoader:
         return chunk
 
     def get_next_chunk(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The next chunk as ``(data, stim)`` on ``device``; ``(None, None)`` after the epoch's last.
-
-        Raises :class:`~chunkstream.ChunkLoadError` if a read failed (it never hangs).
-        """
+        """The next chunk as ``(data, stim)`` on ``device``; ``(None, None)`` after the epoch's
+        last. Raises :class:`~chunkstream.ChunkLoadError` if a read failed (never hangs)."""
         chunk = self._next()
         if chunk is None:
             return None, None
         return chunk["data"], chunk["stim"]
 
     def get_stats(self) -> dict[str, int]:
-        """``{'chunks_loaded': int, 'chunks_transferred': int}`` for the current epoch.
-
-        ``chunks_transferred`` counts chunks delivered by ``get_next_chunk`` since
-        the last ``start_epoch``; ``chunks_loaded`` counts that epoch's ``load_fn``
-        calls that returned (delivered and read ahead).
-        """
+        """``{'chunks_loaded': int, 'chunks_transferred': int}`` for the current epoch: its
+        ``load_fn`` calls that returned (read ahead included) and its chunks delivered."""
         epoch = self._epoch
         if epoch is None:
             return {"chunks_loaded": 0, "chunks_transferred": 0}
         return {"chunks_loaded": epoch.loaded, "chunks_transferred": epoch.delivered}
-
-    # -- shutdown ---------------------------------------------------------------------
 
     def cleanup(self) -> None:
         """Stop the background threads and close what this loader opened (idempotent).
@@ -287,10 +257,8 @@ class RandomChunkLoader:
                 thread.join(max(0.0, deadline - time.monotonic()))
             busy = [t for t in threads if t.is_alive()]
             if busy:
-                _log.warning(
-                    "chunkstream: load_fn is still running after cleanup() in %s; left to "
-                    "finish on its own", [t.name for t in busy],
-                )  # fmt: skip
+                _log.warning("chunkstream: load_fn is still running after cleanup() in %s; "
+                             "left to finish on its own", [t.name for t in busy])  # fmt: skip
         if self._loader is not None:
             self._loader.close()
             busy += [t for t in self._loader.threads if t.is_alive()]
@@ -312,12 +280,9 @@ class RandomChunkLoader:
 
 
 def _in_background(call: Callable[[], Any], *, name: str, after: Future | None):
-    """``call()`` in a daemon thread named ``name``, begun once ``after`` is done.
-
-    Returns ``(future, thread)``; the future holds the result or the exception.
-    A future cancelled before its call begins skips it. A daemon thread, not an
-    executor's: a ``load_fn`` that never returns must not keep the process alive.
-    """
+    """``(future, thread)``: ``call()`` in a daemon thread (a ``load_fn`` that never returns
+    must not keep the process alive) begun once ``after`` is done; a future cancelled
+    before then skips the call."""
     future: Future = Future()
 
     def run() -> None:
@@ -336,10 +301,8 @@ def _in_background(call: Callable[[], Any], *, name: str, after: Future | None):
 
 
 class PipelineChunkLoader(RandomChunkLoader):
-    """As :class:`RandomChunkLoader`, with starts a multiple of ``time_units``.
-
-    ``get_next_chunk()`` returns ``(start, data, stim)``, then ``(None, None, None)``.
-    """
+    """As :class:`RandomChunkLoader`, with starts a multiple of ``time_units``;
+    ``get_next_chunk()`` returns ``(start, data, stim)``, then ``(None, None, None)``."""
 
     def __init__(
         self,
@@ -354,19 +317,10 @@ class PipelineChunkLoader(RandomChunkLoader):
         *,
         _stall_timeout: float | None = 300.0,
     ) -> None:
-        self.time_units = time_units
-        self.gpu_prefetch = gpu_prefetch
-        super().__init__(
-            load_fn,
-            total_timesteps,
-            chunk_size,
-            device=device,
-            prefetch=prefetch,
-            seed=seed,
-            _gpu_prefetch=gpu_prefetch,
-            _align=time_units,
-            _stall_timeout=_stall_timeout,
-        )
+        self.time_units, self.gpu_prefetch = time_units, gpu_prefetch
+        super().__init__(load_fn, total_timesteps, chunk_size, device=device, prefetch=prefetch,
+                         seed=seed, _gpu_prefetch=gpu_prefetch, _align=time_units,
+                         _stall_timeout=_stall_timeout)  # fmt: skip
         # The original's reader and transfer threads each held a chunk beyond their queues.
         self._depth = prefetch + gpu_prefetch + 2
 

@@ -1,47 +1,26 @@
 """Host buffers the readers fill: one arena of buffer sets, pinned on CUDA.
 
-A *buffer set* holds one array per field, ``chunk_size`` rows long; a reader
-fills the first ``stop - start`` rows of each in place.
+A *buffer set* holds one array per field, ``chunk_size`` rows long; a reader fills
+the first rows of each in place. The arena is one anonymous ``mmap`` carved into
+``slots`` sets (each field's offset aligned to 256 B), allocated at construction:
+on the CPU faulted in there (on transparent huge pages where the kernel offers
+them, :data:`HUGEPAGES`), on CUDA faulted in and page-locked by ``cudaHostRegister``.
 
-The arena (both paths)
-    One anonymous ``mmap`` carved into ``slots`` buffer sets (each field's
-    offset aligned to 256 B, the total rounded up to a page), allocated at
-    construction. On the CPU it is written once per page there, so no read
-    pays for fresh pages, and where the kernel offers transparent huge pages
-    the mapping asks for them (``madvise(MADV_HUGEPAGE)``) before it is
-    touched. On CUDA ``cudaHostRegister`` faults the arena in and pins it.
+CUDA (:class:`PinnedSlotPool`): a slot is owned by the pool, then one reader, then
+the copy job, which gives it back with :meth:`~PinnedSlotPool.release_after` and
+the event recorded after its copy; the slot is handed out again only once that
+event has completed. User tensors never alias a slot. The arena bypasses torch's
+caching host allocator (which rounds blocks up to a power of two and keeps them
+cached); only if registration fails is it one ``pin_memory=True`` block, with a
+warning. Register and unregister run in a throwaway thread joined with a deadline,
+so a failed call leaves no CUDA "last error" in the caller's thread. After a CUDA
+error (an event's ``query()`` raises) the copies are not proven finished, so the
+arena stays pinned and referenced and ``close`` warns instead of raising.
 
-Ownership, CUDA (:class:`PinnedSlotPool`)
-    The arena is page-locked with ``cudaHostRegister``, so
-    ``PinnedSlotPool.nbytes`` is what is really pinned. A slot is owned by the
-    pool (free), then by one reader (filling), then by the copy job; the copy
-    job gives it back with :meth:`PinnedSlotPool.release_after` and the event
-    recorded after its copy (after a failed copy too: an event recorded after
-    whatever was queued), and the slot is handed out again only once that event
-    has completed. User tensors never alias a slot: they get device copies.
-    The arena bypasses torch's caching host allocator on purpose: that
-    allocator (``pin_memory=True``) rounds every block up to a power of two and
-    keeps blocks cached after they are freed. Only if registration fails does
-    the pool fall back to one ``pin_memory=True`` arena (allocated under the
-    pool's device), report its rounded size, warn, and empty torch's host cache
-    at close. Register and unregister run in a throwaway thread joined with a
-    deadline (a failed call must not leave the caller's thread with a CUDA
-    "last error"); a failure is warned about, with its text.
-
-Closing after a CUDA error
-    An event whose ``query()`` raises (a sticky error), or a device that cannot
-    be entered, means the copies are not proven finished: the arena then stays
-    pinned and referenced (never unmapped under a DMA) and ``close`` warns
-    instead of raising, so the loader's shutdown goes on.
-
-Ownership, CPU (:class:`HostBufferPool`)
-    The consumer's tensors are zero-copy views of the buffer set, so a set
-    is reused only once no tensor of the user's refers to it any more. That is
-    detected from reference counts: ``torch.from_numpy`` keeps a reference to
-    its array (whose base is the set's own array) for as long as any tensor or
-    view of that memory is alive. When every arena set is still held by the
-    user, a further set is allocated; such extra sets are kept while idle only
-    up to the arena's size.
+CPU (:class:`HostBufferPool`): the consumer's tensors are zero-copy views of a set,
+so a set is reused only once no tensor refers to it (its arrays' reference counts
+are back at their baseline); when the user holds every set, an extra one is
+allocated, and idle extras are kept only up to the arena's size.
 """
 
 from __future__ import annotations
@@ -69,13 +48,8 @@ class BufferSet:
 
     __slots__ = ("arrays", "baseline", "busy", "in_arena", "tensors")
 
-    def __init__(
-        self,
-        arrays: dict[str, np.ndarray],
-        tensors: dict[str, torch.Tensor] | None,
-        *,
-        in_arena: bool = True,
-    ) -> None:
+    def __init__(self, arrays: dict[str, np.ndarray], tensors: dict[str, torch.Tensor] | None,
+                 *, in_arena: bool = True) -> None:  # fmt: skip
         self.arrays = arrays
         self.tensors = tensors  # the pinned tensors behind ``arrays`` (CUDA slots only)
         self.busy = False  # held by the pipeline (CPU pool): not reusable whatever the refcount
@@ -116,12 +90,8 @@ def _layout(fields: Mapping[str, FieldSpec], rows: int, slots: int) -> tuple[_La
 
 
 def _anonymous(nbytes: int, *, touch: bool) -> mmap.mmap:
-    """Private anonymous pages (as malloc would give), page-aligned, at least ``nbytes``.
-
-    ``touch`` (the CPU arena) asks for huge pages (:data:`HUGEPAGES`) and writes
-    one byte per page so every page is faulted in now. The CUDA arena is left
-    untouched: ``cudaHostRegister`` faults it in and pins it.
-    """
+    """Private anonymous pages, page-aligned, at least ``nbytes``; ``touch`` (the CPU
+    arena) asks for huge pages and faults every page in now (on CUDA, registering does)."""
     size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
     private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
     mapping = mmap.mmap(-1, size, **private)
@@ -214,13 +184,10 @@ def _in_cuda_thread(
 ) -> str | None:
     """Run ``call`` (a CUDA runtime call returning its error code) in a throwaway thread.
 
-    Returns ``None`` on success, else what went wrong, exception text included.
-    A failed CUDA runtime call also sets the calling thread's "last error",
-    which torch's next kernel-launch check in that thread would report as its
-    own failure; calling from a throwaway thread keeps a failure's state out
-    of the caller's thread. The thread sets ``device`` first so the call runs
-    in that device's context (no context is created on GPU 0). The join waits
-    at most ``timeout`` seconds, like every wait in the pipeline.
+    Returns ``None`` on success, else what went wrong, exception text included. A
+    failed call sets its thread's CUDA "last error", which torch would later report
+    as its own failure, so it must not run in the caller's thread. The thread sets
+    ``device`` first (no context on GPU 0); the join waits at most ``timeout`` s.
     """
     result: list[str | None] = []
 
@@ -260,19 +227,12 @@ def _unregister(ptr: int, device: torch.device, timeout: float) -> str | None:
 class PinnedSlotPool:
     """A fixed pool of page-locked buffer sets reused across chunks (see module docs).
 
-    ``nbytes`` is the page-locked memory the pool holds (the arena's true
-    size); ``requested_nbytes`` what its slots use; ``registered`` says whether
-    the arena is registered (``True``) or a torch pinned block (fallback).
+    ``nbytes`` is the page-locked memory held (the arena's true size),
+    ``requested_nbytes`` what the slots use; ``registered`` is false on the fallback.
     """
 
-    def __init__(
-        self,
-        fields: Mapping[str, FieldSpec],
-        rows: int,
-        *,
-        slots: int,
-        device: torch.device | None = None,
-    ) -> None:
+    def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, slots: int,
+                 device: torch.device | None = None) -> None:  # fmt: skip
         self.slots = int(slots)
         # An explicit index: the pool's CUDA calls run in other threads (module docs).
         self.device = (
@@ -322,11 +282,7 @@ class PinnedSlotPool:
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
         """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is.
-
-        Runs in reader threads; ``Event.query()`` has no device guard in torch,
-        so the calling thread must have set the pool's device (the loader's
-        reader threads do, at start).
-        """
+        ``Event.query()`` has no device guard: the caller must have set the pool's device."""
         while True:
             with self._cond:
                 if self._closed:
@@ -359,13 +315,11 @@ class PinnedSlotPool:
     def close(self, timeout: float = 5.0, *, unpin: bool = True) -> bool:
         """Stop handing out slots; once every queued copy has finished, unpin the arena.
 
-        ``unpin=False`` (a transfer thread may still be issuing copies), a copy
-        that does not finish within ``timeout``, or a CUDA error while checking
-        (a sticky error from the user's kernels) leaves the memory pinned and
-        referenced until the process ends, rather than unpinning or unmapping it
-        under a DMA. Returns whether the arena was released. Never raises a CUDA
-        error (it warns instead), takes at most ``timeout`` plus one 0.1 s poll,
-        and is idempotent: a second call returns the first one's answer.
+        ``unpin=False`` (a copy may still be issued), a copy unfinished at ``timeout``
+        or a CUDA error while checking leaves the memory pinned and referenced until
+        the process ends (never unmapped under a DMA). Returns whether the arena was
+        released; warns instead of raising; at most ``timeout`` plus one poll;
+        idempotent (a second call returns the first one's answer).
         """
         # Held for the whole close, so a concurrent second call cannot unpin while the
         # first still waits for copies; the holder's waits are all bounded.

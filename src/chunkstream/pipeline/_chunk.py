@@ -14,55 +14,30 @@ __all__ = ["Chunk", "Piece"]
 class Chunk(Mapping[str, torch.Tensor]):
     """One chunk of every field, as tensors on the loader's device.
 
-    ``chunk.pieces`` is a tuple of :class:`Piece` ``(offset, start, stop,
-    segment)``: rows ``[offset, offset + stop - start)`` of every field hold
-    timesteps ``[start, stop)``. A contiguous chunk is one piece ``(0, start,
-    stop, None)``, and ``chunk["voltage"]`` has shape ``(stop - start,
-    *field_shape)``; a pieced chunk (``ChunkLoader(pieces=k)``) has ``length``
-    rows, the pieces' lengths together, and ``start``/``stop`` are its first
-    piece's bounds. ``epoch`` and ``index`` (the position within the epoch on
-    this rank) say where it came from.
-    A tensor handed out here is never overwritten by the loader while the user
-    still holds it.
+    ``pieces`` is a tuple of :class:`Piece` ``(offset, start, stop, segment)``: rows
+    ``[offset, offset + stop - start)`` of every field hold timesteps ``[start,
+    stop)``. A contiguous chunk is one piece ``(0, start, stop, None)`` and
+    ``chunk["voltage"]`` has shape ``(stop - start, *field_shape)``; a pieced chunk
+    has ``length`` rows and ``start``/``stop`` are its first piece's bounds.
+    ``epoch`` and ``index`` (the position within the epoch on this rank) say where
+    it came from. The loader never overwrites a tensor the user still holds.
 
-    Consuming on another stream (CUDA): the tensors are ready on the stream
-    that was current when the chunk was received (the loader made that stream
-    wait for the copy, on the device, and told the caching allocator about it).
-    To use them on another stream ``s``, two things are needed: ``s`` must wait
-    for the copy, and the allocator must know ``s`` uses the memory, or it may
-    hand the memory to a new tensor while ``s`` still reads it.
-    :meth:`use_on` does both::
-
-        side = torch.cuda.Stream()
-        for chunk in loader.epoch(n):
-            chunk.use_on(side)                 # side waits for the copy (no host sync)
-            with torch.cuda.stream(side):
-                loss = model(chunk["voltage"])  # ...
-
-    By hand that is ``side.wait_stream(torch.cuda.current_stream())`` right
-    after receiving the chunk, and ``t.record_stream(side)`` for each tensor.
-    Receiving inside ``with torch.cuda.stream(side):`` needs neither.
+    CUDA: the tensors are ready on the stream that was current when the chunk was
+    received. To use them on another stream ``s``, call :meth:`use_on` (``s`` waits
+    for the copy and the caching allocator learns that ``s`` uses the memory); by
+    hand that is ``s.wait_stream(torch.cuda.current_stream())`` right after
+    receiving and ``t.record_stream(s)`` for each tensor. Receiving inside ``with
+    torch.cuda.stream(s):`` needs neither.
     """
 
     __slots__ = ("_ready", "_starts", "_tensors", "epoch", "index", "pieces", "start", "stop")
 
-    def __init__(
-        self,
-        tensors: dict[str, torch.Tensor],
-        *,
-        start: int,
-        stop: int,
-        epoch: int,
-        index: int,
-        ready: torch.cuda.Event | None = None,
-        pieces: Sequence[Piece] | None = None,
-    ) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], *, start: int, stop: int, epoch: int,
+                 index: int, ready: torch.cuda.Event | None = None,
+                 pieces: Sequence[Piece] | None = None) -> None:  # fmt: skip
         self._tensors = tensors
         self._ready = ready  # the event recorded after the copy (CUDA), else None
-        self.start = int(start)
-        self.stop = int(stop)
-        self.epoch = int(epoch)
-        self.index = int(index)
+        self.start, self.stop, self.epoch, self.index = int(start), int(stop), int(epoch), int(index)
         self.pieces: tuple[Piece, ...] = (
             tuple(Piece(*p) for p in pieces) if pieces else (Piece(0, self.start, self.stop),)
         )
@@ -87,11 +62,9 @@ class Chunk(Mapping[str, torch.Tensor]):
     def use_on(self, stream: torch.cuda.Stream | None = None) -> Chunk:
         """Make the tensors safe to use on ``stream`` (default: the current one); returns self.
 
-        ``stream`` waits (on the device, the host never blocks) for the event
-        recorded after this chunk's copy, and each tensor is recorded as used
-        on ``stream`` (``Tensor.record_stream``) so the caching allocator keeps
-        its memory until the work queued there so far has finished. On the CPU
-        it does nothing. Call it once per stream, before queueing work there.
+        ``stream`` waits, on the device, for the event recorded after this chunk's
+        copy, and each tensor is recorded as used on it (``record_stream``). A no-op
+        on the CPU. Call it once per stream, before queueing work there.
         """
         tensors = list(self._tensors.values())
         if not tensors or not tensors[0].is_cuda:

@@ -1,9 +1,7 @@
 """Where the loader is in its epochs: pure bookkeeping, no threads, no buffers.
 
-An :class:`EpochCursor` answers "which windows does the next ``epoch()`` call
-yield on this rank" and "what state describes the position now", from a few
-integers: the epoch, the chunks received, a pending resume, and the policy for
-epochs that do not split evenly over ranks (:mod:`chunkstream.distributed`).
+An :class:`EpochCursor` answers which windows the next ``epoch()`` call yields on
+this rank and which state describes the position now, from a few integers.
 """
 
 from __future__ import annotations
@@ -41,12 +39,9 @@ class EpochSpan:
 
 
 class EpochCursor:
-    """The epoch position of one rank's loader, and its ``state_dict``.
-
-    Invariants: the next :meth:`begin` runs epoch :attr:`epoch`; after
-    :meth:`load_state` it yields the interrupted epoch's remaining windows
-    (re-split over this world size if the state came from another one).
-    """
+    """The epoch position of one rank's loader, and its ``state_dict``: the next
+    :meth:`begin` runs epoch :attr:`epoch`; after :meth:`load_state` it yields the
+    interrupted epoch's remaining windows (re-split over this world size if needed)."""
 
     def __init__(self, plan: WindowPlan | PiecePlan, *, rank: int, world_size: int) -> None:
         self.plan = plan
@@ -61,8 +56,7 @@ class EpochCursor:
 
     @property
     def chunks_per_pass(self) -> int | None:
-        """This rank's chunks in one pass of the plan (``None`` for ``random``): the
-        length of an epoch when none is given."""
+        """This rank's chunks in one pass of the plan (``None`` for ``random``)."""
         per_pass = self.plan.windows_per_pass
         return None if per_pass is None else max(1, per_pass // self.world_size)
 
@@ -108,34 +102,19 @@ class EpochCursor:
         return span
 
     def state_dict(self) -> dict[str, int]:
-        """A few integers: the epoch and how many of its chunks the consumer received.
-
-        ``step`` and ``num_chunks`` count this rank's chunks; ``consumed`` and
-        ``total`` count the epoch's global windows (across ranks) delivered and
-        in all, assuming every rank received as many as this one.
-        """
+        """The epoch and how many of its chunks the consumer received: ``step`` and
+        ``num_chunks`` count this rank's chunks; ``consumed`` and ``total`` the epoch's
+        global windows delivered and in all, assuming every rank received as many."""
         seed = int(getattr(self.plan, "seed", 0))
         span = self.active
         if span is not None and not span.finished and not span.dropped:
-            return {
-                "epoch": span.epoch,
-                "step": span.received,
-                "num_chunks": span.stop,
-                "seed": seed,
-                "world_size": self.world_size,
-                "consumed": span.share.consumed_after(span.received - span.first),
-                "total": span.share.total,
-            }
+            return {"epoch": span.epoch, "step": span.received, "num_chunks": span.stop,
+                    "seed": seed, "world_size": self.world_size,
+                    "consumed": span.share.consumed_after(span.received - span.first),
+                    "total": span.share.total}  # fmt: skip
         consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
-        return {
-            "epoch": self.epoch,
-            "step": self._resume_step,
-            "num_chunks": 0,
-            "seed": seed,
-            "world_size": self.world_size,
-            "consumed": consumed,
-            "total": total,
-        }
+        return {"epoch": self.epoch, "step": self._resume_step, "num_chunks": 0, "seed": seed,
+                "world_size": self.world_size, "consumed": consumed, "total": total}  # fmt: skip
 
     def load_state(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
         """Make the next :meth:`begin` resume ``state`` (see ``ChunkLoader.load_state_dict``)."""
@@ -154,11 +133,9 @@ class EpochCursor:
             raise ConfigError.bad("state", state, f"'consumed'={consumed} at most 'total'={total}")
         if saved_world != self.world_size and consumed and not total:
             raise ConfigError.bad(
-                "state",
-                state,
-                "'total' or 'num_chunks' to re-split the epoch over another world size",
-                "Save the state with ChunkLoader.state_dict() during the epoch.",
-            )
+                "state", state, "'total' or 'num_chunks' to re-split the epoch over another "
+                "world size", "Save the state with ChunkLoader.state_dict() during the epoch.",
+            )  # fmt: skip
         if uneven not in ("exact", "pad", "drop"):
             raise ConfigError.bad(
                 "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
