@@ -115,7 +115,7 @@ class ResidentStore:
         rows = {name: t[start - self.lo : stop - self.lo] for name, t in self.tensors.items()}
         on_cpu = self.device.type == "cpu"
         # On the CPU the rows are read in place (a leading-axis slice is C-contiguous).
-        out = {name: (t.numpy() if on_cpu else np.empty(tuple(t.shape), _numpy(t)))
+        out = {name: (t.numpy() if on_cpu else np.empty(tuple(t.shape), self._fields[name].dtype))
                for name, t in rows.items()}  # fmt: skip
         read_window(source, (Piece(0, start, stop),), out, check_finite=check_finite,
                     retries=retries)  # fmt: skip
@@ -148,8 +148,3 @@ class ResidentStore:
         me = threading.current_thread().name
         return Delivery(pieces, tensors, begin, time.perf_counter(), begin if events else None,
                         events, read_thread=me, transfer_thread=me if events else None)  # fmt: skip
-
-
-def _numpy(t: torch.Tensor) -> np.dtype:
-    return torch.empty(0, dtype=t.dtype).numpy().dtype
-

@@ -22,6 +22,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from itertools import takewhile
 from typing import Any
 
 from .._errors import LoaderClosedError
@@ -150,18 +151,10 @@ class EpochRun:
     ``copier``; ``reclaim(result)`` gives back an unconsumed result's buffer.
     """
 
-    def __init__(
-        self,
-        windows: Sequence[Any],
-        *,
-        read: Callable[[Any, Callable[[], bool]], Any],
-        readers: Executor,
-        depth: int,
-        copy: Callable[[Any, Callable[[], bool]], Any] | None = None,
-        copier: Executor | None = None,
-        copy_depth: int = 1,
-        reclaim: Callable[[Any], None] | None = None,
-    ) -> None:
+    def __init__(self, windows: Sequence[Any], *, read: Callable[[Any, Callable[[], bool]], Any],
+                 readers: Executor, depth: int, copy: Callable[..., Any] | None = None,
+                 copier: Executor | None = None, copy_depth: int = 1,
+                 reclaim: Callable[[Any], None] | None = None) -> None:  # fmt: skip
         self._windows = windows
         self._read, self._readers, self._depth = read, readers, depth
         self._copy, self._copier, self._copy_depth = copy, copier, copy_depth
@@ -181,12 +174,7 @@ class EpochRun:
 
     def ready(self) -> int:
         """How many futures at the head of the delivery deque are done (the queue depth)."""
-        count = 0
-        for future in self._delivery():
-            if not future.done():
-                break
-            count += 1
-        return count
+        return sum(1 for _ in takewhile(Future.done, self._delivery()))
 
     def failed(self) -> Future | None:
         """A future of a later window that already failed, if any (raised at once)."""
