@@ -3,8 +3,10 @@
 Each run builds a fresh loader (timed: construction), takes its first epoch of
 ``chunks`` chunks (timed: the first chunk's arrival after construction, and the
 delivered GB/s from the first chunk on), then one more epoch of the same length
-(the steady state). The host arena is measured with and without transparent
-huge pages (``chunkstream.pipeline._buffers.HUGEPAGES``).
+(the steady state). The host arena is measured on 4 KiB pages (the default)
+and on transparent huge pages (``chunkstream.pipeline._buffers.HUGEPAGES``), the
+two kinds alternating run by run so that load drifting on a shared machine hits
+both alike.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def first_epoch(spec: StoreSpec, geo: Geometry, *, chunks: int, runs: int) -> di
     out: dict = {}
     saved = getattr(_buffers, "HUGEPAGES", None)  # None: a chunkstream without the arena
     try:
-        for kind, huge in (("hugepages", True), ("pages", False)):
-            _buffers.HUGEPAGES = huge
-            out[kind] = [_one(spec, geo, chunks, seed=100 + r) for r in range(runs)]
+        for r in range(runs):
+            for kind, huge in (("pages", False), ("hugepages", True)):
+                _buffers.HUGEPAGES = huge
+                out.setdefault(kind, []).append(_one(spec, geo, chunks, seed=100 + r))
     finally:
         if saved is None:
             del _buffers.HUGEPAGES

@@ -143,16 +143,17 @@ def targets(res: dict) -> list[dict]:
 
 
 def first_epoch_targets(fe: dict) -> list[dict]:
-    """A new loader's first epoch (issue 18), with the arena on huge pages where offered."""
+    """A new loader's first epoch (issue 18), with the default arena (4 KiB pages, populated
+    by the kernel) and, in brackets, the arena on transparent huge pages."""
     from ._first_epoch import summary
 
-    got = summary(fe["hugepages"])
-    plain = summary(fe["pages"])
+    got = summary(fe["pages"])
+    huge = summary(fe["hugepages"])
     return [
         _t(
             "a new loader's first epoch vs its steady state",
             ">= 0.95x",
-            f"{got['ratio']:.2f}x (arena on 4 KiB pages: {plain['ratio']:.2f}x)",
+            f"{got['ratio']:.2f}x (arena on huge pages: {huge['ratio']:.2f}x)",
             got["ratio"] >= 0.95,
         ),
         _t(
@@ -160,7 +161,8 @@ def first_epoch_targets(fe: dict) -> list[dict]:
             "<= 1.5x a steady read, plus construction",
             f"{got['first_chunk_reads']:.2f}x a steady read ({got['first_chunk_s'] * 1e3:.0f} ms)"
             f" after {got['construct_s'] * 1e3:.0f} ms of construction"
-            f" (4 KiB pages: {plain['construct_s'] * 1e3:.0f} ms)",
+            f" (huge pages: {huge['first_chunk_reads']:.2f}x after"
+            f" {huge['construct_s'] * 1e3:.0f} ms)",
             got["first_chunk_reads"] <= 1.5,
         ),
     ]

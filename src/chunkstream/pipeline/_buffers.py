@@ -3,8 +3,9 @@
 A *buffer set* holds one array per field, ``chunk_size`` rows long; a reader fills
 the first rows of each in place. The arena is one anonymous ``mmap`` carved into
 ``slots`` sets (each field's offset aligned to 256 B), allocated at construction:
-on the CPU faulted in there (on transparent huge pages where the kernel offers
-them, :data:`HUGEPAGES`), on CUDA faulted in and page-locked by ``cudaHostRegister``.
+on the CPU faulted in there (by the kernel, ``MAP_POPULATE``, where it offers that;
+on transparent huge pages only if :data:`HUGEPAGES` is set), on CUDA faulted in and
+page-locked by ``cudaHostRegister``.
 
 CUDA (:class:`PinnedSlotPool`): a slot is owned by the pool, then one reader, then
 the copy job, which gives it back with :meth:`~PinnedSlotPool.release_after` and
@@ -71,7 +72,10 @@ def _refs(buffers: BufferSet) -> int:
 
 _ALIGN = 256  # each field's offset in the arena: aligned for any dtype and for DMA
 _PAGE = mmap.PAGESIZE
-HUGEPAGES = True  # ask for transparent huge pages where the kernel offers them
+# Ask for transparent huge pages. Off: where the kernel compacts memory on such a fault
+# (THP defrag "madvise", the common default) that stalls construction for seconds and
+# gains no read speed (BENCHMARKS.md, "A new loader's first epoch").
+HUGEPAGES = False
 
 _Layout = list[tuple[str, int, int, np.dtype, tuple[int, ...]]]
 
@@ -91,14 +95,18 @@ def _layout(fields: Mapping[str, FieldSpec], rows: int, slots: int) -> tuple[_La
 
 def _anonymous(nbytes: int, *, touch: bool) -> mmap.mmap:
     """Private anonymous pages, page-aligned, at least ``nbytes``; ``touch`` (the CPU
-    arena) asks for huge pages and faults every page in now (on CUDA, registering does)."""
+    arena) faults every page in now (on CUDA, registering does)."""
     size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
-    private = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
-    mapping = mmap.mmap(-1, size, **private)
-    if touch:
-        if HUGEPAGES and hasattr(mmap, "MADV_HUGEPAGE"):
-            with contextlib.suppress(OSError):  # a kernel without THP: plain pages
-                mapping.madvise(mmap.MADV_HUGEPAGE)
+    huge = touch and HUGEPAGES and hasattr(mmap, "MADV_HUGEPAGE")
+    # MAP_POPULATE faults the pages in inside mmap, faster than a write per page; huge
+    # pages must be asked for before the first fault, so they are touched by hand.
+    populate = mmap.MAP_POPULATE if touch and not huge and hasattr(mmap, "MAP_POPULATE") else 0
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | populate
+    mapping = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    if huge:
+        with contextlib.suppress(OSError):  # a kernel without THP: plain pages
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    if touch and not populate:
         np.frombuffer(mapping, dtype=np.uint8)[::_PAGE] = 0
     return mapping
 
