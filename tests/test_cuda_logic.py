@@ -547,7 +547,7 @@ def test_a_failure_reaches_the_consumer_as_chunk_load_error_even_if_closing_fail
 
 
 def test_bare_cuda_under_torchrun_on_another_gpu_warns(fake_cuda, monkeypatch):
-    from chunkstream.pipeline._config import warn_if_not_local_rank
+    from chunkstream.distributed import warn_if_not_local_rank
 
     cuda1 = torch.device("cuda", 1)
     torchrun = {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}

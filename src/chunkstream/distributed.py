@@ -26,8 +26,12 @@ see ``torch.distributed.algorithms.Join``), or pick another ``uneven`` policy:
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from ._errors import ConfigError, check_int
 from .plans import remaining_indices
@@ -131,3 +135,29 @@ def epoch_share(
         world_size=world_size,
         indices=indices,
     )
+
+
+def warn_if_not_local_rank(
+    requested: str | torch.device | None, resolved: torch.device, env: Mapping[str, str]
+) -> None:
+    """Warn when, under torchrun (``LOCAL_RANK`` set, ``WORLD_SIZE`` > 1), a device without
+    an index resolved to another GPU than this rank's. The index is kept: the user's
+    model, moved with ``"cuda"`` too, is on the current device as well."""
+    if resolved.type != "cuda" or "LOCAL_RANK" not in env:
+        return
+    if requested is not None and torch.device(requested).index is not None:
+        return  # an explicit index is the user's choice
+    try:
+        local, world = int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if world > 1 and resolved.index != local:
+        warnings.warn(
+            f"chunkstream: device={requested!r} resolved to {resolved} (the current CUDA "
+            f"device), but this process is LOCAL_RANK={local} of WORLD_SIZE={world}, so "
+            f'every rank may stream to {resolved}. Pass device=f"cuda:{{local_rank}}" '
+            "(LOCAL_RANK), or call torch.cuda.set_device(local_rank) before creating the "
+            "loader (and the model).",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -11,51 +9,11 @@ import torch
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._memory import budget_depths
-from ..sources import Source, window_nbytes
+from ..sources import Source, check_source, window_nbytes
 
-__all__ = ["LoaderConfig", "check_source", "resolve_device", "warn_if_not_local_rank"]
-
-
-def check_source(source: object) -> Source:
-    """``source`` if it is a :class:`Source` with at least one timestep, else ConfigError."""
-    if not isinstance(source, Source):
-        raise ConfigError.bad(
-            "source",
-            type(source).__name__,
-            "a chunkstream Source (fields, __len__, read_into, close)",
-            "Wrap arrays in cs.NumpySource, zarr in cs.ZarrSource, a function in cs.CallableSource.",
-        )
-    if len(source) < 1:
-        raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
-    return source
+__all__ = ["LoaderConfig", "resolve_device"]
 
 
-
-
-def warn_if_not_local_rank(
-    requested: str | torch.device | None, resolved: torch.device, env: Mapping[str, str]
-) -> None:
-    """Warn when, under torchrun (``LOCAL_RANK`` set, ``WORLD_SIZE`` > 1), a device without
-    an index resolved to another GPU than this rank's. The index is kept: the user's
-    model, moved with ``"cuda"`` too, is on the current device as well."""
-    if resolved.type != "cuda" or "LOCAL_RANK" not in env:
-        return
-    if requested is not None and torch.device(requested).index is not None:
-        return  # an explicit index is the user's choice
-    try:
-        local, world = int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return
-    if world > 1 and resolved.index != local:
-        warnings.warn(
-            f"chunkstream: device={requested!r} resolved to {resolved} (the current CUDA "
-            f"device), but this process is LOCAL_RANK={local} of WORLD_SIZE={world}, so "
-            f'every rank may stream to {resolved}. Pass device=f"cuda:{{local_rank}}" '
-            "(LOCAL_RANK), or call torch.cuda.set_device(local_rank) before creating the "
-            "loader (and the model).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)

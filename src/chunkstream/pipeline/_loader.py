@@ -26,13 +26,13 @@ from functools import partial
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
-from ..distributed import Uneven, resolve_rank
+from ..distributed import Uneven, resolve_rank, warn_if_not_local_rank
 from ..plans import Segments, WindowPlan, loader_plan
-from ..sources import Source, describe_source, stored_time_chunk
+from ..sources import Source, check_source, describe_source, stored_time_chunk
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._buffers import HostBufferPool, PinnedSlotPool
 from ._chunk import Chunk
-from ._config import LoaderConfig, check_source, resolve_device, warn_if_not_local_rank
+from ._config import LoaderConfig, resolve_device
 from ._cursor import EpochCursor, EpochIterator, EpochSpan
 from ._jobs import Delivery, Loaded, copy_job, device_binder, read_job, read_to_host
 from ._resident import make_resident

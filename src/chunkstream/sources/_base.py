@@ -32,9 +32,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .._errors import FieldDtypeError, FieldLengthError
+from .._errors import ConfigError, FieldDtypeError, FieldLengthError
 
-__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "field_context", "window_nbytes"]
+__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "check_source", "field_context",
+           "window_nbytes"]  # fmt: skip
 
 # dtypes torch can hold without conversion.
 _TORCH_DTYPES = frozenset(
@@ -133,3 +134,17 @@ def describe_source(source: object) -> str:
     """``Type('path')`` where the source has a path, else its type name (for messages)."""
     path = getattr(source, "path", None)
     return f"{type(source).__name__}({str(path)!r})" if path is not None else type(source).__name__
+
+
+def check_source(source: object) -> Source:
+    """``source`` if it is a :class:`Source` with at least one timestep, else ConfigError."""
+    if not isinstance(source, Source):
+        raise ConfigError.bad(
+            "source",
+            type(source).__name__,
+            "a chunkstream Source (fields, __len__, read_into, close)",
+            "Wrap arrays in cs.NumpySource, zarr in cs.ZarrSource, a function in cs.CallableSource.",
+        )
+    if len(source) < 1:
+        raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
+    return source
