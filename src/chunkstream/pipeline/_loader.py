@@ -59,10 +59,11 @@ class ChunkLoader:
       ``"sequential"`` or a :class:`~chunkstream.plans.WindowPlan`); starts are
       multiples of ``align``.
     * ``pieces``, ``segments``, ``window``: ``pieces=k`` makes a chunk ``k`` pieces
-      from independent places (:class:`~chunkstream.plans.PiecePlan`,
-      ``chunk.pieces``); ``segments`` (a :class:`~chunkstream.Segments`, ``(start,
-      stop[, name])`` rows or a CSV/JSON path) bounds every chunk, piece and sampled
-      window; ``window`` (the batch window) must fit in a piece.
+      from independent places (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``;
+      starts on the stored time-chunk grid when the piece length is a multiple of it);
+      ``segments`` (a :class:`~chunkstream.Segments`, ``(start, stop[, name])`` rows or
+      a CSV/JSON path) bounds every chunk, piece and sampled window; ``window`` (the
+      batch window) must fit in a piece; shorter segments are skipped with a warning.
     * ``resident``: ``True`` reads the reachable timesteps once, at the first
       ``epoch()``, and serves chunks from the device as views or gathers (never
       modify one in place then); ``"auto"`` does so when they fit the budget,
@@ -72,9 +73,11 @@ class ChunkLoader:
     * ``stall_timeout``: seconds without progress before :class:`LoaderStalledError`
       with the stuck workers' stacks (``None``: never). ``check_finite``: raise
       :class:`NonFiniteError` at any NaN/Inf read. ``read_retries``: retries, with
-      backoff, of a transient I/O or network error.
+      backoff, of a transient I/O or network error (bad data and missing paths fail
+      at once).
     * ``close_source``: whether ``close()`` also closes ``source`` (default ``False``:
-      one source may feed several loaders).
+      one source may feed several loaders; a ``ZarrSource`` opened from a URL still
+      closes its store when collected or at interpreter exit).
 
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second. ``close()`` is idempotent and joins every thread within a deadline;
