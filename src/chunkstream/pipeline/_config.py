@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._memory import budget_depths
