@@ -218,7 +218,7 @@ CASES = [
      cs.ConfigError, ValueError, ["window=80", "chunk length 50", "shorter window"]),
     ("ChunkLoader.resident", lambda t: _loader(resident="yes"),
      cs.ConfigError, ValueError, ["resident='yes'", "'auto', True or False", "resident='auto'"]),
-    ("ChunkLoader.resident", lambda t: _loader(resident=True, host_memory=10_000),
+    ("ChunkLoader.resident", lambda t: _loader(resident=True, host_memory=15_000),
      cs.ConfigError, ValueError, ["resident=True", "500 timesteps", "exceed host_memory",
                                   "Raise device_memory", "resident='auto'"]),
     ("ChunkLoader.resident", lambda t: _loader(resident=True, host_memory=100),

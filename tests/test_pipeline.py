@@ -245,8 +245,9 @@ def test_memory_budget_sets_the_depths():
     with ChunkLoader(
         ArraySource(arrays), 100, device="cpu", workers=2, host_memory=5 * chunk_bytes
     ) as loader:
-        assert loader.config.prefetch == 3
-        assert loader.config.reader_capacity * loader.chunk_bytes <= 5 * chunk_bytes
+        # The arena is prefetch + workers sets plus the two a loop holds: all within budget.
+        assert loader.config.prefetch == 1
+        assert loader.config.host_sets(on_cuda=False) * loader.chunk_bytes <= 5 * chunk_bytes
     with pytest.raises(cs.ConfigError, match="host_memory"):
         ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, host_memory=chunk_bytes)
 

@@ -41,24 +41,28 @@ def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
     derived: dict[str, int] = {}
     if host_memory is not None:
         fit = int(host_memory) // max(1, chunk_bytes)
-        if fit < workers + 1:
+        # The inverse of streaming_bytes: on CUDA the pinned slots are the host memory;
+        # on the CPU the arena is prefetch + workers sets plus the two a loop holds.
+        least = workers + 1 if on_cuda else workers + 3
+        if fit < least:
             raise ConfigError.bad(
                 "host_memory", host_memory,
-                f"room for at least workers + 1 = {workers + 1} chunks of {chunk_bytes / 1e6:.1f} MB",
+                f"room for at least {least} chunks of {chunk_bytes / 1e6:.1f} MB "
+                f"(workers={workers}, prefetch >= 1" + ("" if on_cuda else ", 2 held by the loop") + ")",
                 "Raise the budget, lower chunk_size, or use fewer workers.",
             )  # fmt: skip
-        derived["prefetch"] = fit - workers
+        derived["prefetch"] = fit - workers if on_cuda else fit - workers - 2
         if on_cuda:
             derived["host_slots"] = fit
     if device_memory is not None:
         fit = int(device_memory) // max(1, chunk_bytes)
-        if fit < 1:
+        if fit < 2:  # gpu_prefetch >= 1 chunk in flight beside the one delivered
             raise ConfigError.bad(
                 "device_memory", device_memory,
-                f"room for at least one chunk of {chunk_bytes / 1e6:.1f} MB",
+                f"room for at least two chunks of {chunk_bytes / 1e6:.1f} MB (one delivered, one in flight)",
                 "Raise the budget or lower chunk_size.",
             )  # fmt: skip
-        derived["gpu_prefetch"] = fit
+        derived["gpu_prefetch"] = fit - 1
     return derived
 
 
