@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -101,27 +102,65 @@ def test_draws_are_uniform_over_every_valid_start_of_the_held_chunks(store):
         assert abs(got / draws - n / sum(valid.values())) < 0.02
 
 
-@pytest.mark.parametrize("cut", [1, 4, 5, 9, 13, 19, 22])
-def test_resume_is_exact_mid_buffer(store, cut):
+@pytest.mark.parametrize(
+    ("mix", "cut"),
+    # 24 batches an epoch (6 chunks of 4): cuts mid-chunk and between chunks, in the first
+    # epoch, at an epoch's end (24, 48) and just after it; with mix=8 the buffer spans
+    # more than an epoch, so the state to resume lies an epoch (or two) back.
+    [(3, 1), (3, 4), (3, 5), (3, 13), (3, 22), (3, 24), (3, 25), (3, 30), (3, 48),
+     (8, 5), (8, 24), (8, 27), (8, 30), (8, 45), (8, 48), (8, 53)],
+)  # fmt: skip
+def test_resume_is_exact_mid_buffer_and_across_epochs(store, mix, cut):
+    epochs = 4
     with _loader(store) as loader:
-        stream = _stream(loader)
-        full = [b.clone() for b in stream] + [b.clone() for b in stream]  # two epochs
+        stream = _stream(loader, mix=mix)
+        full = [b.clone() for _ in range(epochs) for b in stream]
     with _loader(store) as loader:
-        stream = _stream(loader)
-        it = iter(stream)
-        head = [next(it).clone() for _ in range(cut)]
+        stream = _stream(loader, mix=mix)
+        head: list[torch.Tensor] = []
+        while len(head) < cut:  # whole epochs, then part of one
+            it = iter(stream)
+            head += [b.clone() for b in itertools.islice(it, cut - len(head))]
         state = stream.state_dict()
     with _loader(store) as loader:
-        stream = _stream(loader)
+        stream = _stream(loader, mix=mix)
         stream.load_state_dict(state)
-        tail = [b.clone() for b in stream]
-        tail += [b.clone() for b in stream]  # the next epoch, after the resumed one
-        resumed_state = stream.state_dict()
+        tail = [b.clone() for b in stream]  # the rest of the interrupted epoch
+        while len(head) + len(tail) < 3 * 24:
+            epoch = [b.clone() for b in stream]
+            assert len(epoch) == 24  # batches per epoch unchanged
+            tail += epoch
+        third = stream.state_dict()  # at an epoch's end: the held chunks are re-read
+    with _loader(store) as loader:
+        stream = _stream(loader, mix=mix)
+        stream.load_state_dict(third)
+        tail += [b.clone() for b in stream]
     assert state["batch"] == cut % 4 and set(state) >= {"loader", "batch"}  # a few integers
-    assert len(head) + len(tail) == len(full) == 48
+    assert 0 <= state["refill"] < mix
+    assert len(head) + len(tail) == len(full) == epochs * 24
     for a, b in zip(head + tail, full, strict=True):
         torch.testing.assert_close(a, b)
-    assert resumed_state["loader"]["epoch"] == 2
+
+
+def test_the_buffer_is_kept_across_epochs_and_dropped_when_an_epoch_is_closed_early(store):
+    with _loader(store) as loader:
+        stream = _stream(loader, mix=8)
+        for _ in stream:
+            pass
+        assert [c.epoch for c in stream._mixer.held] == [0] * 6  # kept after the epoch
+        it = iter(stream)
+        first = next(it)
+        held = stream._mixer.held
+        # the next epoch's first batch mixes its first chunk with the last epoch's six
+        assert [(c.epoch, c.index) for c in held] == [(0, i) for i in range(6)] + [(1, 0)]
+        t0 = first[:, 0, 0].long().tolist()
+        sources = {c.epoch for c in held for p in c.pieces for t in t0
+                   if p.start <= t and t + WINDOW <= p.stop}  # fmt: skip
+        assert 0 in sources
+        # closed after one batch: the epoch is over and its resume state is the next
+        # epoch's start, so the buffer starts empty again
+        it.close()
+        assert stream._mixer.held == () and stream.state_dict()["refill"] == 0
 
 
 def test_mix_one_holds_the_loaders_chunk_and_draws_from_it_alone(store):

@@ -106,10 +106,15 @@ def test_trainer_beats_the_constant_baseline(flyvis_source, tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
 
 
-@pytest.mark.parametrize("mix", [1, 3])
-def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix):
-    # mix=3: the checkpoints fall mid-buffer, and the resumed run re-reads the held chunks
-    full = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full").fit()
+@pytest.mark.parametrize(("mix", "kill_at", "every"), [(1, 6, 1), (3, 6, 1), (3, 7, 0), (7, 8, 1)])
+def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix, kill_at, every):
+    # 5 chunks per epoch. mix=3: the checkpoints fall mid-buffer, and the resumed run
+    # re-reads the held chunks, across the end of epoch 0 (the buffer is kept across
+    # epochs); every=0: from the checkpoint at epoch 0's end; mix=7 holds more than an
+    # epoch, so the re-read spans two.
+    trainer = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full")
+    full = trainer.fit()
+    assert trainer.mixer is None  # the held chunks are released when fit() returns
 
     class Killed(Exception):
         pass
@@ -119,16 +124,18 @@ def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix):
     def kill_after_some(trainer, chunk):
         seen.extend((chunk.epoch, p.start, p.stop) for p in chunk.pieces)
         chunks.append(chunk.index)
-        if len(chunks) == 6:  # in the middle of epoch 1 (5 chunks per epoch)
+        if len(chunks) == kill_at:
             raise Killed
 
     run = tmp_path / "killed"
     with pytest.raises(Killed):
-        Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run,
+        Trainer(flyvis_source, _config(checkpoint_every=every, mix=mix), out_dir=run,
                 on_chunk=kill_after_some).fit()  # fmt: skip
-    resumed = Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run).fit(
+    resumed = Trainer(flyvis_source, _config(checkpoint_every=every, mix=mix), out_dir=run).fit(
         resume=True
     )
+    if every == 0:  # the chunks after the checkpoint are streamed again
+        seen = [w for w in seen if w[0] == 0]
     assert seen + resumed.windows == full.windows
     assert [r.epoch for r in resumed.history] == [0, 1, 2]
     # the same windows and the same per-chunk batch seeds: the same model at the end

@@ -20,7 +20,9 @@ With ``mix > 1`` the state's loader state is the one before the oldest chunk
 held with the current one, and ``refill`` counts the held chunks before the
 current one: loading the state re-reads them into the buffer (drawing
 nothing) before the current chunk's batches, so the buffer holds what it held
-when the state was saved (see :mod:`chunkstream.consumer._mixing`).
+when the state was saved (see :mod:`chunkstream.consumer._mixing`). The held
+chunks stay held from one epoch to the next, so that loader state may lie in
+an earlier epoch; the re-read then runs the rest of that epoch first.
 "Handed out" means yielded: a consumer that fetches ahead of what it trains on
 must save the state of what it trained on. Lightning 2.x does not fetch ahead
 for a loader with ``__len__`` (its prefetching is only for unsized iterables),
@@ -90,9 +92,11 @@ class BatchStream:
         from one chunk; each chunk still feeds ``batches_per_chunk`` batches.
         Memory: ``mix`` chunks of the chosen fields copied into storage the
         stream owns, on the loader's device (device memory on CUDA); the
-        loader's own buffers are released as before. The buffer starts empty
-        each epoch, so an epoch's first chunks mix with fewer. ``1`` (the
-        default) draws each batch from one chunk, without a copy.
+        loader's own buffers are released as before. The held chunks stay
+        held when the next epoch starts (an epoch's first batches mix with the
+        previous epoch's last chunks), except after an epoch's iterator was
+        closed early. ``1`` (the default) draws each batch from one chunk,
+        without a copy.
     align:
         Window starts are absolute timesteps that are multiples of ``align``
         (e.g. ``time_units``, the acquisition period), drawn uniformly over all
@@ -191,6 +195,7 @@ class BatchStream:
         self._skip = 0  # batches of the first chunk to skip, after load_state_dict
         self._refill_next = 0  # chunks the next epoch iteration re-reads, after load_state_dict
         self._refill = 0
+        self._loaded: dict[str, int] | None = None  # the loader state load_state_dict gave
         self._before: dict[str, int] | None = None
         self._drawn = 0
         # The loader state to report after the current epoch's iterator was closed early
@@ -221,6 +226,7 @@ class BatchStream:
             if generation == self._generation:
                 self._closed_state = self._next_epoch_state()
                 self._before, self._drawn, self._refill = None, 0, 0
+                self._mixer.clear()  # the next epoch starts empty, as its resume state says
             raise
 
     def _next_epoch_state(self) -> dict[str, int]:
@@ -233,12 +239,15 @@ class BatchStream:
     def _batches(self, generation: int) -> Iterator[Batch]:
         skip, self._skip = self._skip, 0
         refill, self._refill_next = self._refill_next, 0
-        chunks = self.loader.epoch(self.chunks_per_epoch)
+        loaded, self._loaded = self._loaded, None
         mixer = self._mixer
+        # After a resume, the held chunks of earlier epochs are re-read first.
+        refill = mixer.refill_across(self.loader, loaded, refill, self.chunks_per_epoch)
+        chunks = self.loader.epoch(self.chunks_per_epoch)
         # One event per chunk (ChunkMixer.events): its batches are drawn over it and the
-        # up to mix - 1 chunks before it; after a resume the first `refill` chunks
-        # only refill the buffer.
-        for chunk in mixer.events(chunks, self.loader.state_dict, refill=refill):
+        # up to mix - 1 chunks before it, kept across epochs; after a resume the first
+        # `refill` chunks only refill the buffer.
+        for chunk in mixer.events(chunks, self.loader.state_dict, refill=refill, keep=True):
             if generation != self._generation:
                 return
             (self._before, self._refill), self._drawn = mixer.resume_point(done=False), skip
@@ -247,10 +256,9 @@ class BatchStream:
                 batch = self._draw(chunk, b)
                 self._drawn = b + 1
                 if b + 1 == count:
-                    # The event is done: resume at the next one (re-reading the chunks it
-                    # mixes with), or at the epoch's end from the loader's own state.
-                    final = chunk.index + 1 >= self.chunks_per_epoch
-                    point = (None, 0) if final else mixer.resume_point(done=True)
+                    # The event is done: resume at the next one, re-reading the chunks it
+                    # mixes with (at the epoch's end: the next epoch's first).
+                    point = mixer.resume_point(done=True)
                     (self._before, self._refill), self._drawn = point, 0
                 yield batch
                 if generation != self._generation:
@@ -330,6 +338,8 @@ class BatchStream:
                 )
         self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
         self._generation += 1  # an iteration in progress stops at its next batch
+        self._mixer.clear()  # the refill puts back what the saved run held
+        self._loaded = dict(loader_state)  # type: ignore[call-overload]
         self._skip, self._before, self._drawn = batch, None, 0
         self._refill_next, self._refill = refill, 0
         self._closed_state = None

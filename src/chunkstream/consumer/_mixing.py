@@ -7,18 +7,24 @@ of an epoch and draws every batch uniformly over the valid window starts of all
 of them (never across a piece or a chunk), the consumer-side counterpart of the
 shuffle buffers of Grain, torchdata and MosaicML Streaming.
 
-The epoch runs as *events*, one per chunk (:meth:`ChunkMixer.events`): when
+The stream runs as *events*, one per chunk (:meth:`ChunkMixer.events`): when
 chunk ``e`` arrives it joins the buffer (evicting the oldest when ``mix`` are
-held) and its share of batches is drawn over the held chunks
-``max(0, e - mix + 1) .. e``. In steady state every chunk is held for ``mix``
-events, so it feeds about its own share of batches over its life; the buffer
-starts empty each epoch, so the first chunks of an epoch mix with fewer and
-feed more. With ``mix=1`` an event is one chunk, as without a mixer. What event
-``e`` draws is a pure function of the seed, the epoch, ``e`` and the batch
-number, and the held chunks are the loader's chunks: so the state to resume at
-event ``e`` is the loader's state before the oldest held chunk, the number of
-held chunks before ``e`` to re-read silently (``refill``, at most ``mix - 1``)
-and the batches drawn (:meth:`ChunkMixer.resume_point`); nothing else is saved.
+held) and its share of batches is drawn over the held chunks, the last ``mix``
+to arrive. With ``keep=True`` (what :class:`~chunkstream.BatchStream` and the
+reference trainer use) the held chunks stay held when the next epoch starts,
+so an epoch's first chunks mix with the previous epoch's last ones instead of
+feeding their batches alone; in steady state every chunk is then held for
+``mix`` events and feeds about its own share of batches over its life. Without
+``keep`` the buffer starts empty each epoch. With ``mix=1`` an event is one
+chunk, as without a mixer (nothing is kept: the held chunk is the loader's).
+What event ``e`` draws is a pure function of the seed, the epoch, ``e`` and
+the batch number, and the held chunks are the loader's chunks: so the state to
+resume at an event is the loader's state before the oldest held chunk (which
+may lie in an earlier epoch), the number of held chunks to re-read silently
+(``refill``, at most ``mix - 1``) and the batches drawn
+(:meth:`ChunkMixer.resume_point`); nothing else is saved.
+:meth:`ChunkMixer.refill_across` re-reads the part of a refill that lies in
+earlier epochs, :meth:`ChunkMixer.events` the rest.
 
 Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
 owns, ``mix * rows`` timesteps per field on the chunk's device (device memory
@@ -32,7 +38,9 @@ With ``mix=1`` the chunk itself is held (no copy), as a plain loop would.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
 
 import torch
 
@@ -84,6 +92,8 @@ class ChunkMixer:
         self._held: deque[tuple[int, Chunk, torch.Tensor, object]] = deque()
         self._arrivals = 0
         self._union: torch.Tensor | None = None
+        # The events() run that owns the buffer: a stale run's cleanup leaves a newer one's.
+        self._owner: object = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -102,6 +112,7 @@ class ChunkMixer:
         """Drop every held chunk (the storage is kept for the next epoch)."""
         self._held.clear()
         self._union = None
+        self._owner = None
 
     def add(self, chunk: Chunk, before: object = None) -> Chunk:
         """Hold ``chunk`` (a copy when ``mix > 1``); ``before`` is the loader state before it."""
@@ -177,6 +188,7 @@ class ChunkMixer:
         state: Callable[[], object] | None = None,
         *,
         refill: int = 0,
+        keep: bool = False,
     ) -> Iterator[Chunk]:
         """Run one epoch as events (module docs): yields each chunk once it is held.
 
@@ -184,14 +196,22 @@ class ChunkMixer:
         it and up to ``mix - 1`` chunks before it; ``state()`` is called before
         each chunk is read and kept with it (:meth:`resume_point`). The first
         ``refill`` chunks are only held, not yielded: they refill the buffer
-        after a resume (see :meth:`resume_point`).
+        after a resume (see :meth:`resume_point`). ``keep=True`` (with
+        ``mix > 1``) starts from the chunks held when the previous run ended and
+        keeps them when this one runs to its end; a run closed early, or
+        without ``keep``, drops them.
         """
-        self.clear()
+        keep = keep and self.mix > 1
+        if not keep:
+            self.clear()
+        token = self._owner = object()
+        ended = False
         try:
             while True:
                 before = state() if state is not None else None
                 chunk = next(chunks, None)
                 if chunk is None:
+                    ended = True
                     return
                 if len(self._held) == self.mix:
                     self.pop()
@@ -202,7 +222,32 @@ class ChunkMixer:
                     continue
                 yield self._held[-1][1]
         finally:
-            self.clear()
+            if self._owner is token and not (keep and ended):
+                self.clear()
+
+    def refill_across(
+        self, loader: Any, state: Mapping[str, int] | None, refill: int, num_chunks: int
+    ) -> int:
+        """Re-read the part of a refill that lies in earlier epochs; returns the rest.
+
+        Call it after ``loader.load_state_dict(state)``, ``state`` and ``refill``
+        from :meth:`resume_point` of a run with ``keep=True``, and before the
+        next ``loader.epoch``: while the refill reaches past the end of the
+        loaded state's epoch, the rest of that epoch (then whole epochs of
+        ``num_chunks`` chunks) is read into the buffer silently. The returned
+        count is the ``refill`` for the next epoch's :meth:`events`
+        (``keep=True``). Exact at the world size the state was saved with.
+        """
+        if not state or refill <= 0 or not int(state.get("num_chunks", 0)):
+            return refill
+        left = int(state["num_chunks"]) - int(state.get("step", 0))
+        while 0 < left <= refill:
+            chunks = islice(loader.epoch(num_chunks), left)
+            for _ in self.events(chunks, loader.state_dict, refill=left, keep=True):
+                pass  # nothing is yielded: every chunk of the run refills
+            refill -= left
+            left = num_chunks
+        return refill
 
     def resume_point(self, *, done: bool) -> tuple[object, int]:
         """``(state before the oldest chunk to re-read, how many to re-read silently)``.

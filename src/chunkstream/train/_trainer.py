@@ -135,9 +135,8 @@ class Trainer:
         self.history: list[EpochRecord] = []
         self.windows: list[tuple[int, int, int]] = []
         self.loader: ChunkLoader | None = None
-        self.mixer: ChunkMixer | None = None  # the current epoch's, while it runs
+        self.mixer: ChunkMixer | None = None  # held across epochs while fit() runs
         self._refill = 0
-        self._epoch_done = False  # the current epoch's last chunk was trained on
 
     # -- losses ---------------------------------------------------------------------
 
@@ -212,13 +211,13 @@ class Trainer:
     def _loader_state(self) -> tuple[dict, int]:
         """``(loader state, chunks to re-read)`` to resume after the current chunk.
 
-        With ``mix > 1`` the next chunk's batches mix with chunks already read:
-        resume from the state before the oldest of them, and re-read them into
-        the buffer (``ChunkMixer.resume_point``); at the epoch's end, or with
-        ``mix=1``, the loader's own state.
+        With ``mix > 1`` the next chunk's batches mix with chunks already read,
+        also at an epoch's end (the buffer is kept across epochs): resume from
+        the state before the oldest of them, and re-read them into the buffer
+        (``ChunkMixer.resume_point``); with ``mix=1``, the loader's own state.
         """
         loader, mixer = self.loader, self.mixer
-        if mixer is None or self._epoch_done or not loader.state_dict()["num_chunks"]:
+        if mixer is None or not len(mixer):
             return loader.state_dict(), 0  # type: ignore[union-attr]
         before, refill = mixer.resume_point(done=True)
         return (loader.state_dict(), 0) if before is None else (dict(before), refill)
@@ -237,7 +236,10 @@ class Trainer:
         # Another world size may split the rest of the epoch unevenly; DDP needs equal counts.
         uneven = "pad" if self.world_size > 1 and saved_world != self.world_size else "exact"
         loader.load_state_dict(state["loader"], uneven=uneven)
-        self._refill = int(state.get("mix_refill", 0))  # chunks the next epoch re-reads
+        # The held chunks of earlier epochs are re-read now, the rest by the next epoch.
+        self._refill = self.mixer.refill_across(  # type: ignore[union-attr]
+            loader, state["loader"], int(state.get("mix_refill", 0)), self._events_per_epoch()
+        )
         _log.info("resumed from %s at %s", path, state["loader"])
 
     # -- the loop -------------------------------------------------------------------
@@ -261,6 +263,8 @@ class Trainer:
             window=c.window,
         )  # fmt: skip
         self.loader = loader
+        fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
+        self.mixer = ChunkMixer(c.mix, window=c.window, rows=loader.rows, fields=fields)
         try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
@@ -275,6 +279,7 @@ class Trainer:
                 if self.on_epoch is not None:
                     self.on_epoch(self, record)
         finally:
+            self.mixer = None  # the held chunks and the buffer's storage go with it
             loader.close()
             if writer is not None:
                 writer.close()
@@ -297,15 +302,16 @@ class Trainer:
         chunks = batches = 0
         per_chunk = self.plan.batches_per_chunk
         budget = c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk
-        events = -(-budget // per_chunk)  # chunks in the epoch, one event each
+        events = self._events_per_epoch()
         iterator = loader.epoch(events)
         bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
-        fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
-        self.mixer = mixer = ChunkMixer(c.mix, window=c.window, rows=loader.rows, fields=fields)
+        mixer = self.mixer
+        assert mixer is not None  # fit() made it
         refill, self._refill = self._refill, 0
         # One event per chunk (ChunkMixer.events): its share of batches, drawn over it and
-        # the mix - 1 chunks before it; with mix=1 the held chunk is the loader's own.
-        for chunk in mixer.events(iter(iterator), loader.state_dict, refill=refill):
+        # the mix - 1 chunks before it, kept across epochs; with mix=1 the held chunk is
+        # the loader's own.
+        for chunk in mixer.events(iter(iterator), loader.state_dict, refill=refill, keep=True):
             x_chunk = chunk[c.data_field]
             if epoch == 0:  # at the event, not the arrival: a refilled buffer adds nothing
                 self._pending.update(x_chunk)
@@ -328,7 +334,6 @@ class Trainer:
                     meter.add(name, value)
                 batches += 1
             chunks += 1
-            self._epoch_done = chunk.index + 1 >= events
             del x_chunk  # drop references, so the loader can reuse the buffer
             if c.checkpoint_every and chunks % c.checkpoint_every == 0:
                 self.save_checkpoint()
@@ -340,7 +345,6 @@ class Trainer:
             # Dropped before asking for the next chunk, so the loader's device bound is
             # gpu_prefetch + 1 chunks (a loop still holding it while next() runs: + 1).
             del chunk
-        self.mixer, self._epoch_done = None, False
         if bar is not None:
             bar.close()
         self.sync_moments()
@@ -350,6 +354,11 @@ class Trainer:
             baseline_train=self.moments.constant_loss(), chunks=chunks, batches=batches,
             seconds=time.perf_counter() - began, val_segments=dict(self.val_segments),
         )  # fmt: skip
+
+    def _events_per_epoch(self) -> int:
+        """Chunks per epoch on this rank, one event each: the batch budget in chunks."""
+        c, per_chunk = self.config, self.plan.batches_per_chunk
+        return -(-(c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk) // per_chunk)
 
     # -- reporting ------------------------------------------------------------------
 
