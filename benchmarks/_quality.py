@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 PIECES = (4, 16, 32)
-MIXES = ((32, 4), (32, 16))  # (pieces, mix)
+MIXES = ((32, 16), (128, 16))  # (pieces, mix); the buffer is kept across epochs
 REGIMES = 8
 READ_CHUNK = 16000  # 8 stored chunks of 2000 steps
 READ_PIECES = (4, 8, 16)

@@ -97,7 +97,7 @@ def test_quality_race_figures(results: dict) -> None:
     for key in ("demo", "regimes_data"):
         arms = q[key]["arms"]
         assert set(arms) == {"iid", "contiguous", "pieces=4", "pieces=16", "pieces=32",
-                             "pieces=32,mix=4", "pieces=32,mix=16"}  # fmt: skip
+                             "pieces=32,mix=16", "pieces=128,mix=16"}  # fmt: skip
         assert arms["iid"]["ratio"]["mean"] == 1.0
         for arm in arms.values():
             assert len(arm["runs"]) == 2 and all(r["val_loss"] > 0 for r in arm["runs"])

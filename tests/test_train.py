@@ -9,12 +9,14 @@ from chunkstream import ConfigError
 from chunkstream.sources import ZarrSource
 from chunkstream.tools import write_synthetic
 from chunkstream.train import (
+    MIX_AUTO,
     LatentDynamics,
     LossMeter,
     RunningMoments,
     TimeSlice,
     TrainConfig,
     Trainer,
+    resolve_mix,
 )
 
 
@@ -160,3 +162,20 @@ def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment
         assert seg.start <= piece.start < piece.stop <= seg.stop and seg.name.endswith("/train")
     # validation is the mean over every held-out window: the per-segment losses bracket it
     assert min(result.val_segments.values()) <= result.val_loss <= max(result.val_segments.values())
+
+
+def test_mix_auto_holds_sixteen_chunks_within_an_eighth_of_the_device_memory(flyvis_source):
+    gb = 10**9
+    assert resolve_mix(5, 4 * gb, 8 * gb)[0] == 5  # an explicit int is kept, whatever it costs
+    assert resolve_mix("auto", 10**6, 64 * gb)[0] == MIX_AUTO == 16
+    # FlyVis scale: chunks of 65,536 x 14K float32 (3.7 GB) on a 141 GB device: 17.6 GB
+    fit, why = resolve_mix("auto", 65536 * 14000 * 4, 141 * gb)
+    assert fit == 4 and "4 chunks of 3.67e+03 MB" in why and "0.125 of 141 GB" in why
+    assert resolve_mix("auto", 3 * gb, 16 * gb)[0] == 1  # one chunk over the bound: no copy
+    # the trainer resolves it from its fields and device, and its memory table shows it
+    trainer = Trainer(flyvis_source, _config(epochs=1))
+    assert TrainConfig().mix == "auto" and trainer.mix == 16
+    result = trainer.fit()
+    assert result.memory["mixer"] == 16 * 512 * (24 + 6) * 4
+    tiny = Trainer(flyvis_source, _config(mix=1, epochs=1)).fit()
+    assert tiny.memory["mixer"] == 0

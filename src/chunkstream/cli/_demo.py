@@ -18,11 +18,21 @@ __all__ = ["register"]
 
 DEFAULTS = {
     "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
-    "pieces": 32, "mix": 16,
+    "pieces": 32, "mix": "auto",
 }  # fmt: skip
 #: Stored time chunk of the synthetic dataset: the default piece (chunk_size // pieces
 #: = 32 timesteps), so a piece decodes whole stored chunks and nothing more.
 TIME_CHUNK = 32
+
+
+def _mix(text: str) -> int | str:
+    """``--mix``: "auto" or an int (TrainConfig checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an int or "auto"') from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,9 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pieces", type=int, default=DEFAULTS["pieces"],
                    help="pieces per chunk, from independent places (default %(default)s; "
                         "1: contiguous chunks)")  # fmt: skip
-    p.add_argument("--mix", type=int, default=DEFAULTS["mix"],
+    p.add_argument("--mix", type=_mix, default=DEFAULTS["mix"],
                    help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
-                        "%(default)s; 1: each batch from one chunk)")  # fmt: skip
+                        "%(default)s: 16, fewer when they would take over an eighth of the "
+                        "device's memory; 1: each batch from one chunk)")  # fmt: skip
     p.add_argument("--segments", default=None,
                    help="a CSV or JSON file of (start, stop, name) segments: no window crosses "
                         "one, the end of each is held out, validation is reported per segment")  # fmt: skip
@@ -123,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(source, config, out_dir=out, on_epoch=on_epoch)
         print(f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
-              f"pieces/chunk, batches mixed over {config.mix} chunks; window {config.window} timesteps "
+              f"pieces/chunk, batches mixed over {trainer.mix} chunks; window {config.window} timesteps "
               f"({config.evolve_multiple_steps} rollout steps)")  # fmt: skip
         result = trainer.fit(resume=args.resume)
     finally:

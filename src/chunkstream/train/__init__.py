@@ -1,12 +1,21 @@
 """A reference trainer: a latent-dynamics model trained by streaming chunks (see ``_trainer``)."""
 
-from ._config import EpochRecord, TrainConfig, TrainResult
+from ._config import (
+    MIX_AUTO,
+    MIX_MEMORY_FRACTION,
+    EpochRecord,
+    TrainConfig,
+    TrainResult,
+    resolve_mix,
+)
 from ._data import TimeSlice, load_range
 from ._metrics import LossMeter, RunningMoments
 from ._model import LatentDynamics, rollout_window
 from ._trainer import Trainer
 
 __all__ = [
+    "MIX_AUTO",
+    "MIX_MEMORY_FRACTION",
     "EpochRecord",
     "LatentDynamics",
     "LossMeter",
@@ -16,5 +25,6 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "load_range",
+    "resolve_mix",
     "rollout_window",
 ]

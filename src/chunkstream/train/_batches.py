@@ -47,7 +47,7 @@ def batch_starts(
 ) -> Iterator[torch.Tensor]:  # fmt: skip
     """Endless batches of window starts (int64 tensors on ``device``) for ``chunk``'s event."""
     c = config
-    if c.mix > 1:
+    if mixer.mix > 1:  # the trainer's resolved mix (config.mix may be "auto")
         return _union_batches(mixer.starts(), c.batch_size, generator, c.replacement)
     sampler = WindowSampler(
         chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,

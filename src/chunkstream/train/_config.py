@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from .._errors import ConfigError, check_int
 
-__all__ = ["EpochRecord", "TrainConfig", "TrainResult"]
+__all__ = ["MIX_AUTO", "MIX_MEMORY_FRACTION", "EpochRecord", "TrainConfig", "TrainResult",
+           "resolve_mix"]  # fmt: skip
+
+#: Chunks ``mix="auto"`` holds when they fit :data:`MIX_MEMORY_FRACTION`: the best
+#: setting of the quality race (BENCHMARKS.md, "batch correlation").
+MIX_AUTO = 16
+#: The most of the trainer device's memory ``mix="auto"`` gives the chunk shuffle
+#: buffer: of a CUDA device's total memory, or of the host's physical memory on CPU.
+MIX_MEMORY_FRACTION = 1 / 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +34,10 @@ class TrainConfig:
     ``chunk_size // pieces`` would not hold a window or ``pieces`` does not
     divide ``chunk_size``). ``mix`` > 1 draws every batch over the windows of
     the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
-    shuffle buffer of chunks held on the device), each chunk still feeding its
-    share of batches. With ``segments`` (anything
+    shuffle buffer of chunks held on the device, kept across epochs), each
+    chunk still feeding its share of batches; ``mix="auto"`` holds
+    :data:`MIX_AUTO` chunks, or as many as fit :data:`MIX_MEMORY_FRACTION` of
+    the device's memory (:func:`resolve_mix`; at least 1). With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
     ``val_fraction`` of *every* segment is held out instead
     (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
@@ -55,7 +68,7 @@ class TrainConfig:
     val_windows: int = 512
     sampling: str = "shuffled"
     pieces: int = 32
-    mix: int = 16
+    mix: int | str = "auto"
     segments: Any = None
     batches_per_epoch: int | None = None
     replacement: bool = True
@@ -71,8 +84,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
-                     "prefetch", "workers", "time_every", "pieces", "mix"):  # fmt: skip
+                     "prefetch", "workers", "time_every", "pieces"):  # fmt: skip
             check_int(name, getattr(self, name), expected="an int >= 1")
+        mix = self.mix
+        if mix != "auto" and (isinstance(mix, bool) or not isinstance(mix, int) or mix < 1):
+            raise ConfigError.bad(
+                "mix", mix, 'an int >= 1 (chunks held and mixed per batch) or "auto"',
+                f'Pass mix="auto" ({MIX_AUTO} chunks, fewer when they would take more than '
+                f"{MIX_MEMORY_FRACTION:.3g} of the device's memory), or e.g. mix=1 (no mixing).",
+            )  # fmt: skip
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
             check_int(name, getattr(self, name), 0, expected="an int >= 0")
         if self.batches_per_epoch is not None:
@@ -90,6 +110,30 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of ``device``'s memory: a CUDA device's total, else the host's physical RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def resolve_mix(mix: int | str, chunk_nbytes: int, memory: int) -> tuple[int, str]:
+    """``(chunks the shuffle buffer holds, why)`` for ``TrainConfig.mix``.
+
+    An int is kept. ``"auto"`` is :data:`MIX_AUTO`, capped so that ``mix *
+    chunk_nbytes`` (the buffer's copies of the trained fields) stays within
+    :data:`MIX_MEMORY_FRACTION` of ``memory`` (:func:`device_memory`), and at
+    least 1 (no copy).
+    """
+    if mix != "auto":
+        return int(mix), f"mix={mix}"
+    bound = int(memory * MIX_MEMORY_FRACTION)
+    fit = max(1, min(MIX_AUTO, bound // max(1, chunk_nbytes)))
+    why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB '
+           f"(at most {MIX_AUTO}, within {MIX_MEMORY_FRACTION:.3g} of {memory / 1e9:.3g} GB)")  # fmt: skip
+    return fit, why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,8 +158,8 @@ class TrainResult:
 
     ``memory`` holds bytes: ``device_peak`` (CUDA allocator peak, else ``None``),
     ``loader_device`` (chunks on the device at once), ``loader_host`` (pinned
-    slots on CUDA, the in-flight bound on CPU), ``mixer`` (the ``mix`` chunks
-    the trainer holds, 0 with ``mix=1``), ``validation`` (the held-out
+    slots on CUDA, the in-flight bound on CPU), ``mixer`` (the ``Trainer.mix``
+    chunks of the trained fields the shuffle buffer holds, 0 with ``mix=1``), ``validation`` (the held-out
     range on the device), ``train_split`` (holding the whole training split),
     and ``host_peak_rss`` (the process's peak resident set).
     """

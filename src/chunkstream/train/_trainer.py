@@ -57,7 +57,7 @@ from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
 from ._batches import batch_seed, batch_starts
-from ._config import EpochRecord, TrainConfig, TrainResult
+from ._config import EpochRecord, TrainConfig, TrainResult, device_memory, resolve_mix
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, split_source
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
@@ -107,6 +107,11 @@ class Trainer:
         #: Pieces per chunk: ``config.pieces``, or the largest divisor of ``chunk_size``
         #: below it whose pieces still hold a window.
         self.pieces = fit_pieces(c, self.chunk_size)
+        self._mixed_fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
+        #: Chunks the shuffle buffer holds: ``config.mix``, or what ``"auto"`` chose
+        #: (:func:`~chunkstream.train.resolve_mix`: bounded by the device's memory).
+        self.mix, why = resolve_mix(c.mix, self._mixer_chunk_bytes(), device_memory(self.device))
+        _log.info("chunk shuffle buffer: %s", why)
         self.plan = plan_epoch(
             total_timesteps=self.train_len, chunk_size=self.chunk_size,
             batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
@@ -263,8 +268,8 @@ class Trainer:
             window=c.window,
         )  # fmt: skip
         self.loader = loader
-        fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
-        self.mixer = ChunkMixer(c.mix, window=c.window, rows=loader.rows, fields=fields)
+        self.mixer = ChunkMixer(self.mix, window=c.window, rows=loader.rows,
+                                fields=self._mixed_fields)  # fmt: skip
         try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
@@ -355,6 +360,11 @@ class Trainer:
             seconds=time.perf_counter() - began, val_segments=dict(self.val_segments),
         )  # fmt: skip
 
+    def _mixer_chunk_bytes(self) -> int:
+        """Bytes of one chunk of the fields the shuffle buffer copies."""
+        fields = self.source.fields
+        return self.chunk_size * sum(fields[n].step_nbytes for n in self._mixed_fields)
+
     def _events_per_epoch(self) -> int:
         """Chunks per epoch on this rank, one event each: the batch budget in chunks."""
         c, per_chunk = self.config, self.plan.batches_per_chunk
@@ -371,7 +381,7 @@ class Trainer:
             "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
             "loader_host": cfg.host_sets(cuda) * chunk_bytes,
             # the chunk shuffle buffer's own copies (ChunkMixer), on the trainer's device
-            "mixer": (self.config.mix * chunk_bytes) if self.config.mix > 1 else 0,
+            "mixer": self.mix * self._mixer_chunk_bytes() if self.mix > 1 else 0,
             "validation": sum(
                 t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()
             ),
