@@ -67,7 +67,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_windows: int = 512
     sampling: str = "shuffled"
-    pieces: int = 32
+    pieces: int = 128
     mix: int | str = "auto"
     segments: Any = None
     batches_per_epoch: int | None = None
