@@ -450,6 +450,10 @@ CASES = [
     ("WindowSampler.align", lambda t: cs.WindowSampler(
         8, 4, 2, pieces=_unaligned_chunk().pieces, align=16),
      cs.ConfigError, ValueError, ["align=16", "pieces of up to 8 timesteps", "Lower align"]),
+    ("TrainConfig.pieces", lambda t: _train_config(pieces=0),
+     cs.ConfigError, ValueError, ["pieces=0", "an int >= 1", '"auto"', "pieces=1"]),
+    ("TrainConfig.pieces", lambda t: _train_config(pieces="all"),
+     cs.ConfigError, ValueError, ["pieces='all'", 'pieces="auto"', "stored time chunk"]),
     ("TrainConfig.mix", lambda t: _train_config(mix=0),
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1", '"auto"']),
     ("TrainConfig.mix", lambda t: _train_config(mix="max"),

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from chunkstream import ConfigError
-from chunkstream.sources import ZarrSource
+from chunkstream.sources import NumpySource, ZarrSource
 from chunkstream.tools import write_synthetic
 from chunkstream.train import (
     MIX_AUTO,
+    PIECES_AUTO,
     LatentDynamics,
     LossMeter,
     RunningMoments,
@@ -179,3 +180,25 @@ def test_mix_auto_holds_sixteen_chunks_within_an_eighth_of_the_device_memory(fly
     assert result.memory["mixer"] == 16 * 512 * (24 + 6) * 4
     tiny = Trainer(flyvis_source, _config(mix=1, epochs=1)).fit()
     assert tiny.memory["mixer"] == 0
+
+
+def test_pieces_auto_keeps_every_piece_a_whole_stored_chunk_and_an_int_is_kept(flyvis_source):
+    # the fixture's zarr store has 256-step time chunks: 512-step chunks in 2 pieces
+    assert TrainConfig().pieces == "auto" and PIECES_AUTO == 128
+    trainer = Trainer(flyvis_source, _config(epochs=1, mix=1))
+    assert trainer.pieces == 2
+    seen = []
+    Trainer(flyvis_source, _config(epochs=1, mix=1),
+            on_chunk=lambda t, chunk: seen.extend(chunk.pieces)).fit()  # fmt: skip
+    assert seen and all(p.start % 256 == 0 and p.stop - p.start == 256 for p in seen)
+    assert Trainer(flyvis_source, _config(pieces=8)).pieces == 8  # asked for: kept
+    # a source without a stored grid (in memory): 128 pieces, fewer when a piece of
+    # 512 // 128 = 4 steps would not hold the window of 5
+    data = {"voltage": torch.randn(3000, 24).numpy(), "stimulus": torch.randn(3000, 6).numpy()}
+    memory = NumpySource(data)
+    assert Trainer(memory, _config()).pieces == 64
+    assert Trainer(memory, _config(chunk_size=1024)).pieces == 128
+    # a stored chunk that does not divide the piece: pieces of at least one, unaligned
+    odd = Trainer(flyvis_source, _config(chunk_size=600, epochs=1, mix=1))
+    assert odd.pieces == 2 and odd._align == 1
+    odd.fit()

@@ -18,17 +18,15 @@ __all__ = ["register"]
 
 DEFAULTS = {
     "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
-    "pieces": 128, "mix": "auto",
+    "pieces": "auto", "mix": "auto",
 }  # fmt: skip
-#: Stored time chunk of the synthetic dataset. The default pieces (chunk_size // pieces
-#: = 8 timesteps, the quality race's best) decode a whole 32-step chunk for 8 steps
-#: (4x the bytes they use); smaller stored chunks would cost 4x the files, and the
-#: demo's store is small enough to stay in the page cache either way.
+#: Stored time chunk of the synthetic dataset: ``pieces="auto"`` comes down to pieces of
+#: this length (chunk_size // 32), so a piece decodes whole stored chunks and nothing more.
 TIME_CHUNK = 32
 
 
-def _mix(text: str) -> int | str:
-    """``--mix``: "auto" or an int (TrainConfig checks its range)."""
+def _auto_int(text: str) -> int | str:
+    """``--pieces``/``--mix``: "auto" or an int (TrainConfig checks its range)."""
     if text == "auto":
         return text
     try:
@@ -56,10 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="epochs (default %(default)s)")  # fmt: skip
     p.add_argument("--chunk-size", type=int, default=DEFAULTS["chunk_size"],
                    help="timesteps per streamed chunk (default %(default)s)")  # fmt: skip
-    p.add_argument("--pieces", type=int, default=DEFAULTS["pieces"],
-                   help="pieces per chunk, from independent places (default %(default)s; "
-                        "1: contiguous chunks)")  # fmt: skip
-    p.add_argument("--mix", type=_mix, default=DEFAULTS["mix"],
+    p.add_argument("--pieces", type=_auto_int, default=DEFAULTS["pieces"],
+                   help="pieces per chunk, from independent places (default %(default)s: up to "
+                        "128, each at least a stored time chunk; 1: contiguous chunks)")  # fmt: skip
+    p.add_argument("--mix", type=_auto_int, default=DEFAULTS["mix"],
                    help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
                         "%(default)s: 16, fewer when they would take over an eighth of the "
                         "device's memory; 1: each batch from one chunk)")  # fmt: skip

@@ -3,6 +3,7 @@
 from ._config import (
     MIX_AUTO,
     MIX_MEMORY_FRACTION,
+    PIECES_AUTO,
     EpochRecord,
     TrainConfig,
     TrainResult,
@@ -16,6 +17,7 @@ from ._trainer import Trainer
 __all__ = [
     "MIX_AUTO",
     "MIX_MEMORY_FRACTION",
+    "PIECES_AUTO",
     "EpochRecord",
     "LatentDynamics",
     "LossMeter",

@@ -10,8 +10,13 @@ import torch
 
 from .._errors import ConfigError, check_int
 
-__all__ = ["MIX_AUTO", "MIX_MEMORY_FRACTION", "EpochRecord", "TrainConfig", "TrainResult",
-           "resolve_mix"]  # fmt: skip
+__all__ = ["MIX_AUTO", "MIX_MEMORY_FRACTION", "PIECES_AUTO", "EpochRecord", "TrainConfig",
+           "TrainResult", "resolve_mix"]  # fmt: skip
+
+#: Pieces per chunk ``pieces="auto"`` asks for: the best setting of the quality race
+#: (BENCHMARKS.md, "batch correlation"), fewer where a piece would be shorter than the
+#: source's stored time chunk.
+PIECES_AUTO = 128
 
 #: Chunks ``mix="auto"`` holds when they fit :data:`MIX_MEMORY_FRACTION`: the best
 #: setting of the quality race (BENCHMARKS.md, "batch correlation").
@@ -32,7 +37,10 @@ class TrainConfig:
     pieces from independent places (``ChunkLoader(pieces=)``: batches drawn
     from one chunk are then far less correlated; fewer pieces when
     ``chunk_size // pieces`` would not hold a window or ``pieces`` does not
-    divide ``chunk_size``). ``mix`` > 1 draws every batch over the windows of
+    divide ``chunk_size``). ``pieces="auto"`` asks for :data:`PIECES_AUTO`
+    and also takes fewer where a piece would be shorter than the source's
+    stored time chunk, so that no piece decodes a stored chunk for a part of
+    it (read amplification). ``mix`` > 1 draws every batch over the windows of
     the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
     shuffle buffer of chunks held on the device, kept across epochs), each
     chunk still feeding its share of batches; ``mix="auto"`` holds
@@ -67,7 +75,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_windows: int = 512
     sampling: str = "shuffled"
-    pieces: int = 128
+    pieces: int | str = "auto"
     mix: int | str = "auto"
     segments: Any = None
     batches_per_epoch: int | None = None
@@ -84,8 +92,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
-                     "prefetch", "workers", "time_every", "pieces"):  # fmt: skip
+                     "prefetch", "workers", "time_every"):  # fmt: skip
             check_int(name, getattr(self, name), expected="an int >= 1")
+        pieces = self.pieces
+        if pieces != "auto" and (
+            isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1
+        ):
+            raise ConfigError.bad(
+                "pieces", pieces, 'an int >= 1 (pieces per chunk) or "auto"',
+                f'Pass pieces="auto" (up to {PIECES_AUTO}, each at least a stored time chunk), '
+                "or e.g. pieces=1 (contiguous chunks).",
+            )  # fmt: skip
         mix = self.mix
         if mix != "auto" and (isinstance(mix, bool) or not isinstance(mix, int) or mix < 1):
             raise ConfigError.bad(

@@ -15,7 +15,7 @@ import torch
 
 from .._errors import ConfigError
 from ..pipeline import resolve_device
-from ._config import TrainConfig
+from ._config import PIECES_AUTO, TrainConfig
 
 __all__ = ["field_sizes", "fit_pieces", "trainer_device"]
 
@@ -70,18 +70,33 @@ def field_sizes(source: Any, c: TrainConfig) -> tuple[int, int]:
     return int(data_spec.shape[0]), stim_dims
 
 
-def fit_pieces(c: TrainConfig, chunk_size: int) -> int:
-    """The largest piece count <= ``c.pieces`` that divides ``chunk_size`` into pieces
-    that each hold a window; raises :class:`ConfigError` when a chunk cannot hold one."""
+def fit_pieces(c: TrainConfig, chunk_size: int, grid: int = 1) -> tuple[int, int]:
+    """``(pieces, align)``: the largest piece count up to ``c.pieces`` that divides
+    ``chunk_size`` into pieces that each hold a window, and the piece-start alignment
+    to give the loader; raises :class:`ConfigError` when a chunk cannot hold a window.
+
+    ``c.pieces="auto"`` asks for :data:`PIECES_AUTO` pieces, each also at least
+    ``grid`` (the source's stored time chunk), and aligns piece starts to ``grid``
+    where it divides a piece: without segments the loader streams a
+    :class:`TimeSlice` of the source, which hides the grid from it (the slice
+    starts at 0), so a piece then decodes whole stored chunks only. An int is
+    aligned to nothing (``align=1``).
+    """
     if c.window > chunk_size:
         raise ConfigError.bad(
             "chunk_size", c.chunk_size, f">= the window {c.window}",
             "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
         )  # fmt: skip
+    auto = c.pieces == "auto"
+    want = PIECES_AUTO if auto else int(c.pieces)
+    grid = grid if auto else 1
+    shortest = max(c.window, grid)
     pieces = max(
-        d for d in range(1, c.pieces + 1) if chunk_size % d == 0 and chunk_size // d >= c.window
+        (d for d in range(1, want + 1) if chunk_size % d == 0 and chunk_size // d >= shortest),
+        default=1,
     )
-    if pieces != c.pieces:
-        _log.info("pieces=%d does not fit chunk_size=%d and window=%d; using %d",
-                  c.pieces, chunk_size, c.window, pieces)  # fmt: skip
-    return pieces
+    if pieces != want:
+        _log.info("pieces=%s: using %d pieces, the most up to %d whose pieces of "
+                  "chunk_size=%d hold >= %d timesteps (the window%s)", c.pieces, pieces, want,
+                  chunk_size, shortest, ", a stored time chunk" if auto else "")  # fmt: skip
+    return pieces, grid if (chunk_size // pieces) % grid == 0 else 1

@@ -56,6 +56,7 @@ from ..consumer import ChunkMixer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
+from ..sources import stored_time_chunk
 from ._batches import batch_seed, batch_starts
 from ._config import EpochRecord, TrainConfig, TrainResult, device_memory, resolve_mix
 from ._data import TimeSlice
@@ -104,9 +105,10 @@ class Trainer:
         # With segments a chunk may hold several whole segments (one piece each), so it is
         # bounded by the source, not by the training timesteps.
         self.chunk_size = min(c.chunk_size, self.train_len if c.segments is None else len(source))
-        #: Pieces per chunk: ``config.pieces``, or the largest divisor of ``chunk_size``
-        #: below it whose pieces still hold a window.
-        self.pieces = fit_pieces(c, self.chunk_size)
+        #: Pieces per chunk: ``config.pieces`` (``"auto"``: up to ``PIECES_AUTO``, each at
+        #: least a stored time chunk), fewer where a piece would not hold a window
+        #: (:func:`fit_pieces`).
+        self.pieces, self._align = fit_pieces(c, self.chunk_size, stored_time_chunk(source))
         self._mixed_fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
         #: Chunks the shuffle buffer holds: ``config.mix``, or what ``"auto"`` chose
         #: (:func:`~chunkstream.train.resolve_mix`: bounded by the device's memory).
@@ -265,7 +267,7 @@ class Trainer:
         loader = ChunkLoader(
             source, self.chunk_size, device=self.device, prefetch=c.prefetch, workers=c.workers,
             sampling=c.sampling, seed=c.seed, pieces=self.pieces, segments=self.train_segments,
-            window=c.window,
+            window=c.window, align=self._align,
         )  # fmt: skip
         self.loader = loader
         self.mixer = ChunkMixer(self.mix, window=c.window, rows=loader.rows,
