@@ -176,8 +176,8 @@ class TrainResult:
     ``memory`` holds bytes: ``device_peak`` (CUDA allocator peak, else ``None``),
     ``loader_device`` (chunks on the device at once), ``loader_host`` (pinned
     slots on CUDA, the in-flight bound on CPU), ``mixer`` (the ``Trainer.mix``
-    chunks of the trained fields the shuffle buffer holds, 0 with ``mix=1``), ``validation`` (the held-out
-    range on the device), ``train_split`` (holding the whole training split),
+    chunks of the trained fields the shuffle buffer holds, 0 with ``mix=1``),
+    ``validation`` (the held-out range on the device), ``train_split`` (holding the whole training split),
     and ``host_peak_rss`` (the process's peak resident set).
     """
 
