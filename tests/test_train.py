@@ -145,6 +145,35 @@ def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix, ki
     assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
 
 
+@pytest.mark.parametrize("mix", [1, 3])
+def test_a_kill_after_an_epochs_last_chunk_keeps_that_epochs_record(flyvis_source, tmp_path, mix):
+    # 5 chunks per epoch, a checkpoint after every chunk: the kill comes after epoch 0's
+    # last chunk, before its validation. The resumed run must still record epoch 0.
+    full = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full").fit()
+
+    class Killed(Exception):
+        pass
+
+    seen = []
+
+    def kill_at_the_epochs_end(trainer, chunk):
+        seen.append([(chunk.epoch, p.start, p.stop) for p in chunk.pieces])
+        if len(seen) == 5:
+            raise Killed
+
+    run = tmp_path / "killed"
+    with pytest.raises(Killed):
+        Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run,
+                on_chunk=kill_at_the_epochs_end).fit()  # fmt: skip
+    resumed = Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run).fit(
+        resume=True
+    )
+    assert [r.epoch for r in resumed.history] == [0, 1, 2]
+    # The last chunk's training was not checkpointed: it is streamed and trained again.
+    assert [w for chunk in seen[:4] for w in chunk] + resumed.windows == full.windows
+    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
+
+
 def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment(flyvis_source):
     segments = [(0, 900, "cond0"), (900, 2100, "cond1"), (2100, 3000, "cond2")]
     config = _config(segments=segments, pieces=8, epochs=2, batches_per_epoch=20,

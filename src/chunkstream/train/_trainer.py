@@ -342,7 +342,11 @@ class Trainer:
                 batches += 1
             chunks += 1
             del x_chunk  # drop references, so the loader can reuse the buffer
-            if c.checkpoint_every and chunks % c.checkpoint_every == 0:
+            # Not after the epoch's last chunk: the loader's state is then the next epoch's,
+            # and a resume from it would skip this epoch's validation and record; the
+            # checkpoint written after them follows at once.
+            if (c.checkpoint_every and chunks % c.checkpoint_every == 0
+                    and loader.state_dict()["epoch"] == epoch):  # fmt: skip
                 self.save_checkpoint()
             if bar is not None:  # only a shown bar: reading the loss is a host sync
                 bar.update(1)
