@@ -45,7 +45,9 @@ class TrainConfig:
     shuffle buffer of chunks held on the device, kept across epochs), each
     chunk still feeding its share of batches; ``mix="auto"`` holds
     :data:`MIX_AUTO` chunks, or as many as fit :data:`MIX_MEMORY_FRACTION` of
-    the device's memory (:func:`resolve_mix`; at least 1). With ``segments`` (anything
+    the device's memory (:func:`resolve_mix`; at least 1), so a checkpoint resumes
+    exactly where ``"auto"`` resolves to the same count (an int pins it across
+    machines). With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
     ``val_fraction`` of *every* segment is held out instead
     (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
