@@ -253,18 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = p.parse_args(argv)
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
-    if args.only == "engines":
-        mode = "engines-quick" if args.quick else "engines"
-    if args.only == "remote":
-        mode = "remote-quick" if args.quick else "remote"
-    if args.only == "dtype":
-        mode = "dtype-quick" if args.quick else "dtype"
-    if args.only == "quality":
-        mode = "quality-quick" if args.quick else "quality"
-    if args.only == "first-epoch":
-        mode = "first-epoch-quick" if args.quick else "first-epoch"
-    if args.only == "resident":
-        mode = "resident-quick" if args.quick else "resident"
+    if args.only is not None:  # one race alone: its own results file, quick or not
+        mode = f"{args.only}-quick" if args.quick else args.only
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
