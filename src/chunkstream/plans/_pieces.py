@@ -43,7 +43,7 @@ import numpy as np
 from .._errors import ConfigError, check_int
 from ._hash import feistel, half_bits, hash_words, mix, round_keys, seed_key
 from ._segments import Segments, as_segments
-from ._windows import WindowPlan, _index, make_plan
+from ._windows import WindowPlan, _index, _span, make_plan
 
 __all__ = ["Piece", "PiecePlan", "chunk_pieces", "epoch_pieces", "loader_plan"]
 
@@ -109,12 +109,7 @@ class PiecePlan:
     _geo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        total = check_int(
-            "total_timesteps", self.total_timesteps, 1, "The source must hold data.", numpy=True
-        )
-        chunk = check_int(
-            "chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.", numpy=True
-        )
+        total, chunk = _span(self.total_timesteps, self.chunk_size)
         k = check_int("pieces", self.pieces, 1, "Use pieces=1 for contiguous chunks.", numpy=True)
         if chunk % k:
             divisors = [d for d in (2, 4, 8, 16, 32, 64) if chunk % d == 0]

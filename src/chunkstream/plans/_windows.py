@@ -101,6 +101,13 @@ class WindowPlan(Protocol):
 # -- validation ---------------------------------------------------------------------
 
 
+def _span(total_timesteps: object, chunk_size: object) -> tuple[int, int]:
+    """A plan's ``(total_timesteps, chunk_size)`` as Python ints >= 1, else ConfigError."""
+    total = check_int("total_timesteps", total_timesteps, 1, "The source must hold data.", numpy=True)
+    chunk = check_int("chunk_size", chunk_size, 1, "Pass a positive chunk_size.", numpy=True)
+    return total, chunk
+
+
 def _index(name: str, value: object) -> int:
     result = check_int(name, value, 0, f"Pass a non-negative {name}.", numpy=True)
     if result > _MAX_INDEX:
@@ -144,12 +151,7 @@ class _PlanBase:
 
     def __post_init__(self) -> None:
         # Frozen: normalise numpy ints to Python ints so the scalar path stays exact.
-        total = check_int(
-            "total_timesteps", self.total_timesteps, 1, "The source must hold data.", numpy=True
-        )
-        chunk = check_int(
-            "chunk_size", self.chunk_size, 1, "Pass a positive chunk_size.", numpy=True
-        )
+        total, chunk = _span(self.total_timesteps, self.chunk_size)
         align = check_int("align", self.align, 1, "Use align=1 for no alignment.", numpy=True)
         seed = check_int("seed", self.seed, 0, "Pass a non-negative int seed.", numpy=True)
         for name, value in (
