@@ -3,20 +3,20 @@
 A batch's randomness is a pure function of ``(seed, epoch, chunk index, rank)``
 (:func:`batch_seed`), so a resumed run draws the same batches and ranks, whose
 chunk indices coincide, draw different ones. :func:`batch_starts` yields the
-window starts of an event's batches, endlessly: with ``mix=1`` passes of a
-:class:`~chunkstream.WindowSampler` over the held chunk (none across a piece's
-end); with ``mix > 1`` draws from the union of the mixed chunks' valid starts.
+window starts of an event's batches, endlessly, from the mixer's table of the
+held chunks' valid starts (none across a piece's end): uniform draws, or
+permutation passes back to back (with ``mix=1`` the same draws as passes of a
+:class:`~chunkstream.WindowSampler` over the chunk), so a pieced chunk, which
+has fewer valid starts than a contiguous one, feeds as many batches.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import torch
 
-from ..consumer import ChunkMixer, WindowSampler
-from ..pipeline import Chunk
+from ..consumer import ChunkMixer
 from ._config import TrainConfig
 
 __all__ = ["batch_seed", "batch_starts"]
@@ -42,17 +42,8 @@ def _union_batches(
 
 
 def batch_starts(
-    chunk: Chunk, mixer: ChunkMixer, config: TrainConfig, generator: torch.Generator,
-    device: torch.device,
-) -> Iterator[torch.Tensor]:  # fmt: skip
-    """Endless batches of window starts (int64 tensors on ``device``) for ``chunk``'s event."""
-    c = config
-    if mixer.mix > 1:  # the trainer's resolved mix (config.mix may be "auto")
-        return _union_batches(mixer.starts(), c.batch_size, generator, c.replacement)
-    sampler = WindowSampler(
-        chunk.length, c.window, c.batch_size, generator, replacement=c.replacement,
-        device=device, pieces=chunk.pieces,
-    )  # fmt: skip
-    # Passes of the sampler back to back: a pieced chunk has fewer valid starts
-    # than a contiguous one (none across piece ends), yet feeds as many batches.
-    return itertools.chain.from_iterable(itertools.repeat(sampler))
+    mixer: ChunkMixer, config: TrainConfig, generator: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """Endless batches of window starts (int64 tensors on the mixer's device) for the
+    event of the chunk last added to ``mixer``."""
+    return _union_batches(mixer.starts(), config.batch_size, generator, config.replacement)

@@ -119,13 +119,14 @@ def evaluate(
         s_all = val.get(c.stim_field) if c.stim_field else None
         total = torch.zeros((), dtype=torch.float64, device=x_all.device)
         base = torch.zeros_like(total)
+        m = mean.to(x_all.dtype)  # once per part, not per batch
         for starts in val_starts.split(c.batch_size * 4):
             x = gather_windows(x_all, starts, c.window)
             s = gather_windows(s_all, starts, c.window) if s_all is not None else None
             target = x[:, c.time_units :: c.time_units]
             pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
             total += ((pred - target) ** 2).sum(dtype=torch.float64)
-            base += ((target - mean.to(x.dtype)) ** 2).sum(dtype=torch.float64)
+            base += ((target - m) ** 2).sum(dtype=torch.float64)
         count = val_starts.numel() * c.evolve_multiple_steps * neurons
         sums.append(torch.stack([total, base, total.new_tensor(float(count))]))
     model.train()

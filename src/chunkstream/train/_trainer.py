@@ -307,8 +307,7 @@ class Trainer:
         c, began, meter = self.config, time.perf_counter(), LossMeter()
         warm = epoch < c.warmup_epochs
         chunks = batches = 0
-        per_chunk = self.plan.batches_per_chunk
-        budget = c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk
+        per_chunk, budget = self.plan.batches_per_chunk, self._batch_budget()
         events = self._events_per_epoch()
         iterator = loader.epoch(events)
         bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
@@ -326,7 +325,7 @@ class Trainer:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(batch_seed(c.seed, epoch, chunk.index, self.rank))
             count = min(per_chunk, budget - batches)
-            passes = batch_starts(chunk, mixer, c, generator, self.device)
+            passes = batch_starts(mixer, c, generator)
             for starts in itertools.islice(passes, count):
                 x = mixer.gather(c.data_field, starts)
                 s = mixer.gather(c.stim_field, starts) if c.stim_field else None
@@ -371,10 +370,13 @@ class Trainer:
         fields = self.source.fields
         return self.chunk_size * sum(fields[n].step_nbytes for n in self._mixed_fields)
 
+    def _batch_budget(self) -> int:
+        """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
+        return self.config.batches_per_epoch or self.plan.chunks_per_epoch * self.plan.batches_per_chunk
+
     def _events_per_epoch(self) -> int:
         """Chunks per epoch on this rank, one event each: the batch budget in chunks."""
-        c, per_chunk = self.config, self.plan.batches_per_chunk
-        return -(-(c.batches_per_epoch or self.plan.chunks_per_epoch * per_chunk) // per_chunk)
+        return -(-self._batch_budget() // self.plan.batches_per_chunk)
 
     # -- reporting ------------------------------------------------------------------
 
