@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
 from ._sampling import check_align, gather_windows, piece_starts
 
@@ -53,13 +53,12 @@ __all__ = ["ChunkMixer", "check_mix"]
 
 def check_mix(mix: object) -> int:
     """``mix`` as an int >= 1, or a :class:`ConfigError` naming it."""
-    if isinstance(mix, bool) or not isinstance(mix, int) or mix < 1:
-        raise ConfigError.bad(
-            "mix", mix, "an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
-            "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
-            "the last 8 chunks (memory: mix chunks held by the consumer).",
-        )  # fmt: skip
-    return mix
+    return check_int(
+        "mix", mix, 1,
+        "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
+        "the last 8 chunks (memory: mix chunks held by the consumer).",
+        expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
+    )  # fmt: skip
 
 
 class ChunkMixer:

@@ -96,21 +96,19 @@ class TrainConfig:
                      "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
                      "prefetch", "workers", "time_every"):  # fmt: skip
             check_int(name, getattr(self, name), expected="an int >= 1")
-        pieces = self.pieces
-        if pieces != "auto" and (
-            isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1
-        ):
-            raise ConfigError.bad(
-                "pieces", pieces, 'an int >= 1 (pieces per chunk) or "auto"',
+        if self.pieces != "auto":
+            check_int(
+                "pieces", self.pieces, 1,
                 f'Pass pieces="auto" (up to {PIECES_AUTO}, each at least a stored time chunk), '
                 "or e.g. pieces=1 (contiguous chunks).",
+                expected='an int >= 1 (pieces per chunk) or "auto"',
             )  # fmt: skip
-        mix = self.mix
-        if mix != "auto" and (isinstance(mix, bool) or not isinstance(mix, int) or mix < 1):
-            raise ConfigError.bad(
-                "mix", mix, 'an int >= 1 (chunks held and mixed per batch) or "auto"',
+        if self.mix != "auto":
+            check_int(
+                "mix", self.mix, 1,
                 f'Pass mix="auto" ({MIX_AUTO} chunks, fewer when they would take more than '
                 f"{MIX_MEMORY_FRACTION:.3g} of the device's memory), or e.g. mix=1 (no mixing).",
+                expected='an int >= 1 (chunks held and mixed per batch) or "auto"',
             )  # fmt: skip
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
             check_int(name, getattr(self, name), 0, expected="an int >= 0")
