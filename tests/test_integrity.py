@@ -595,6 +595,25 @@ def test_any_codecs_error_for_a_damaged_chunk_is_corrupt_and_not_retried(tmp_pat
     source.close()
 
 
+@pytest.mark.parametrize("bad", [0, 1])
+def test_every_engine_names_the_damaged_inner_chunk_of_a_shard(tmp_path, bad):
+    # a hand-made last shard (no index checksum): inner chunk `bad` is a truncated zstd frame
+    import numcodecs
+
+    path = tmp_path / "x.zarr"
+    data = make_sharded(path, random_data((200, 5)), (25, 5), (50, 5), "zstd", checksum=False)
+    frames = [numcodecs.Zstd().encode(data[i : i + 25].tobytes()) for i in (150, 175)]
+    frames[bad] = frames[bad][:-6]
+    index = np.array([[0, len(frames[0])], [len(frames[0]), len(frames[1])]], "<u8")
+    (path / "c" / "3" / "0").write_bytes(frames[0] + frames[1] + index.tobytes())
+    for engine in ENGINES:
+        with _engine_source(path, engine) as source:
+            with pytest.raises(cs.CorruptChunkError) as info:
+                _filled(source, 150, 200)
+            assert f"inner chunk ({bad}, 0)" in str(info.value), (engine, str(info.value))
+            assert "c/3/0" in str(info.value)
+
+
 def test_a_zstd_frame_claiming_a_huge_size_inside_a_shard_is_corrupt(tmp_path):
     # issue 19 item 3: zarr's pipeline raised MemoryError (and zarrs aborted the process)
     # for a zstd frame whose content size field was damaged inside a shard. A hand-made shard, as zarr's sharding codec

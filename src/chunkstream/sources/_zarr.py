@@ -335,9 +335,14 @@ class ZarrSource:
         if len(coords) > _LOCATE_LIMIT:
             return None
         shards = getattr(self.array, "shards", None)
+        shape = self.array.shape
         for chunk in coords:
+            # The chunk's region, not get_block_selection: on a sharded array zarr's
+            # blocks are whole shards, and a region reads only its inner chunks.
+            region = tuple(slice(c * n, min((c + 1) * n, size))
+                           for c, n, size in zip(chunk, self.chunks, shape, strict=True))  # fmt: skip
             try:
-                self.array.get_block_selection(chunk)
+                self.array.get_basic_selection(region)
             except Exception:  # any failure marks the chunk; the caller raises the error
                 if shards is None:
                     return f"zarr chunk {self.array.metadata.encode_chunk_key(chunk)!r}"
