@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -167,6 +168,42 @@ def test_a_failed_load_names_the_window_and_closes_the_loader(tmp_path):
     with pytest.raises(ChunkLoadError, match=r"\[100, 150\).*disk gone"):
         next(iter(ld.epoch()))
     assert ld.closed
+
+
+def test_a_load_that_hangs_is_a_stall_and_a_failed_load_does_not_read_the_rest(tmp_path):
+    # A read that never returns: the first epoch() raises LoaderStalledError after
+    # stall_timeout (with the stuck reader's stack) instead of waiting forever.
+    release, calls = threading.Event(), []
+    data = random_data((200, 4))
+
+    def load(start, stop):
+        if (start, stop) == (0, 50):  # not CallableSource's probe of the shapes
+            release.wait(30)
+        return (data[start:stop],)
+
+    source = cs.CallableSource(load, 200, ("x",))
+    ld = cs.ChunkLoader(source, 50, device="cpu", resident=True, workers=1, stall_timeout=0.5)
+    try:
+        with pytest.raises(cs.LoaderStalledError, match="stall_timeout") as info:
+            next(iter(ld.epoch()))
+        assert info.value.window == (0, 200) and "load" in str(info.value)
+        assert ld.closed
+    finally:
+        release.set()
+    # One reader: the first failure ends the load; blocks not yet started are cancelled.
+    def failing(start, stop):
+        if stop - start < 50:  # CallableSource's probe of the shapes
+            return (data[start:stop],)
+        calls.append(start)
+        if start > 0:
+            time.sleep(0.5)  # the loader sees block 0's error while block 1 is read
+        raise OSError("disk gone")
+
+    ld = cs.ChunkLoader(cs.CallableSource(failing, 200, ("x",)), 50, device="cpu",
+                        resident=True, read_retries=0, workers=1)  # fmt: skip
+    with pytest.raises(ChunkLoadError, match=r"\[0, 50\).*disk gone"):
+        next(iter(ld.epoch()))
+    assert ld.closed and calls[0] == 0 and len(calls) <= 2
 
 
 def test_resident_on_a_device_without_cuda_streams_nothing_after_the_load(stores):

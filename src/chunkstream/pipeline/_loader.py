@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import FIRST_EXCEPTION, Future
 from concurrent.futures import wait as wait_futures
 from functools import partial
 
@@ -159,7 +159,8 @@ class ChunkLoader:
         fields, sets = self.source.fields, self.config.host_sets(on_cuda)
         if on_cuda and self._resident is None:
             return PinnedSlotPool(fields, self.rows, slots=sets, device=self.device)
-        return HostBufferPool(fields, self.rows, slots=sets if self._resident is None else 1)
+        # Resident: chunks are views or gathers of the resident tensors; no host set is used.
+        return HostBufferPool(fields, self.rows, slots=sets if self._resident is None else 0)
 
     def _start_executors(self, on_cuda: bool) -> None:
         """The readers and, on a device, the copy thread; their jobs never refer to the
@@ -198,7 +199,7 @@ class ChunkLoader:
         """
         self._check_open()
         if self._resident is not None and not self._resident.loaded:
-            self._resident.load(self.source, self._executors[0], self.rows, self.config, self.close)
+            self._load_resident()
         with self._lock:
             span = self._cursor.begin(num_chunks, at)
             self._drop_run()
@@ -262,15 +263,45 @@ class ChunkLoader:
         try:
             return future.result()
         except BaseException as failure:
-            self._check_open()  # closed meanwhile: that is what the consumer must hear
-            try:
-                self.close()  # DESIGN: after a worker error the pipeline shuts down
-            except Exception as exc:  # the worker's error is what the consumer must see
-                failure.add_note(
-                    f"chunkstream: closing the loader after this error also failed: "
-                    f"{type(exc).__name__}: {exc}"
-                )
+            self._close_after(failure)
             raise
+
+    def _close_after(self, failure: BaseException) -> None:
+        """Shut the loader down after a worker's ``failure`` (DESIGN), which the caller
+        then raises; a close that also fails is noted on it."""
+        self._check_open()  # closed meanwhile: that is what the consumer must hear
+        try:
+            self.close()
+        except Exception as exc:  # the worker's error is what the consumer must see
+            failure.add_note(
+                f"chunkstream: closing the loader after this error also failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
+
+    def _load_resident(self) -> None:
+        """Read the resident rows once, waiting as for a chunk: the first read error, a
+        close, or a stall (no reader progress for ``stall_timeout``) ends the wait."""
+        resident, readers = self._resident, self._executors[0]
+        assert resident is not None
+        reads = resident.start(self.source, readers, self.rows, self.config)
+        pending, asked, timeout = set(reads), time.perf_counter(), self.config.stall_timeout
+        while pending:
+            _, pending = wait_futures(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
+            self._check_open()
+            # The earliest failed window, in row order (several may fail at once).
+            failed = [f for f in reads if f.done() and not f.cancelled() and f.exception()]
+            if failed:
+                for future in pending:
+                    future.cancel()
+                try:
+                    failed[0].result()
+                except BaseException as failure:
+                    self._close_after(failure)
+                    raise
+            if (pending and timeout is not None and time.perf_counter() - asked >= timeout
+                    and time.monotonic() - readers.last_progress >= timeout):  # fmt: skip
+                raise self._stalled(timeout, (resident.lo, resident.hi))
+        resident.finish()
 
     def _check_stalled(self, asked: float, span: EpochSpan, run: EpochRun) -> None:
         self._check_open()
@@ -280,6 +311,12 @@ class ChunkLoader:
         last = max([e.last_progress for e in self._executors] + [run.started])
         if time.perf_counter() - asked < timeout or time.monotonic() - last < timeout:
             return
+        step = span.received - span.first
+        first = span.windows[step][0] if step < len(span.windows) else None
+        raise self._stalled(timeout, (first.start, first.stop) if first else None)
+
+    def _stalled(self, timeout: float, window: tuple[int, int] | None) -> LoaderStalledError:
+        """The stall error, with the busy workers' stacks, after shutting the loader down."""
         stacks = [s for executor in self._executors for s in executor.busy_stacks()]
         message = (
             f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
@@ -292,9 +329,7 @@ class ChunkLoader:
             message += self._shutdown(deadline_s=0.2, warn=False)
         except Exception as exc:  # handed on: the stall is what the consumer must see
             message += f"; closing the loader also failed: {type(exc).__name__}: {exc}"
-        step = span.received - span.first
-        first = span.windows[step][0] if step < len(span.windows) else None
-        raise LoaderStalledError(message, window=(first.start, first.stop) if first else None)
+        return LoaderStalledError(message, window=window)
 
     # -- resume ------------------------------------------------------------------------
 

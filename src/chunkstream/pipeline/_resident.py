@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -73,36 +73,29 @@ class ResidentStore:
         self.lo, self.hi, self.device, self._stream = lo, hi, device, stream
         self._fields = dict(fields)
         self.tensors: dict[str, torch.Tensor] = {}  # allocated by load()
-        self.nbytes = window_nbytes(fields, hi - lo)
         self.loaded = False
 
-    def load(self, source: Source, readers: Executor, rows: int, config: Any,
-             close: Callable[[], None]) -> None:  # fmt: skip
-        """Read every row once, ``rows`` timesteps per call, on ``readers``. The first
-        error (a :class:`~chunkstream.ChunkLoadError` naming its window) is raised after
-        ``close()``: as for a streamed read, the pipeline shuts down after it."""
-        on_cuda = self.device.type == "cuda"
+    def start(self, source: Source, readers: Executor, rows: int, config: Any) -> list[Future]:
+        """Allocate the tensors and submit the reads of every row, ``rows`` timesteps per
+        call, on ``readers``; each future's error is a :class:`~chunkstream.ChunkLoadError`
+        naming its window. Call :meth:`finish` once they all succeeded."""
         self.tensors = {
             name: torch.empty((self.hi - self.lo, *spec.shape), dtype=_torch_dtype(spec.dtype),
                               device=self.device)
             for name, spec in self._fields.items()
         }  # fmt: skip
-        if on_cuda:
+        if self.device.type == "cuda":
             # The blocks come from this thread's current stream, whose queued work may
             # still use them; the readers write on their own streams, so wait for it.
             torch.cuda.current_stream(self.device).synchronize()
         fill = partial(self._fill, source, check_finite=config.check_finite,
                        retries=config.read_retries)  # fmt: skip
-        futures = [readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
-                   for a in range(self.lo, self.hi, rows)]  # fmt: skip
-        wait_futures(futures)
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            close()
-            raise
-        if on_cuda:
+        return [readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
+                for a in range(self.lo, self.hi, rows)]  # fmt: skip
+
+    def finish(self) -> None:
+        """After every read of :meth:`start` succeeded: the tensors are complete."""
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # every reader's copies, on any stream
             for tensor in self.tensors.values():
                 # Gathers read these on the transfer stream: when the data is freed, the
