@@ -239,17 +239,17 @@ class ChunkLoader:
             for tensor in tensors.values():
                 tensor.record_stream(consumer)
         start, stop = delivery.pieces[0].start, delivery.pieces[0].stop
+        chunk = Chunk(tensors, start=start, stop=stop, epoch=span.epoch, index=span.received,
+                      ready=ready, pieces=delivery.pieces)  # fmt: skip
         record = ChunkRecord(
-            epoch=span.epoch, index=span.received, start=start, stop=stop,
-            nbytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+            epoch=span.epoch, index=span.received, start=start, stop=stop, nbytes=chunk.nbytes,
             wait_s=received - asked, read_s=delivery.read_end - delivery.read_begin,
             queue_depth=depth, read_begin=delivery.read_begin, read_end=delivery.read_end,
             received=received, transfer_begin=delivery.issued,
             read_thread=delivery.read_thread, transfer_thread=delivery.transfer_thread,
         )  # fmt: skip
         self.stats.record_chunk(record, events=delivery.events)
-        return Chunk(tensors, start=start, stop=stop, epoch=span.epoch, index=span.received,
-                     ready=ready, pieces=delivery.pieces)  # fmt: skip
+        return chunk
 
     def _wait(self, future: Future, span: EpochSpan, run: EpochRun, asked: float) -> Delivery:
         """``future``'s delivery. Its error, or one of a later window, shuts the loader down
