@@ -11,11 +11,14 @@ import torch
 
 from ._errors import ConfigError
 
-__all__ = ["CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "budget_depths", "resident_decision",
-           "streaming_bytes"]  # fmt: skip
+__all__ = ["CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "LOOP_HELD", "budget_depths",
+           "resident_decision", "streaming_bytes"]  # fmt: skip
 
 CUDA_MARGIN_FRACTION = 0.10  # of the device's memory, left for the model and fragmentation
 CUDA_MARGIN_MIN = 2 << 30
+#: Host buffer sets a plain ``for`` loop holds on the CPU beyond the pipeline's
+#: ``prefetch + workers``: the chunk it works on and the one ``next()`` fills.
+LOOP_HELD = 2
 
 
 def streaming_bytes(
@@ -31,7 +34,7 @@ def streaming_bytes(
     """
     if on_cuda:
         return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
-    return None, 0, (prefetch + workers + 2) * chunk_bytes
+    return None, 0, (prefetch + workers + LOOP_HELD) * chunk_bytes
 
 
 def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
@@ -43,7 +46,7 @@ def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
         fit = int(host_memory) // max(1, chunk_bytes)
         # The inverse of streaming_bytes: on CUDA the pinned slots are the host memory;
         # on the CPU the arena is prefetch + workers sets plus the two a loop holds.
-        least = workers + 1 if on_cuda else workers + 3
+        least = workers + 1 if on_cuda else workers + 1 + LOOP_HELD
         if fit < least:
             raise ConfigError.bad(
                 "host_memory", host_memory,
@@ -51,7 +54,7 @@ def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
                 f"(workers={workers}, prefetch >= 1" + ("" if on_cuda else ", 2 held by the loop") + ")",
                 "Raise the budget, lower chunk_size, or use fewer workers.",
             )  # fmt: skip
-        derived["prefetch"] = fit - workers if on_cuda else fit - workers - 2
+        derived["prefetch"] = fit - workers if on_cuda else fit - workers - LOOP_HELD
         if on_cuda:
             derived["host_slots"] = fit
     if device_memory is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import budget_depths
+from .._memory import LOOP_HELD, budget_depths
 from ..sources import Source, check_source, window_nbytes
 
 __all__ = ["LoaderConfig", "resolve_device"]
@@ -65,7 +65,7 @@ class LoaderConfig:
     def host_sets(self, on_cuda: bool) -> int:
         """Buffer sets in the host arena: the pinned slots on CUDA; on the CPU the
         pipeline's ``prefetch + workers`` and two a loop holds (``streaming_bytes``)."""
-        return self.slots if on_cuda else self.reader_capacity + 2
+        return self.slots if on_cuda else self.reader_capacity + LOOP_HELD
 
     @classmethod
     def for_source(

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .._errors import ConfigError, check_int
-from .._memory import resident_decision, streaming_bytes
+from .._memory import LOOP_HELD, resident_decision, streaming_bytes
 from ..plans import EpochPlan, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
@@ -343,7 +343,7 @@ def _memory_rows(
                      host_bytes=full_bytes)  # fmt: skip
     streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
                           host_bytes=host + (scratch or 0),
-                          note=f"(prefetch + workers + 2 arena) = {prefetch + workers + 2} "
+                          note=f"(prefetch + workers + {LOOP_HELD} arena) = {prefetch + workers + LOOP_HELD} "
                                "chunks + validation + decode scratch")  # fmt: skip
     return full, streaming, 1.0 - (host or 0) / full_bytes
 
