@@ -459,7 +459,8 @@ def test_a_hung_first_read_raises_stalled_with_its_stack_instead_of_hanging():
         assert not thread.is_alive(), "get_next_chunk hung"
         error = outcome["error"]
         assert isinstance(error, TimeoutError) and "stall_timeout" in str(error)
-        assert "chunkstream-compat-first-0" in str(error) and "release.wait" in str(error)
+        # The stuck reader's stack, under its thread's name (ChunkLoader.threads).
+        assert "chunkstream-read-0" in str(error) and "release.wait" in str(error)
         assert error.window is not None and outcome["waited"] >= stall
         with pytest.raises(cs.LoaderClosedError):
             loader.get_next_chunk()
@@ -483,28 +484,40 @@ def test_a_stall_behind_an_abandoned_first_read_shows_the_stuck_read():
         with pytest.raises(cs.LoaderStalledError) as info:
             loader.get_next_chunk()
         message = str(info.value)
-        assert "chunkstream-compat-first-1" in message and "chunkstream-compat-first-0" in message
-        assert "release.wait" in message  # the stack of the read that holds everything up
+        # The one reader is still inside epoch 0's read: its stack holds everything up.
+        assert "chunkstream-read-0" in message and "release.wait" in message
     finally:
         release.set()
         loader.cleanup()
 
 
 def test_cleanup_while_the_first_read_hangs_returns():
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def load_fn(start, end):
+        entered.set()
         release.wait(60)
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
     loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     loader.start_epoch(3)
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: (loader.cleanup(), done.set()))
+    assert entered.wait(10)  # the first read is inside load_fn
+    done, warned = threading.Event(), []
+
+    def clean():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader.cleanup()
+        warned.extend(str(w.message) for w in caught)
+        done.set()
+
+    thread = threading.Thread(target=clean)
     thread.start()
     thread.join(30)
     release.set()
     assert done.is_set(), "cleanup() hung on a first read in flight"
+    # Left to finish in its daemon thread, and said so.
+    assert any("chunkstream-read-0" in w and "did not stop" in w for w in warned), warned
 
 
 def test_the_first_chunks_wait_is_in_the_stats():

@@ -458,3 +458,22 @@ def test_close_after_a_sticky_cuda_error_does_not_raise():
                           text=True, timeout=240, env=env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "outcome " in done.stdout and "closed True" in done.stdout, done.stdout
+
+
+def test_a_source_that_learns_its_fields_pins_its_arena_after_the_first_read():
+    arrays = make_arrays(2000, neurons=64)
+    calls = []
+
+    def load_fn(start, stop):
+        calls.append((start, stop))
+        return arrays["voltage"][start:stop], arrays["stimulus"][start:stop]
+
+    source = cs.CallableSource(load_fn, 2000, specs="first")
+    with cs.ChunkLoader(source, 250, device="cuda", workers=1, seed=2) as loader:
+        assert loader.pinned_bytes == 0 and calls == []  # nothing allocated before a read
+        for chunk in loader.epoch(4):
+            assert chunk["data"].is_cuda
+            np.testing.assert_array_equal(chunk["data"].cpu().numpy(),
+                                          arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
+        assert loader.pinned_bytes >= loader.config.slots * loader.chunk_bytes
+    assert len(calls) == 4

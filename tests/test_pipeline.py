@@ -360,3 +360,46 @@ def test_the_host_arena_is_allocated_at_construction_and_serves_every_epoch():
                 np.testing.assert_array_equal(chunk["voltage"].numpy(),
                                               arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
         assert loader._pool.allocated == sets  # a plain for loop never needs a fresh buffer
+
+
+def test_a_source_that_learns_its_fields_at_the_first_read_streams_the_same_chunks():
+    # CallableSource(specs="first"): nothing is read at construction, the buffers are
+    # made after the first read, load_fn runs once per piece read, and the chunks equal
+    # those of the same data with known fields, pieces and two readers included.
+    data = np.random.default_rng(0).standard_normal((500, 3)).astype(np.float32)
+    calls, lock = [], threading.Lock()
+
+    def load_fn(start, stop):
+        with lock:
+            calls.append((start, stop))
+        return data[start:stop], (data[start:stop, :1] * 2).astype(np.float64)
+
+    source = cs.CallableSource(load_fn, 500, names=("x", "y"), specs="first")
+    known = cs.NumpySource({"x": data, "y": (data[:, :1] * 2).astype(np.float64)})
+    assert source.fields is None
+    with (ChunkLoader(source, 50, device="cpu", workers=2, pieces=2, seed=3) as lazy,
+          ChunkLoader(known, 50, device="cpu", workers=2, pieces=2, seed=3) as reference):  # fmt: skip
+        assert calls == [] and lazy.chunk_bytes is None
+        read = []
+        for epoch in range(2):
+            for a, b in zip(lazy.epoch(), reference.epoch(), strict=True):
+                assert a.pieces == b.pieces and (a.epoch, a.index) == (epoch, b.index)
+                read += [(p.start, p.stop) for p in a.pieces]
+                for name in ("x", "y"):
+                    assert a[name].dtype == b[name].dtype
+                    torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+        assert dict(source.fields) == dict(known.fields)
+        assert lazy.chunk_bytes == reference.chunk_bytes
+    assert sorted(calls) == sorted(read)  # once per piece delivered: no probe, no repeat
+
+
+def test_a_failed_first_read_of_a_learning_source_reaches_the_consumer():
+    def load_fn(start, stop):
+        raise FileNotFoundError(f"no file for [{start}, {stop})")
+
+    source = cs.CallableSource(load_fn, 100, specs="first")
+    with ChunkLoader(source, 10, device="cpu", sampling="sequential") as loader:
+        with pytest.raises(cs.ChunkLoadError, match=r"reading window \[0, 10\)") as info:
+            next(iter(loader.epoch()))
+        assert isinstance(info.value.__cause__, FileNotFoundError)
+        assert source.fields is None and loader.closed

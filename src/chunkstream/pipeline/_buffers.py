@@ -41,7 +41,7 @@ import torch
 from ..sources import FieldSpec
 from ._run import POLL_S as _POLL_S
 
-__all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
+__all__ = ["BufferSet", "HostBufferPool", "LazyPool", "PinnedSlotPool"]
 
 
 class BufferSet:
@@ -177,6 +177,41 @@ class HostBufferPool:
         with self._lock:
             self._sets.clear()
         return True
+
+
+class LazyPool:
+    """The pool ``make()`` returns, made at the first :meth:`acquire` (for a source whose
+    fields are learned from its first read); nothing is allocated before, or after close."""
+
+    def __init__(self, make: Callable[[], HostBufferPool | PinnedSlotPool]) -> None:
+        self._make, self._lock = make, threading.Lock()
+        self.pool: HostBufferPool | PinnedSlotPool | None = None
+        self._closed = False
+
+    def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
+        with self._lock:
+            if self.pool is None and not self._closed:
+                self.pool = self._make()
+                if self._closed:  # close() ran while it was made: nobody else will close it
+                    self.pool.close()
+            if self._closed:
+                raise RuntimeError("buffer pool is closed")
+        return self.pool.acquire(cancelled)
+
+    def release(self, buffers: BufferSet) -> None:
+        assert self.pool is not None  # buffers came from it
+        self.pool.release(buffers)
+
+    def release_after(self, buffers: BufferSet, event: torch.cuda.Event | None) -> None:
+        assert isinstance(self.pool, PinnedSlotPool)  # only CUDA copies call this
+        self.pool.release_after(buffers, event)
+
+    def close(self, timeout: float = 0.0, *, unpin: bool = True) -> bool:
+        # Not under the lock: a reader may hold it while the pool is made (bounded, but
+        # long when pinning); that reader closes the pool it made itself.
+        self._closed = True
+        pool = self.pool
+        return True if pool is None else pool.close(timeout, unpin=unpin)
 
 
 def _power_of_two_ceil(n: int) -> int:

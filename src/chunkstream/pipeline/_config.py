@@ -72,20 +72,27 @@ class LoaderConfig:
         cls, source: Source, chunk_size: int, *, on_cuda: bool, prefetch: int | None = None,
         gpu_prefetch: int | None = None, workers: int = 2, host_slots: int | None = None,
         host_memory: int | None = None, device_memory: int | None = None, **rest: object,
-    ) -> tuple[LoaderConfig, int, int]:  # fmt: skip
+    ) -> tuple[LoaderConfig, int]:  # fmt: skip
         """Validate a loader's settings for ``source``; derive depths from byte budgets.
 
-        Returns ``(config, rows, chunk_bytes)``: the rows of one window (``chunk_size``,
-        clamped to the source's length) and its bytes over every field. Raises
-        :class:`ConfigError` naming the parameter at fault.
+        Returns ``(config, rows)``: the rows of one window (``chunk_size``, clamped to
+        the source's length). Raises :class:`ConfigError` naming the parameter at fault.
         """
         total = len(check_source(source))
         probe = chunk_size if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) else 0
         rows = min(probe, total) if probe > 0 else 1
-        chunk_bytes = window_nbytes(source.fields, rows)
         check_int("workers", workers, fix="Use 1 or more reader threads.")  # the budget needs it
-        fit = budget_depths(chunk_bytes=chunk_bytes, workers=workers, host_memory=host_memory,
-                            device_memory=device_memory, on_cuda=on_cuda)  # fmt: skip
+        fit: dict[str, int] = {}
+        if host_memory is not None or device_memory is not None:
+            if source.fields is None:
+                raise ConfigError.bad(
+                    "host_memory" if host_memory is not None else "device_memory", "a budget",
+                    "a source whose fields are known (this one learns them at its first read)",
+                    "Pass the field specs to the source, or set prefetch and host_slots instead.",
+                )  # fmt: skip
+            fit = budget_depths(chunk_bytes=window_nbytes(source.fields, rows), workers=workers,
+                                host_memory=host_memory, device_memory=device_memory,
+                                on_cuda=on_cuda)  # fmt: skip
         config = cls(
             chunk_size=chunk_size, workers=workers,
             prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,
@@ -96,4 +103,4 @@ class LoaderConfig:
         if on_cuda and config.slots < config.workers:
             raise ConfigError.bad("host_slots", config.slots, f"at least workers={workers} pinned slots",
                                   "Raise host_slots (or host_memory), or use fewer workers.")  # fmt: skip
-        return config, rows, chunk_bytes
+        return config, rows

@@ -15,10 +15,11 @@ Both jobs run in threads that bound the loader's CUDA device at start
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..plans import Piece
 from ..sources import Source, describe_source
 from ..stats import COPY, READ, profiled
-from ._buffers import BufferSet, HostBufferPool, PinnedSlotPool
+from ._buffers import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 
 _T = TypeVar("_T")
 
@@ -73,6 +74,24 @@ class Delivery:
     transfer_thread: str | None = None
 
 
+@contextlib.contextmanager
+def _reading(source: Source, piece: Piece) -> Iterator[None]:
+    """Raise any failure inside as :class:`ChunkLoadError` naming ``piece``'s window and,
+    when known, the field."""
+    try:
+        yield
+    except ChunkLoadError:
+        raise
+    except BaseException as exc:
+        name = getattr(exc, "chunkstream_field", None)
+        where = f" field {name!r}" if name else ""
+        raise ChunkLoadError(
+            f"reading window [{piece.start}, {piece.stop}){where} of "
+            f"{describe_source(source)} failed: {type(exc).__name__}: {exc}",
+            window=(piece.start, piece.stop), field=name,
+        ) from exc  # fmt: skip
+
+
 def read_window(source: Source, pieces: Pieces, out: Mapping[str, np.ndarray], *,
                 check_finite: bool, retries: int,
                 cancelled: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
@@ -86,27 +105,22 @@ def read_window(source: Source, pieces: Pieces, out: Mapping[str, np.ndarray], *
     for piece in pieces:
         rows = {name: a[piece.offset : piece.offset + piece.length] for name, a in out.items()}
         window = (piece.start, piece.stop)
-        try:
+        with _reading(source, piece):
             call_with_retries(partial(source.read_into, *window, rows), retries, window, cancelled)
             if check_finite:
                 _check_finite(rows, *window)
-        except ChunkLoadError:
-            raise
-        except BaseException as exc:
-            name = getattr(exc, "chunkstream_field", None)
-            where = f" field {name!r}" if name else ""
-            raise ChunkLoadError(
-                f"reading window [{piece.start}, {piece.stop}){where} of "
-                f"{describe_source(source)} failed: {type(exc).__name__}: {exc}",
-                window=window, field=name,
-            ) from exc  # fmt: skip
 
 
 def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
-             pool: HostBufferPool | PinnedSlotPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
+             pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
     """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
-    if the read fails."""
+    if the read fails. Before a :class:`LazyPool` is made, a source whose ``fields``
+    are still ``None`` learns them from this chunk's first piece (``source.learn``)."""
     window = (pieces[0].start, pieces[0].stop)
+    learning = time.perf_counter() if isinstance(pool, LazyPool) and pool.pool is None else None
+    if learning is not None and source.fields is None:
+        with _reading(source, pieces[0]):
+            call_with_retries(partial(source.learn, *window), retries, window, dropped)  # type: ignore[attr-defined]
     try:
         buffers = pool.acquire(dropped)
     except BaseException as exc:
@@ -117,7 +131,7 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
             f"{type(exc).__name__}: {exc}",
             window=window,
         ) from exc
-    begin = time.perf_counter()
+    begin = time.perf_counter() if learning is None else learning
     try:
         with profiled(READ, window):
             read_window(source, pieces, buffers.views(chunk_rows(pieces)),

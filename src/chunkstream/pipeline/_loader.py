@@ -28,9 +28,9 @@ import torch
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from ..distributed import Uneven, resolve_rank, warn_if_not_local_rank
 from ..plans import Segments, WindowPlan, loader_plan
-from ..sources import Source, check_source, describe_source, stored_time_chunk
+from ..sources import Source, check_source, describe_source, stored_time_chunk, window_nbytes
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
-from ._buffers import HostBufferPool, PinnedSlotPool
+from ._buffers import HostBufferPool, LazyPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._cursor import EpochCursor, EpochIterator, EpochSpan
@@ -71,7 +71,8 @@ class ChunkLoader:
     * ``rank``, ``world_size``: this process's share of every epoch (defaults from
       torch.distributed when initialised, else 0 and 1).
     * ``stall_timeout``: seconds without progress before :class:`LoaderStalledError`
-      with the stuck workers' stacks (``None``: never). ``check_finite``: raise
+      with the stuck workers' stacks (``None``: never); ``close_timeout``: how long
+      ``close()`` waits for its threads. ``check_finite``: raise
       :class:`NonFiniteError` at any NaN/Inf read. ``read_retries``: retries, with
       backoff, of a transient I/O or network error (bad data and missing paths fail
       at once).
@@ -103,6 +104,7 @@ class ChunkLoader:
         rank: int | None = None,
         world_size: int | None = None,
         stall_timeout: float | None = 300.0,
+        close_timeout: float = 5.0,
         check_finite: bool = False,
         read_retries: int = 2,
         stats: LatencyStats | None = None,
@@ -121,11 +123,11 @@ class ChunkLoader:
         self.device = resolve_device(device)
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
-        self.config, self.rows, self.chunk_bytes = LoaderConfig.for_source(
+        self.config, self.rows = LoaderConfig.for_source(
             source, chunk_size, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
             workers=workers, host_slots=host_slots, host_memory=host_memory,
-            device_memory=device_memory, stall_timeout=stall_timeout, check_finite=check_finite,
-            read_retries=read_retries,
+            device_memory=device_memory, stall_timeout=stall_timeout, close_timeout=close_timeout,
+            check_finite=check_finite, read_retries=read_retries,
         )  # fmt: skip
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.plan = loader_plan(
@@ -155,12 +157,15 @@ class ChunkLoader:
             raise
         self._closed = False
 
-    def _make_pool(self, on_cuda: bool) -> HostBufferPool | PinnedSlotPool:
-        fields, sets = self.source.fields, self.config.host_sets(on_cuda)
-        if on_cuda and self._resident is None:
-            return PinnedSlotPool(fields, self.rows, slots=sets, device=self.device)
-        # Resident: chunks are views or gathers of the resident tensors; no host set is used.
-        return HostBufferPool(fields, self.rows, slots=sets if self._resident is None else 0)
+    def _make_pool(self, on_cuda: bool) -> HostBufferPool | PinnedSlotPool | LazyPool:
+        sets = self.config.host_sets(on_cuda)
+        if self._resident is not None:  # chunks are views or gathers: no host set is used
+            return HostBufferPool(self.source.fields, self.rows, slots=0)
+        make = partial(PinnedSlotPool if on_cuda else HostBufferPool, rows=self.rows, slots=sets,
+                       **({"device": self.device} if on_cuda else {}))  # fmt: skip
+        if self.source.fields is None:  # learned at the first read: allocate after it
+            return LazyPool(lambda source=self.source: make(source.fields))
+        return make(self.source.fields)
 
     def _start_executors(self, on_cuda: bool) -> None:
         """The readers and, on a device, the copy thread; their jobs never refer to the
@@ -372,7 +377,15 @@ class ChunkLoader:
     @property
     def pinned_bytes(self) -> int:
         """Page-locked host bytes the loader holds: its pinned arena's true size (0 on CPU)."""
-        return self._pool.nbytes if isinstance(self._pool, PinnedSlotPool) else 0
+        pool = self._pool.pool if isinstance(self._pool, LazyPool) else self._pool
+        return pool.nbytes if isinstance(pool, PinnedSlotPool) else 0
+
+    @property
+    def chunk_bytes(self) -> int | None:
+        """Bytes of one full window over every field (``None`` while a source that
+        learns its fields at the first read has not read yet)."""
+        fields = self.source.fields
+        return None if fields is None else window_nbytes(fields, self.rows)
 
     @property
     def mode(self) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._errors import ConfigError
 from .._memory import resident_decision
 from ..plans import Piece
 from ..sources import FieldSpec, Source, window_nbytes
@@ -53,11 +54,16 @@ def make_resident(
 ) -> tuple[ResidentStore | None, str]:  # fmt: skip
     """A loader's resident store (``None``: it streams) and the reason, logged once."""
     lo, hi = resident_rows(plan, len(source))
+    if resident is False:  # decided without the fields, which a source may learn later
+        return None, resident_decision(False, device=device, nbytes=0, rows=hi - lo,
+                                       device_memory=device_memory, host_memory=host_memory)[1]
+    if source.fields is None:
+        raise ConfigError.bad("resident", resident, "False for a source whose fields are "
+                              "learned at its first read", "Pass the field specs to the source.")
     nbytes = window_nbytes(source.fields, hi - lo)
     on, why = resident_decision(resident, device=device, nbytes=nbytes, rows=hi - lo,
                                 device_memory=device_memory, host_memory=host_memory)  # fmt: skip
-    if resident is not False:
-        _log.info("chunkstream: %s", why)
+    _log.info("chunkstream: %s", why)
     return (ResidentStore(source.fields, lo, hi, device, stream) if on else None), why
 
 

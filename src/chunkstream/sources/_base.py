@@ -62,10 +62,15 @@ class FieldSpec:
 
 @runtime_checkable
 class Source(Protocol):
-    """Named fields on one time axis, read a window at a time (see module docs)."""
+    """Named fields on one time axis, read a window at a time (see module docs).
+
+    ``fields`` may be ``None`` until a first read when the source also has
+    ``learn(start, stop)``, which the loader calls in a reader thread before it
+    allocates buffers (``CallableSource(..., specs="first")``).
+    """
 
     @property
-    def fields(self) -> Mapping[str, FieldSpec]: ...
+    def fields(self) -> Mapping[str, FieldSpec] | None: ...
 
     def __len__(self) -> int: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -28,10 +29,12 @@ class CallableSource:
                           specs={"data": cs.FieldSpec((N,), np.dtype("float32")),
                                  "stim": cs.FieldSpec((S,), np.dtype("float32"))})
 
-    (``chunkstream.compat`` needs neither: it learns the specs from the first
-    window it delivers.) Every result is checked against the specs: a wrong
-    count, shape or dtype raises ``ValueError`` naming the field, what came
-    back and what was expected.
+    ``specs="first"`` learns them from the first window the loader reads instead:
+    ``fields`` is ``None`` until then, the loader allocates its buffers after that
+    read (:meth:`learn`), and ``load_fn`` is still called once per window read
+    (``chunkstream.compat`` runs this way). Every result is checked against the
+    specs: a wrong count, shape or dtype raises ``ValueError`` naming the field,
+    what came back and what was expected.
     """
 
     def __init__(
@@ -40,7 +43,7 @@ class CallableSource:
         total_timesteps: int,
         names: Sequence[str] = ("data", "stim"),
         *,
-        specs: Mapping[str, FieldSpec] | None = None,
+        specs: Mapping[str, FieldSpec] | str | None = None,
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, stop)")
@@ -52,23 +55,44 @@ class CallableSource:
         self._load_fn = load_fn
         self._len = int(total_timesteps)
         self._names = names
-        if specs is None:
-            probe = self._call(0, min(2, self._len))
-            specs = {
-                n: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
-                for n, a in zip(names, probe, strict=True)
-            }
+        self._fields: dict[str, FieldSpec] | None = None
+        self._learned: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+        self._lock = threading.Lock()
+        if isinstance(specs, str):
+            if specs != "first":
+                raise ConfigError.bad("specs", specs, "a mapping of FieldSpec, None or 'first'",
+                                      "Pass the specs, None to probe, or 'first' to learn them.")  # fmt: skip
+        elif specs is None:
+            self._learn_from(self._call(0, min(2, self._len)))
         elif set(specs) != set(names):
             raise ConfigError.bad("specs", sorted(specs), f"one spec per name in {list(names)}")
-        self._fields = {
-            n: FieldSpec(tuple(specs[n].shape), check_dtype(n, specs[n].dtype, "load_fn"))
-            for n in names
-        }
+        else:
+            self._fields = {
+                n: FieldSpec(tuple(specs[n].shape), check_dtype(n, specs[n].dtype, "load_fn"))
+                for n in names
+            }
 
     @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype."""
+    def fields(self) -> Mapping[str, FieldSpec] | None:
+        """Field name -> per-timestep shape and dtype (``None`` with ``specs="first"``
+        until :meth:`learn` ran)."""
         return self._fields
+
+    def _learn_from(self, arrays: Sequence[np.ndarray]) -> None:
+        specs = {n: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
+                 for n, a in zip(self._names, arrays, strict=True)}  # fmt: skip
+        self._fields = {n: FieldSpec(s.shape, check_dtype(n, s.dtype, "load_fn"))
+                        for n, s in specs.items()}  # fmt: skip
+
+    def learn(self, start: int, stop: int) -> None:
+        """Call ``load_fn(start, stop)`` and, if the specs are unknown, learn them from its
+        arrays; the next ``read_into(start, stop, ...)`` copies these arrays instead of
+        calling ``load_fn`` again."""
+        arrays = self._call(start, stop)
+        with self._lock:
+            if self._fields is None:
+                self._learn_from(arrays)
+            self._learned[(start, stop)] = arrays
 
     def __len__(self) -> int:
         return self._len
@@ -87,9 +111,14 @@ class CallableSource:
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Call ``load_fn(start, stop)`` and copy each array into ``out[name][: stop - start]``."""
-        for name, value in zip(self._names, self._call(start, stop), strict=True):
+        with self._lock:
+            arrays = self._learned.pop((start, stop), None)
+        fields = self._fields
+        if fields is None:
+            raise RuntimeError("CallableSource(specs='first'): call learn() before read_into()")
+        for name, value in zip(self._names, arrays if arrays is not None else self._call(start, stop), strict=True):
             with field_context(name):
-                spec = self._fields[name]
+                spec = fields[name]
                 arr = np.asarray(value)
                 expected = (stop - start, *spec.shape)
                 if arr.shape != expected or arr.dtype.newbyteorder("=") != spec.dtype:
