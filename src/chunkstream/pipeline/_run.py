@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -162,6 +163,9 @@ class EpochRun:
         self._next = 0
         self._reads: deque[Future] = deque()
         self._copies: deque[Future] = deque()
+        # Weak: a strong reference to a done read would keep the user's tensors' buffers.
+        self._jobs: weakref.WeakKeyDictionary[Future, int] = weakref.WeakKeyDictionary()
+        self._claimed: weakref.WeakSet[Future] = weakref.WeakSet()  # results with their owner
         # Reentrant: add_done_callback runs the callback at once, under this lock, when
         # the future is already done, and the callbacks take the lock too.
         self._lock = threading.RLock()
@@ -206,7 +210,7 @@ class EpochRun:
                     job, window = self._next, self._windows[self._next]
                     self._next += 1
                     read = self._readers.submit(self._read, window, self.dropped, what=f"job {job}")
-                    read.chunkstream_job = job  # type: ignore[attr-defined]
+                    self._jobs[read] = job
                     if self._reclaim is not None:
                         read.add_done_callback(self._settle)
                     self._reads.append(read)
@@ -219,9 +223,9 @@ class EpochRun:
     def _claim(self, read: Future) -> bool:
         """Whether the caller becomes the one owner of ``read``'s result (true once only)."""
         with self._lock:
-            if getattr(read, "chunkstream_claimed", False):
+            if read in self._claimed:
                 return False
-            read.chunkstream_claimed = True  # type: ignore[attr-defined]
+            self._claimed.add(read)
             return True
 
     def _give_back(self, read: Future) -> None:
@@ -251,7 +255,7 @@ class EpochRun:
         if self._claim(read):  # the copy owns the buffer now, and gives it back itself
             assert self._copier is not None and self._copy is not None
             self._copier.submit(self._copy, read.result(), self.dropped,
-                                what=f"job {read.chunkstream_job}", future=out)  # fmt: skip
+                                what=f"job {self._jobs[read]}", future=out)  # fmt: skip
 
     def drop(self) -> None:
         """Abandon the run: cancel reads not started; give back buffers nobody will consume."""
