@@ -251,3 +251,23 @@ def test_a_held_iterator_mid_epoch_still_resumes_inside_the_epoch():
         s = stream(ld)
         s.load_state_dict(state)
         assert next(digest(b) for b in s) == reference[7]
+
+
+def test_a_source_that_learns_its_fields_at_the_first_read_gives_the_same_batches():
+    t = np.arange(T, dtype=np.float32)  # the data of source()
+    arrays = {"x": np.stack([t, -t], axis=1), "s": (2 * t)[:, None].repeat(3, axis=1)}
+    calls = []
+
+    def load_fn(start, stop):
+        calls.append((start, stop))
+        return arrays["x"][start:stop], arrays["s"][start:stop]
+
+    learning = cs.CallableSource(load_fn, T, names=("x", "s"), specs="first")
+    options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 4}
+    with cs.ChunkLoader(learning, 200, **options) as lazy, loader() as known:
+        got, want = list(stream(lazy)), list(stream(known))
+        assert calls and len(got) == len(want) == 30
+        for a, b in zip(got, want, strict=True):
+            assert set(a) == {"x", "s"}
+            torch.testing.assert_close(a["x"], b["x"], rtol=0, atol=0)
+            torch.testing.assert_close(a["s"], b["s"], rtol=0, atol=0)

@@ -428,7 +428,8 @@ def _epoch_length(
 
 def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
     """The field names a batch holds: every field of the source, or those named."""
-    names = list(loader.source.fields)
+    known = loader.source.fields  # None until a learning source's first read: use its names
+    names = list(known) if known is not None else list(getattr(loader.source, "names", ()))
     if fields is None:
         return tuple(names)
     chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]

@@ -54,7 +54,7 @@ class CallableSource:
             raise ConfigError.bad("names", names, "a non-empty sequence of distinct names")
         self._load_fn = load_fn
         self._len = int(total_timesteps)
-        self._names = names
+        self._names = self.names = names  # the fields' names, known before their specs
         self._fields: dict[str, FieldSpec] | None = None
         self._learned: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._lock = threading.Lock()
