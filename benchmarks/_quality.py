@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import chunkstream as cs
@@ -113,10 +114,10 @@ def _arms(reps: QualityReps, segments: cs.Segments | None, window: int) -> dict[
     return arms
 
 
-def _in_memory(data: Path) -> cs.NumpySource:
-    """The dataset's fields decoded once into memory: the race measures the model, not
-    the reads (:func:`read_rates` does), and on a shared machine decoding every arm's
-    chunks again would dominate its time."""
+def _in_memory(data: Path) -> dict[str, np.ndarray]:
+    """The dataset's fields decoded into memory, once per dataset: the race measures the
+    model, not the reads (:func:`read_rates` does), and on a shared machine decoding
+    every arm's chunks again would dominate its time."""
     from chunkstream.cli._demo import _open
     from chunkstream.train._data import load_range
 
@@ -125,13 +126,13 @@ def _in_memory(data: Path) -> cs.NumpySource:
         fields = load_range(zarr_source, 0, len(zarr_source), torch.device("cpu"))
     finally:
         zarr_source.close()
-    return cs.NumpySource({name: t.numpy() for name, t in fields.items()})
+    return {name: t.numpy() for name, t in fields.items()}
 
 
-def _train(data: Path, config) -> dict:
+def _train(arrays: dict[str, np.ndarray], config) -> dict:
     from chunkstream.train import Trainer
 
-    source = _in_memory(data)
+    source = cs.NumpySource(arrays)  # reads only: every run sees the same arrays
     try:
         trainer = Trainer(source, config)
         result = trainer.fit()
@@ -157,12 +158,13 @@ def race_dataset(data: Path, reps: QualityReps, segments: cs.Segments | None,
     )
     batches = contiguous.chunks_per_epoch * contiguous.batches_per_chunk
     out: dict = {"batches_per_epoch": batches, "arms": {}}
+    arrays = _in_memory(data)
     for name, over in _arms(reps, segments, base.window).items():
         runs = []
         for seed in range(reps.seeds):
             config = TrainConfig(**{**base.to_dict(), **over, "seed": seed,
                                     "batches_per_epoch": batches})  # fmt: skip
-            runs.append(_train(data, config))
+            runs.append(_train(arrays, config))
             log(f"quality {data.name} {name} seed {seed}: val {runs[-1]['val_loss']:.5f} "
                 f"({runs[-1]['seconds']:.1f} s)")  # fmt: skip
         out["arms"][name] = {"runs": runs}
