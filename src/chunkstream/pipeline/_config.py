@@ -85,8 +85,10 @@ class LoaderConfig:
         fit: dict[str, int] = {}
         if host_memory is not None or device_memory is not None:
             if source.fields is None:
+                name, value = (("host_memory", host_memory) if host_memory is not None
+                               else ("device_memory", device_memory))  # fmt: skip
                 raise ConfigError.bad(
-                    "host_memory" if host_memory is not None else "device_memory", "a budget",
+                    name, value,
                     "a source whose fields are known (this one learns them at its first read)",
                     "Pass the field specs to the source, or set prefetch and host_slots instead.",
                 )  # fmt: skip
