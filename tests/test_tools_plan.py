@@ -184,3 +184,36 @@ def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys):
     assert main(["plan", "--shape", "7900,72000", "--chunk-size", "512", "--batch-size", "8",
                  "--device", "cpu"]) == 0  # fmt: skip
     assert "mode with resident='auto': streaming: no host_memory budget" in capsys.readouterr().out
+
+
+def test_plan_holds_out_what_the_trainer_holds_out(tmp_path, capsys):
+    """T * val_fraction = 300.7: the plan's figures are the ones a real Trainer uses."""
+    from chunkstream.sources import ZarrSource
+    from chunkstream.tools import write_synthetic
+    from chunkstream.train import TrainConfig, Trainer
+
+    write_synthetic(tmp_path / "run", timesteps=3007, neurons=24, stim_dims=6,
+                    chunks=(256, 6, 1), progress=False)  # fmt: skip
+    segments = tmp_path / "conditions.csv"
+    segments.write_text("start,stop,name\n0,1203,calm\n1203,3007,storm\n")
+    config = dict(chunk_size=512, batch_size=16, val_fraction=0.1, device="cpu", pieces=4,
+                  progress=False, tensorboard=False, workers=1, mix=1)  # fmt: skip
+    argv = [str(tmp_path / "run"), "--flyvis", "--stim-dims", "6", "--chunk-size", "512",
+            "--batch-size", "16", "--val-fraction", "0.1", "--device", "cpu", "--pieces", "4",
+            "--window", str(TrainConfig(**config).window)]  # fmt: skip
+    with ZarrSource(str(tmp_path / "run" / "timeseries.zarr"),
+                    fields={"voltage": (slice(None), 0), "stimulus": (slice(0, 6), 1)}) as src:  # fmt: skip
+        trainer = Trainer(src, TrainConfig(**config))
+        out = _plan(capsys, *argv)
+        assert out["train_timesteps"] == trainer.train_len == 3007 - 300
+        assert out["val_timesteps"] == 300
+        for key in ("chunks_per_epoch", "batches_per_chunk", "batches_per_epoch"):
+            assert out["epoch"][key] == getattr(trainer.plan, key), key
+        assert out["pieces"]["chunks_per_epoch"] == trainer.plan.chunks_per_epoch
+        assert out["pieces"]["timesteps"] == trainer.train_len
+        # With segments the last tenth of each is held out: plan's pieces line agrees.
+        with_segments = Trainer(src, TrainConfig(**config, segments=str(segments)))
+        out = _plan(capsys, *argv, "--segments", str(segments))
+        assert out["pieces"]["timesteps"] == with_segments.train_len < 3007 - 300
+        assert out["pieces"]["chunks_per_epoch"] == with_segments.plan.chunks_per_epoch
+        assert set(out["pieces"]["valid_starts"]) == {"calm/train", "storm/train"}

@@ -112,17 +112,22 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
     """Pieces and segments of the run (``None`` for contiguous chunks over the whole data)."""
     if args.pieces == 1 and args.segments is None:
         return None
-    from ..plans import PiecePlan, Segments, plan_epoch
+    from ..plans import PiecePlan, Segments, held_out_segments, held_out_split, plan_epoch
 
+    total = layout.total_timesteps
     segments = Segments.read(args.segments) if args.segments is not None else None
+    # The trainer's split: with segments, the last val_fraction of each one is held out.
+    if segments is not None and args.val_fraction > 0:
+        segments = held_out_segments(segments, total, args.val_fraction, args.window)["train"]
     plan = PiecePlan(
-        total_timesteps=layout.total_timesteps, chunk_size=args.chunk_size, pieces=args.pieces,
+        total_timesteps=total, chunk_size=args.chunk_size, pieces=args.pieces,
         sampling=args.sampling, segments=segments, align=args.align, grid=layout.time_chunk,
         batch_window=args.window,
     )  # fmt: skip
     size, grid = plan.piece_size, layout.time_chunk
-    train = layout.total_timesteps - int(layout.total_timesteps * args.val_fraction)
-    epoch = plan_epoch(train, args.chunk_size, args.batch_size, args.passes,
+    if segments is None:
+        total, _ = held_out_split(total, args.val_fraction, args.window)
+    epoch = plan_epoch(total, args.chunk_size, args.batch_size, args.passes,
                        world_size=args.world_size, segments=segments)  # fmt: skip
     # Unaligned, a piece touches up to ceil((size - 1) / grid) + 1 stored chunks.
     touched = 1 + -(-(size - 1) // grid) if size % grid else size // grid

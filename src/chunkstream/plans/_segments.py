@@ -292,3 +292,33 @@ def split_segments(
             "Raise its fraction, lower gap, or use longer segments.",
         )  # fmt: skip
     return {name: Segments(ranges) for name, ranges in out.items()}
+
+
+def held_out_split(total_timesteps: int, val_fraction: float, window: int = 1) -> tuple[int, int]:
+    """``(training, held-out)`` timesteps when the last ``val_fraction`` of
+    ``total_timesteps`` is held out: the trainer's rule, which ``plan`` reports.
+
+    The held-out length is ``int(total_timesteps * val_fraction)`` (rounded down),
+    raised to one ``window`` when ``val_fraction > 0`` so that it holds at least one
+    validation window; ``0`` for ``val_fraction == 0``. Training gets the rest,
+    ``[0, training)``, which may be shorter than a window: callers check that.
+    """
+    held = int(total_timesteps * val_fraction)
+    if val_fraction > 0:
+        held = max(window, held)
+    return total_timesteps - held, held
+
+
+def held_out_segments(
+    segments: object, total_timesteps: int, val_fraction: float, window: int = 1
+) -> dict[str, Segments]:
+    """``{"train": ..., "val": ...}``: the last ``val_fraction`` of every segment held
+    out, ``window - 1`` timesteps dropped between the two so that no window sees
+    both (:func:`split_segments`); the trainer's rule with segments, which ``plan``
+    reports. ``segments`` is checked against ``[0, total_timesteps)``.
+    """
+    return split_segments(
+        as_segments(segments, total_timesteps),
+        fractions={"train": 1.0 - val_fraction, "val": val_fraction},
+        gap=window - 1,
+    )

@@ -9,7 +9,8 @@ Memory model (the bounds the loader documents, see ``pipeline._config``), with
   chunks kept ready plus the one the user trains on (a loop that drops each
   chunk before asking for the next, as the trainer does; a plain ``for`` loop
   holds the previous one during ``next()``: one chunk more), plus validation
-  data kept on the device (``val_fraction * T`` timesteps); the model's
+  data kept on the device (the trainer's held-out split of ``val_fraction``,
+  :func:`chunkstream.plans.held_out_split`); the model's
   activations come on top; pinned host bytes ``host_slots * chunk_bytes``
   (default ``host_slots = prefetch + workers``; the loader pins exactly this,
   one registered arena);
@@ -37,7 +38,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from .._memory import LOOP_HELD, resident_decision, streaming_bytes
-from ..plans import EpochPlan, plan_epoch
+from ..plans import EpochPlan, held_out_split, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
     DataLayout,
@@ -242,7 +243,7 @@ def fit_budget(
     on_cuda = device == "cuda"
     step = layout.step_nbytes
     total = layout.total_timesteps
-    val_bytes = round(total * val_fraction) * step
+    val_bytes = held_out_split(total, val_fraction, window)[1] * step
     smallest = max(window, min(batch_size, total), align)
     costs = _budget_cost(on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
                          workers=workers, val_bytes=val_bytes)  # fmt: skip
@@ -302,8 +303,7 @@ def _check_plan_args(
     chunk_size, window = ints["--chunk-size"], ints["--window"]
     batch_size, align = ints["--batch-size"], ints["--align"]
     total = layout.total_timesteps
-    val_steps = round(total * val_fraction)
-    train = total - val_steps
+    train, val_steps = held_out_split(total, val_fraction, window)
     if window > chunk_size:
         raise ConfigError.bad(
             "--window", window, f"at most --chunk-size={chunk_size}",

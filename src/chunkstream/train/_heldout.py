@@ -18,7 +18,7 @@ import torch
 from .._errors import ConfigError
 from ..consumer import gather_windows
 from ..distributed import is_distributed
-from ..plans import Segments, as_segments, split_segments
+from ..plans import Segments, held_out_segments, held_out_split
 from ._config import TrainConfig
 from ._data import load_range
 
@@ -52,19 +52,14 @@ def split_source(config: TrainConfig, total: int) -> Split:
     """
     c = config
     if c.segments is None:
-        val_len = max(c.window, int(total * c.val_fraction))
-        train_len = total - val_len
+        train_len, _ = held_out_split(total, c.val_fraction, c.window)
         if train_len < c.window:
             raise ConfigError.bad(
                 "val_fraction", c.val_fraction,
                 f"a split leaving >= {c.window} training timesteps",
             )  # fmt: skip
         return Split(train_len, None, [("val", train_len, total)])
-    splits = split_segments(
-        as_segments(c.segments, total),
-        fractions={"train": 1.0 - c.val_fraction, "val": c.val_fraction},
-        gap=c.window - 1,
-    )
+    splits = held_out_segments(c.segments, total, c.val_fraction, c.window)
     val_ranges = [(s.name, s.start, s.stop) for s in splits["val"] if len(s) >= c.window]
     if not val_ranges:
         raise ConfigError.bad(
