@@ -32,7 +32,13 @@ from zarr.core.buffer import Buffer
 
 from .._errors import CorruptChunkError
 
-__all__ = ["CheckedBloscCodec", "CheckedCodec", "FrameError", "with_checked_codecs"]
+__all__ = [
+    "CheckedBloscCodec",
+    "CheckedCodec",
+    "FrameError",
+    "blosc_frame_error",
+    "with_checked_codecs",
+]
 
 
 class FrameError(CorruptChunkError):
@@ -73,13 +79,27 @@ class CheckedCodec(numcodecs.abc.Codec):
         return self.inner.get_config()
 
 
+def blosc_frame_error(raw: np.ndarray | memoryview, frame_size: int | None = None) -> str | None:
+    """What is wrong with the blosc frame ``raw`` (uint8 or bytes), or ``None``.
+
+    Blosc trusts its header, so a truncated frame decodes without error: the
+    header's compressed size must be ``raw``'s length and, with ``frame_size``,
+    its decoded size must be that. The answer completes "the frame ...".
+    """
+    if len(raw) < 16:
+        return f"holds {len(raw)} bytes, shorter than a blosc header"
+    nbytes, _, cbytes = struct.unpack("<III", bytes(raw[4:16]))
+    if cbytes != len(raw) or nbytes != (frame_size or nbytes):
+        return (f"is {len(raw)} bytes decoding to {frame_size or 'its frame'}; header says "
+                f"{cbytes} bytes decoding to {nbytes}")  # fmt: skip
+    return None
+
+
 def _check_blosc_frame(raw: np.ndarray) -> None:
-    """Raise ``FrameError`` unless the blosc header's compressed size is ``raw``'s length."""
-    if raw.nbytes < 16:
-        raise FrameError(f"a blosc frame of {raw.nbytes} bytes, shorter than its header")
-    cbytes = struct.unpack("<I", raw[12:16].tobytes())[0]
-    if cbytes != raw.nbytes:
-        raise FrameError(f"a blosc frame of {raw.nbytes} bytes whose header says {cbytes}")
+    """Raise ``FrameError`` where :func:`blosc_frame_error` finds ``raw`` damaged."""
+    what = blosc_frame_error(raw)
+    if what is not None:
+        raise FrameError(f"a blosc frame {what}")
 
 
 class CheckedBloscCodec(BloscCodec):

@@ -62,8 +62,9 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
 from ._base import field_context
+from ._checked_codecs import blosc_frame_error
 from ._select import Selection, chunk_ranges, iter_chunk_coords
-from ._shards import Shard, ShardLayout, corrupt_error, crc32c, open_shard, shard_layout
+from ._shards import Shard, ShardLayout, check_crc32c, corrupt_error, open_shard, shard_layout
 
 __all__ = ["ChunkCodec", "FastChunkReader", "declared_size", "decode_pool", "fast_decoder"]
 
@@ -344,14 +345,7 @@ class FastChunkReader:
 
         codec, expected = self._codec, self._chunk_nbytes
         if codec.checksum:
-            # zarr's crc32c codec appends the checksum of the bytes before it, little endian
-            if len(raw) < 4:
-                raise bad(f"holds {len(raw)} bytes, shorter than its crc32c checksum")
-            stored, computed = int.from_bytes(raw[-4:], "little"), crc32c(bytes(raw[:-4]))
-            if stored != computed:
-                raise bad(f"fails its crc32c checksum (stored {stored:#010x}, "
-                          f"computed {computed:#010x})")  # fmt: skip
-            raw = raw[:-4]
+            raw = check_crc32c(raw, label, read.window)
         if codec.compressor is None and not codec.filters:
             if len(raw) != expected:
                 raise bad(f"holds {len(raw)} bytes, expected {expected}")
@@ -362,15 +356,9 @@ class FastChunkReader:
         # the compressor's output is the chunk itself only without filters
         frame_size = expected if not codec.filters else None
         if self._is_blosc:
-            # blosc trusts its header: a truncated tail decodes without error, so check it
-            if len(raw) < 16:
-                raise bad(f"holds {len(raw)} bytes, shorter than a blosc header")
-            nbytes, _, cbytes = struct.unpack("<III", bytes(raw[4:16]))
-            if cbytes != len(raw) or nbytes != (frame_size or nbytes):
-                raise bad(
-                    f"is {len(raw)} bytes decoding to {frame_size or 'its frame'}; header says "
-                    f"{cbytes} bytes decoding to {nbytes}",
-                )
+            what = blosc_frame_error(raw, frame_size)
+            if what is not None:
+                raise bad(what)
         elif codec.compressor is not None:
             # gzip and zstd decode a frame of the wrong size into ``out`` without error,
             # leaving stale bytes behind it (an empty gzip file decodes to nothing): check

@@ -38,7 +38,7 @@ from .._errors import ConfigError, MissingChunkError
 from ._fastzarr import declared_size
 from ._remote import store_errors
 from ._select import Selection, chunk_ranges, iter_chunk_coords
-from ._shards import ShardLayout, corrupt_error, is_empty, parse_index, shard_layout
+from ._shards import ShardLayout, corrupt_error, index_entry, parse_index, shard_layout
 
 __all__ = [
     "ReadChecks",
@@ -182,8 +182,9 @@ class ReadChecks:
                 continue
             offsets = []
             for position in wanted:
-                if not is_empty(index, position, layout):
-                    offsets.append(int(index[np.ravel_multi_index(position, layout.chunks_per_shard), 0]))
+                entry = index_entry(index, position, layout.chunks_per_shard)
+                if entry is not None:
+                    offsets.append(entry[0])
                 elif self._check_missing:
                     what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
                             "marks it empty)")  # fmt: skip

@@ -35,9 +35,10 @@ except ImportError:  # older zarr used the crc32c package
 __all__ = [
     "Shard",
     "ShardLayout",
+    "check_crc32c",
     "corrupt_error",
     "crc32c",
-    "is_empty",
+    "index_entry",
     "open_shard",
     "parse_index",
     "shard_layout",
@@ -110,12 +111,10 @@ class Shard:
 
     def chunk(self, position: tuple[int, ...]) -> memoryview | None:
         """The bytes of the inner chunk at ``position`` in the shard; ``None`` if it is empty."""
-        flat = 0
-        for p, n in zip(position, self._shape, strict=True):
-            flat = flat * n + p
-        offset, nbytes = int(self._index[flat, 0]), int(self._index[flat, 1])
-        if offset == _EMPTY and nbytes == _EMPTY:
+        entry = index_entry(self._index, position, self._shape)
+        if entry is None:
             return None
+        offset, nbytes = entry
         lo, hi = self._bounds
         if offset < lo or offset + nbytes > hi:
             raise corrupt_error(
@@ -164,22 +163,44 @@ def parse_index(
     if len(raw) != need:
         raise corrupt_error(label, f"has a {len(raw)}-byte shard index, expected {need}", window)
     if layout.checksum:
-        stored = int.from_bytes(raw[pairs:], "little")
-        computed = crc32c(bytes(raw[:pairs]))  # its C function takes bytes, not views
-        if stored != computed:
-            raise corrupt_error(
-                label,
-                f"has a shard index whose crc32c checksum fails (stored {stored:#010x}, "
-                f"computed {computed:#010x})",
-                window,
-            )
+        raw = check_crc32c(raw, label, window, "has a shard index whose crc32c checksum fails")
     return np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
 
 
-def is_empty(index: np.ndarray, position: tuple[int, ...], layout: ShardLayout) -> bool:
-    """Whether ``index`` marks the inner chunk at ``position`` as not written."""
-    flat = int(np.ravel_multi_index(position, layout.chunks_per_shard))
-    return bool(index[flat, 0] == _EMPTY and index[flat, 1] == _EMPTY)
+def check_crc32c(
+    raw: memoryview | bytes, label: str, window: tuple[int, int],
+    fails: str = "fails its crc32c checksum",
+) -> memoryview | bytes:  # fmt: skip
+    """``raw`` less its trailing crc32c: 4 little-endian bytes, the crc32c of the bytes
+    before them (zarr's ``crc32c`` codec, on a chunk or a shard index).
+
+    Raises ``CorruptChunkError`` naming ``label`` and ``window`` when ``raw`` is shorter
+    than the checksum, or, saying ``fails``, when the checksum does not match.
+    """
+    if len(raw) < 4:
+        raise corrupt_error(label, f"holds {len(raw)} bytes, shorter than its crc32c checksum",
+                            window)  # fmt: skip
+    stored = int.from_bytes(raw[-4:], "little")
+    computed = crc32c(bytes(raw[:-4]))  # its C function takes bytes, not views
+    if stored != computed:
+        raise corrupt_error(
+            label, f"{fails} (stored {stored:#010x}, computed {computed:#010x})", window
+        )
+    return raw[:-4]
+
+
+def index_entry(
+    index: np.ndarray, position: tuple[int, ...], chunks_per_shard: tuple[int, ...]
+) -> tuple[int, int] | None:
+    """``(offset, nbytes)`` of the inner chunk at ``position`` in a parsed shard ``index``;
+    ``None`` where the index marks it as not written (both ``2**64 - 1``)."""
+    flat = 0
+    for p, n in zip(position, chunks_per_shard, strict=True):
+        flat = flat * n + p  # C order, as the index lists the inner chunks
+    offset, nbytes = int(index[flat, 0]), int(index[flat, 1])
+    if offset == _EMPTY and nbytes == _EMPTY:
+        return None
+    return offset, nbytes
 
 
 def corrupt_error(label: str, what: str, window: tuple[int, int]) -> CorruptChunkError:
