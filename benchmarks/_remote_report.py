@@ -28,26 +28,42 @@ def _load(results_dir: Path) -> dict | None:
     return first_results_with(results_dir, _SOURCES, "remote")
 
 
+def _failed(entry: dict) -> str:
+    """The table's cell for a store that failed (``_remote`` recorded its error)."""
+    return "failed: " + entry["failed"].replace("|", "/")
+
+
 def _row(server: str, store: str, r: dict) -> str:
     t = r["throughput"][server][store]
     f = r["faults"][server][store]
-    transient = " / ".join("identical" if f[k]["transient_identical"] else "**differs**"
-                           for k in _KINDS)  # fmt: skip
-    seconds = " / ".join(f"{f[k]['seconds_to_error']:.2f}" for k in _KINDS)
-    hits = " / ".join(str(f[k]["persistent_hits"]) for k in _KINDS)
-    named = all(f[k]["raised"] == "ChunkLoadError" and f[k]["names_url"] and f[k]["names_window"]
-                for k in _KINDS)  # fmt: skip
-    return (f"| {_SERVERS[server]} | {_STORES[store]} | {t['min']:.3f} / {t['median']:.3f} / "
-            f"{t['max']:.3f} ({t['n']}) | {transient} | {'yes' if named else '**no**'} | "
-            f"{seconds} | {hits} |")  # fmt: skip
+    gbps = (_failed(t) if "failed" in t
+            else f"{t['min']:.3f} / {t['median']:.3f} / {t['max']:.3f} ({t['n']})")  # fmt: skip
+
+    def cells(cell) -> str:  # a figure per fault kind, "failed: ..." where the row failed
+        if all("failed" in f[k] for k in _KINDS) and len({f[k]["failed"] for k in _KINDS}) == 1:
+            return "failed (each kind)" if "failed" in t else _failed(f[_KINDS[0]])
+        return " / ".join(_failed(f[k]) if "failed" in f[k] else cell(f[k]) for k in _KINDS)
+
+    transient = cells(lambda x: "identical" if x["transient_identical"] else "**differs**")
+    seconds = cells(lambda x: f"{x['seconds_to_error']:.2f}")
+    hits = cells(lambda x: str(x["persistent_hits"]))
+    named = all("failed" not in f[k] and f[k]["raised"] == "ChunkLoadError" and f[k]["names_url"]
+                and f[k]["names_window"] for k in _KINDS)  # fmt: skip
+    return (f"| {_SERVERS[server]} | {_STORES[store]} | {gbps} | {transient} | "
+            f"{'yes' if named else '**no**'} | {seconds} | {hits} |")  # fmt: skip
 
 
 def _decision(r: dict) -> str:
     from chunkstream.sources._remote import OBSTORE_SCHEMES
 
     d = r["decision"]
-    ratios = " and ".join(f"{x:.2f}x ({s.upper()})" for s, x in d["obstore_over_fsspec"].items())
-    ratios = f"at {ratios} the baseline's median GB/s"
+    measured = [f"{x:.2f}x ({s.upper()})" for s, x in d["obstore_over_fsspec"].items()
+                if x is not None]  # fmt: skip
+    failed = [s.upper() for s, x in d["obstore_over_fsspec"].items() if x is None]
+    ratios = (f"at {' and '.join(measured)} the baseline's median GB/s" if measured
+              else "with no ratio to the baseline")  # fmt: skip
+    if failed:
+        ratios += f" ({' and '.join(failed)}: a store failed, no ratio)"
     contract = ("meets the fault contract on both servers" if d["contract_met"]["obstore"]
                 else "**misses the fault contract** (see the rows above)")  # fmt: skip
     code_uses_obstore = "http" in OBSTORE_SCHEMES and "s3" in OBSTORE_SCHEMES

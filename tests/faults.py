@@ -171,7 +171,13 @@ class Wrapped:
 @dataclass
 class Faults:
     """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop"),
-    ``times`` times (``None``: always). ``hits`` counts the faults served."""
+    ``times`` times (``None``: always). ``hits`` counts the faults served.
+
+    A stalled request waits on the ``release`` event of the rule that stalled it;
+    :meth:`set` (a new rule, or ``set("", "", 0)`` to clear) sets that event, so no
+    request stalled by an earlier rule still holds a server thread and its
+    connection while the next measurement runs.
+    """
 
     match: str = ""
     kind: str = ""
@@ -184,8 +190,11 @@ class Faults:
     def set(self, match: str, kind: str, times: int | None) -> None:
         with self.lock:
             self.match, self.kind, self.times, self.hits = match, kind, times, 0
+            stalled, self.release = self.release, threading.Event()
+        stalled.set()
 
-    def take(self, path: str) -> str | None:
+    def take(self, path: str) -> tuple[str, threading.Event] | None:
+        """The fault to serve ``path`` and the event that ends a stall, or ``None``."""
         with self.lock:
             self.requests += 1
             if not self.kind or self.match not in path:
@@ -193,7 +202,7 @@ class Faults:
             if self.times is not None and self.hits >= self.times:
                 return None
             self.hits += 1
-            return self.kind
+            return self.kind, self.release
 
 
 class FaultHandler(http.server.SimpleHTTPRequestHandler):
@@ -209,11 +218,12 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def _fault(self) -> bool:
-        kind = self.faults.take(self.path)
-        if kind is None:
+        fault = self.faults.take(self.path)
+        if fault is None:
             return False
+        kind, release = fault
         if kind == "stall":
-            self.faults.release.wait(10)  # the client times out long before
+            release.wait(10)  # the client times out long before; the next set() ends it
         elif kind == "drop":
             pass  # close the connection without a byte of response
         else:
@@ -315,7 +325,7 @@ def serve(directory: Path | None, upstream: tuple[str, int] | None = None) -> It
     try:
         yield Server(f"http://127.0.0.1:{httpd.server_address[1]}", faults)
     finally:
-        faults.release.set()
+        faults.set("", "", 0)  # ends every stall
         httpd.shutdown()
         httpd.close_connections()
         httpd.server_close()

@@ -147,3 +147,31 @@ def test_dtype_benchmark_runs_and_renders(tmp_path: Path) -> None:
     assert stores["none-float16"]["bytes"] * 2 == stores["none-float32"]["bytes"] == 4096 * 32 * 4
     text = "\n".join(dtype_section(res))
     assert "### storage dtype" in text and "float16 moves 0.50x the bytes" in text
+
+
+def test_a_store_that_fails_is_recorded_and_shown_not_raised(monkeypatch, tmp_path: Path) -> None:
+    """The baseline opening a path the servers do not hold fails on every server and row;
+    the race still completes, records why, and the table shows it."""
+    from benchmarks._remote_report import remote_section
+
+    def open_elsewhere(server, url, s3, timeout):
+        return _remote._open_fsspec(server, url.replace("x.zarr", "missing.zarr"), s3, timeout)
+
+    monkeypatch.setitem(_remote.OPENERS, "fsspec", open_elsewhere)
+    r = _remote.run_remote(_remote.RemoteGeometry.tiny(), tmp_path / "data")
+    for server in ("http", "s3"):
+        assert "failed" in r["throughput"][server]["fsspec"]
+        assert r["throughput"][server]["obstore"]["min"] > 0
+        assert all("failed" in r["faults"][server]["fsspec"][k] for k in _remote.KINDS)
+        assert all("failed" not in r["faults"][server]["obstore"][k] for k in _remote.KINDS)
+    reason = r["throughput"]["s3"]["fsspec"]["failed"]
+    assert "NotFound" in reason or "missing.zarr" in reason, reason
+    assert r["decision"]["obstore_over_fsspec"] == {"http": None, "s3": None}
+    assert r["decision"]["contract_met"] == {"obstore": True, "fsspec": False}
+    (tmp_path / "remote.json").write_text(json.dumps(
+        {"remote": r, "command": "python -m benchmarks.run --only remote", "seconds": 1.0}))
+    text = "\n".join(remote_section(tmp_path))
+    rows = [line for line in text.splitlines() if "`RetryingStore` (before) |" in line]
+    assert len(rows) == 2 and all(f"| failed: {reason[:40]}" in row for row in rows[1:])
+    assert all("| failed: " in row and "failed (each kind)" in row for row in rows)
+    assert "(HTTP and S3: a store failed, no ratio)" in text

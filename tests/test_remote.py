@@ -472,3 +472,36 @@ def test_read_metadata_over_http_maps_a_persistent_fault(flyvis_server):
         assert server.faults.hits == 1 + FAST.retries  # obstore's retries, then our error
     finally:
         server.faults.set("", "", 0)
+
+
+def test_a_new_fault_rule_ends_the_requests_the_last_one_stalled(tmp_path):
+    """A stalled request holds a server thread (10 s at most) until the next rule is set,
+    so a benchmark part never finds the server still busy with the last part's stalls."""
+    import http.client
+    import threading
+    import time
+
+    def conn_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "test-http-conn" and t.is_alive()}
+
+    (tmp_path / "a").write_bytes(b"x")
+    for server in serve(tmp_path):
+        before = conn_threads()  # other servers' connections, left out of the count
+        server.faults.set("/a", "stall", times=None)
+        port = int(server.url.rsplit(":", 1)[1])
+        for _ in range(3):
+            client = http.client.HTTPConnection("127.0.0.1", port, timeout=0.2)
+            with pytest.raises(TimeoutError):
+                client.request("GET", "/a")
+                client.getresponse()
+            client.close()
+        assert server.faults.hits == 3 and len(conn_threads() - before) == 3  # still stalled
+        began = time.monotonic()
+        server.faults.set("", "", 0)
+        while conn_threads() - before and time.monotonic() - began < 5:
+            time.sleep(0.01)
+        assert not conn_threads() - before, "the stalled requests still hold their threads"
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        client.request("GET", "/a")
+        assert client.getresponse().read() == b"x"  # served again at once
+        client.close()
