@@ -196,3 +196,34 @@ def test_a_failure_is_raised_only_after_every_part_has_finished():
     assert info.value.chunkstream_field == "a"
     assert "part 0 (Failing), fields ['a'], failed reading window [0, 5)" in info.value.__notes__[0]
     join.close()
+
+
+def test_pieces_of_a_join_start_on_every_parts_stored_chunk_grid(tmp_path):
+    """Time chunks of 40 and 60 steps: the join's grid is their lcm, 120, so every piece
+    start is on both grids and a piece of 240 steps decodes whole chunks of each store."""
+    rng = np.random.default_rng(5)
+    a = make_array(tmp_path / "a.zarr", rng.standard_normal((2400, 3)).astype(np.float32), (40, 3))
+    b = make_array(tmp_path / "b.zarr", rng.standard_normal((2400, 2)).astype(np.float32), (60, 2),
+                   zarr_format=2)  # fmt: skip
+    numpy = cs.NumpySource({"c": np.arange(2400, dtype=np.int64)})
+    with cs.ZarrSource(tmp_path / "a.zarr") as alone:
+        assert (alone.time_chunk, numpy.time_chunk) == (40, 1)
+    join = cs.JoinSource({"a": cs.ZarrSource(tmp_path / "a.zarr"),
+                          "b": cs.ZarrSource(tmp_path / "b.zarr"), "c": numpy})  # fmt: skip
+    assert join.time_chunk == 120
+    with cs.ChunkLoader(join, 960, device="cpu", pieces=4, sampling="random", seed=2,
+                        workers=1) as loader:  # fmt: skip
+        assert loader.plan.piece_align == 120
+        chunks = list(loader.epoch(6))
+        starts = [p.start for c in chunks for p in c.pieces]
+        for chunk in chunks:
+            for p in chunk.pieces:
+                np.testing.assert_array_equal(
+                    chunk["a"].numpy()[p.offset : p.offset + p.length], a[p.start : p.stop])
+                np.testing.assert_array_equal(
+                    chunk["b"].numpy()[p.offset : p.offset + p.length], b[p.start : p.stop])
+    assert len(starts) == 24 and all(s % 40 == 0 and s % 60 == 0 for s in starts)
+    assert len(set(starts)) > 1
+    # a join of a join keeps the grid; a part without a grid leaves it unchanged
+    with cs.JoinSource(join, cs.NumpySource({"d": np.zeros(2400)})) as outer:  # closes join
+        assert outer.time_chunk == 120

@@ -13,8 +13,8 @@ from ._zarr import ZarrSource
 from ._base import check_lengths as check_lengths  # isort: skip
 from ._base import check_source as check_source  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
+from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
-from ._group import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._remote import close_store as close_store  # isort: skip
 from ._remote import store_errors as store_errors  # isort: skip
 from ._select import read_amplification as read_amplification  # isort: skip

@@ -21,6 +21,10 @@ Contract for implementations
   window. A source should raise a ``SourceError`` subclass naming the path or
   chunk key where it can (see ``MissingChunkError``, ``CorruptChunkError``).
 * ``close()`` releases handles and is idempotent.
+* Optionally, ``time_chunk``: the stored chunk length along time (an int >= 1;
+  1 where the storage has no chunk grid or it is unknown). Pieced chunks start
+  on multiples of it so that a piece decodes whole stored chunks; a source
+  without the attribute counts as 1 (:func:`stored_time_chunk`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import numpy as np
 from .._errors import ConfigError, FieldDtypeError, FieldLengthError
 
 __all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "check_source", "field_context",
-           "window_nbytes"]  # fmt: skip
+           "stored_time_chunk", "window_nbytes"]  # fmt: skip
 
 # dtypes torch can hold without conversion.
 _TORCH_DTYPES = frozenset(
@@ -77,6 +81,11 @@ class Source(Protocol):
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def stored_time_chunk(source: object) -> int:
+    """The source's ``time_chunk`` (module docs); 1 for a source without one."""
+    return max(1, int(getattr(source, "time_chunk", 1)))
 
 
 def window_nbytes(fields: Mapping[str, FieldSpec], timesteps: int) -> int:

@@ -37,6 +37,9 @@ class CallableSource:
     what came back and what was expected.
     """
 
+    #: No stored chunk grid along time: pieces may start anywhere.
+    time_chunk = 1
+
     def __init__(
         self,
         load_fn: Callable[[int, int], Sequence[np.ndarray]],

@@ -21,10 +21,9 @@ import zarr
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._base import FieldSpec, check_lengths, window_nbytes
 from ._remote import close_store, open_remote_store, store_errors
-from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource, is_url
 
-__all__ = ["ZarrGroupSource", "stored_time_chunk"]
+__all__ = ["ZarrGroupSource"]
 
 Index = tuple[int | slice, ...] | int | slice
 FieldRef = str | tuple[str, Index]
@@ -81,6 +80,8 @@ class ZarrGroupSource:
         self.read_amplification = {
             n: f for p in self._parts for n, f in p.read_amplification.items()
         }
+        #: A multiple of every array's stored time chunk: a start on it is on each grid.
+        self.time_chunk = math.lcm(*(p.time_chunk for p in self._parts))
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -134,18 +135,3 @@ def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[s
     finally:
         if store is not path:
             close_store(store)  # each array's ZarrSource opens (and closes) its own store
-
-
-def stored_time_chunk(source: object) -> int:
-    """The source's stored time-chunk length (the zarr or tensorstore chunk grid's axis 0);
-    1 when the source has no grid (numpy, callables) or it cannot be read."""
-    if isinstance(source, ZarrSource):
-        return max(1, int(source.chunks[0]))
-    if isinstance(source, ZarrGroupSource):
-        return math.lcm(*(stored_time_chunk(part) for part in source._parts))
-    if isinstance(source, TensorStoreSource):
-        try:
-            return max(1, int(source.store.chunk_layout.read_chunk.shape[0]))
-        except (AttributeError, TypeError, IndexError, ValueError):
-            return 1
-    return 1

@@ -25,13 +25,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import itertools
+import math
 import threading
 from collections.abc import Mapping
 
 import numpy as np
 
 from .._errors import ConfigError, FieldLengthError, check_int
-from ._base import FieldSpec, Source, describe_source, window_nbytes
+from ._base import FieldSpec, Source, describe_source, stored_time_chunk, window_nbytes
 
 __all__ = ["JoinSource"]
 
@@ -122,6 +123,10 @@ class JoinSource:
             for _, part, names in self._parts
             for exposed, inner in names.items()
         }
+        #: The least common multiple of the parts' stored time chunks: the smallest grid
+        #: whose every point is on each part's grid, so a piece aligned to it decodes
+        #: whole stored chunks of every part (a part without a grid counts as 1).
+        self.time_chunk = math.lcm(*(stored_time_chunk(part) for _, part, _ in self._parts))
         self._pool = cf.ThreadPoolExecutor(read_threads, initializer=_name_thread)
         self._closed = False
 

@@ -39,6 +39,9 @@ class NumpySource:
     ``read_into`` is thread-safe.
     """
 
+    #: No stored chunk grid along time: pieces may start anywhere.
+    time_chunk = 1
+
     def __init__(self, arrays: Mapping[str, np.ndarray | str | Path]) -> None:
         if not arrays:
             raise ConfigError.bad("arrays", arrays, "a non-empty mapping of name -> array")

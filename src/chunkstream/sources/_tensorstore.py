@@ -40,6 +40,14 @@ def _spec_for_path(path: Path) -> dict[str, Any]:
     return {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
 
 
+def _read_chunk_steps(store) -> int:
+    """The read chunk's length along axis 0 (time); 1 when the driver reports no layout."""
+    try:
+        return max(1, int(store.chunk_layout.read_chunk.shape[0]))
+    except (AttributeError, TypeError, IndexError, ValueError):
+        return 1
+
+
 class TensorStoreSource:
     """Fields of a zarr (v2 or v3) array opened with tensorstore.
 
@@ -87,6 +95,8 @@ class TensorStoreSource:
         self._fields = {n: FieldSpec(s.shape, dtype) for n, s in self._selections.items()}
         self._len = check_lengths({n: shape[0] for n in self._fields}, where)
         self.nbytes_per_step = window_nbytes(self._fields, 1)
+        #: The stored chunk length along time (see :func:`_read_chunk_steps`).
+        self.time_chunk = _read_chunk_steps(store)
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:

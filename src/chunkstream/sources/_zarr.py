@@ -229,6 +229,8 @@ class ZarrSource:
         if arr.ndim < 1:
             raise NotZarrError(f"zarr array {self.path!r} is 0-d: it has no time axis.")
         self.chunks: tuple[int, ...] = tuple(arr.chunks)
+        #: The stored chunk length along time (the inner chunk of a sharded array).
+        self.time_chunk = max(1, int(self.chunks[0]))
         where = f"zarr array {self.path!r} (shape {arr.shape})"
         raw_fields = {"data": ()} if fields is None else dict(fields)
         if not raw_fields:
