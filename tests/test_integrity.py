@@ -711,3 +711,28 @@ def test_an_int_index_beside_a_partial_edge_chunk_reads_on_every_engine(tmp_path
             got = _filled(source, start, stop)
             for name, index in fields.items():
                 np.testing.assert_array_equal(got[name], data[(slice(start, stop), *index)])
+
+
+@pytest.mark.parametrize("engine", ["zarr", "zarrs"])
+def test_an_index_error_means_a_bad_chunk_only_from_zarrs(tmp_path, monkeypatch, engine):
+    """zarrs' Rust codecs raise IndexError for a chunk they cannot decode; zarr's pipeline
+    raises none for a damaged chunk, so there an IndexError is a bug and stays one."""
+    if engine == "zarrs":
+        pytest.importorskip("zarrs")
+    make_array(tmp_path / "a.zarr", random_data((64, 4)), (16, 4))
+    with cs.ZarrSource(tmp_path / "a.zarr", engine=engine) as src:
+        assert src.engine == engine
+        out = {"data": np.empty((32, 4), np.float32)}
+        src.read_into(0, 32, out)  # reads as it should
+
+        def raise_index_error(self, *args, **kwargs):
+            raise IndexError("list index out of range")
+
+        monkeypatch.setattr(zarr.Array, "get_basic_selection", raise_index_error)
+        expected = IndexError if engine == "zarr" else cs.CorruptChunkError
+        with pytest.raises(expected) as info:
+            src.read_into(0, 32, out)
+    if engine == "zarr":
+        assert not isinstance(info.value, cs.ChunkstreamError)
+    else:
+        assert isinstance(info.value.__cause__, IndexError) and "does not decode" in str(info.value)

@@ -78,11 +78,15 @@ from ._select import (
 __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
 
 #: What codecs raise for a bad frame (bz2 and zarrs: a bare ``OSError``, see _is_decode;
-#: zstd: ``MemoryError`` for a damaged size field; blosc: ``SystemError``; zarrs: ``IndexError``)
+#: zstd: ``MemoryError`` for a damaged size field; blosc: ``SystemError``).
 _DECODE_ERRORS: tuple[type[Exception], ...] = (
     ValueError, RuntimeError, EOFError, OSError, zlib.error, lzma.LZMAError, MemoryError,
-    SystemError, IndexError,
+    SystemError,
 )  # fmt: skip
+#: The zarrs engine's: its Rust codecs also raise ``IndexError`` for a chunk they cannot
+#: decode. zarr's own pipeline raises none for a damaged chunk, so there an
+#: ``IndexError`` is a bug and propagates as one.
+_ZARRS_DECODE_ERRORS = (*_DECODE_ERRORS, IndexError)
 
 _AMPLIFICATION_LIMIT = 1.5
 _LOCATE_LIMIT = 64  # chunks of a failed window decoded one by one to name the bad one
@@ -258,6 +262,7 @@ class ZarrSource:
         chosen = choose_engine(arr, engine, self.path, local, read_threads)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
         self.engine, self.array = chosen.name, chosen.array
+        self._decode_errors = _ZARRS_DECODE_ERRORS if self.engine == "zarrs" else _DECODE_ERRORS
         if chosen.decoder is None:
             self._checks = read_checks(arr, self.path, local, self._selections, mode,
                                        check_missing, zarrs=chosen.name == "zarrs")  # fmt: skip
@@ -309,7 +314,7 @@ class ZarrSource:
                     raise self._corrupt(name, sel, start, stop, str(exc)) from exc
                 except ChunkstreamError:
                     raise  # already says what failed (a RemoteStoreError is an OSError too)
-                except _DECODE_ERRORS as exc:
+                except self._decode_errors as exc:
                     if not _is_decode(exc):
                         raise
                     what = f"a chunk does not decode ({type(exc).__name__}: {exc})"
