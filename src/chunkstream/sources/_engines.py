@@ -86,7 +86,9 @@ def read_checks(
     # zarrs only: the most a zstd frame may declare (see _zarrs.zstd_frame_bound)
     zstd_bound = zstd_frame_bound(arr) if zarrs else None
     shards = None
-    if mode is not False or zstd_bound is not None:
+    # zarrs also aborts the process on a local shard's index entry past the file's end
+    # (a truncated shard without an index checksum): its indices are read to check that
+    if mode is not False or zstd_bound is not None or (zarrs and local is not None):
         shards = shard_index_layout(arr, path, check_missing)
     raw_nbytes = raw_file_nbytes(arr) if local is not None else None
     # A local chunk deleted after open reads as the fill value on these pipelines; an

@@ -14,7 +14,10 @@ before each field's read and raises what the pipelines would not:
   decodes such a chunk partially, reading only the bytes a window needs, so a
   truncated file would go unnoticed) and, on zarrs, for a zstd frame declaring
   more bytes than its chunk holds (zarrs would abort the process allocating
-  them; see :func:`._zarrs.zstd_frame_bound`).
+  them; see :func:`._zarrs.zstd_frame_bound`);
+* ``CorruptChunkError`` for an entry of a local shard's index that points outside
+  the shard file's data bytes (a truncated shard whose index has no checksum:
+  zarrs aborts the process on such an entry, zarr misnames the damage).
 
 Local files are checked directly with ``os`` calls, not through zarr's event
 loop: a round trip per chunk file on every read adds up. With
@@ -38,7 +41,15 @@ from .._errors import ConfigError, MissingChunkError
 from ._fastzarr import declared_size
 from ._remote import store_errors
 from ._select import Selection, chunk_ranges, iter_chunk_coords
-from ._shards import ShardLayout, corrupt_error, index_entry, parse_index, shard_layout
+from ._shards import (
+    ShardLayout,
+    check_entry,
+    corrupt_error,
+    data_bounds,
+    index_entry,
+    parse_index,
+    shard_layout,
+)
 
 __all__ = [
     "ReadChecks",
@@ -96,12 +107,12 @@ def shard_index_layout(arr: zarr.Array, path: str, check_missing: object) -> Sha
     sharded = shard_layout(codecs[0], tuple(arr.shards)) if len(codecs) == 1 else None
     if sharded is not None:
         return sharded[0]
-    if check_missing is False:  # only zarrs' zstd check needs the index
+    if check_missing is False:  # only zarrs' checks need the index then
         raise ConfigError.bad(
             "engine", "zarrs", f'"auto" or "zarr" for {path!r}',
-            "zarrs aborts the process on a damaged zstd frame claiming a huge size, and "
-            "this array's shard index is not one chunkstream reads to check the frames "
-            'first; engine="auto" reads it.',
+            "zarrs aborts the process on a damaged zstd frame claiming a huge size or a "
+            "shard index entry past the file's end, and this array's shard index is not one "
+            'chunkstream reads to check them first; engine="auto" reads it.',
         )  # fmt: skip
     raise ConfigError.bad(
         "check_missing", check_missing, "False for this array",
@@ -175,15 +186,19 @@ class ReadChecks:
             positions.setdefault(shard, []).append(position)
         for shard, wanted in positions.items():
             key = self._arr.metadata.encode_chunk_key(shard)
-            index = self._read_index(key, window)
-            if index is None:
+            found = self._read_index(key, window)
+            if found is None:
                 if self._check_missing:
                     raise missing_error(f"zarr shard {key!r}", name, repr(self._path))
                 continue
+            index, size = found
             offsets = []
             for position in wanted:
                 entry = index_entry(index, position, layout.chunks_per_shard)
                 if entry is not None:
+                    if size is not None:  # zarrs aborts the process on an entry past the file
+                        check_entry(entry, data_bounds(layout, size),
+                                    f"zarr shard file {self._root / key}", position, window)  # fmt: skip
                     offsets.append(entry[0])
                 elif self._check_missing:
                     what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
@@ -192,8 +207,11 @@ class ReadChecks:
             if self._zstd_bound is not None and self._root is not None:
                 self._check_zstd_frames(self._root / key, offsets, window)
 
-    def _read_index(self, key: str, window: tuple[int, int]) -> np.ndarray | None:
-        """The parsed index of shard ``key`` (``None``: no such shard), read on its own."""
+    def _read_index(
+        self, key: str, window: tuple[int, int]
+    ) -> tuple[np.ndarray, int | None] | None:
+        """``(the parsed index of shard key, the file's size where local)``, the index read
+        on its own; ``None`` where there is no such shard."""
         layout = self._shards
         need = layout.index_nbytes
         if self._root is not None:
@@ -210,7 +228,7 @@ class ReadChecks:
                 raw = os.pread(fd, need, 0 if layout.index_at_start else size - need)
             finally:
                 os.close(fd)
-            return parse_index(raw, layout, label, window)
+            return parse_index(raw, layout, label, window), size
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync
@@ -221,7 +239,7 @@ class ReadChecks:
         with store_errors(self._path, f"the index of shard {key!r}"):
             buf = sync(self._arr.store.get(full, default_buffer_prototype(), byte_range=request))
         label = f"zarr shard {key!r} of {self._path!r}"
-        return None if buf is None else parse_index(buf.to_bytes(), layout, label, window)
+        return None if buf is None else (parse_index(buf.to_bytes(), layout, label, window), None)
 
     def _check_zstd_frames(self, path: Path, offsets: list[int], window: tuple[int, int]) -> None:
         """``CorruptChunkError`` for a zstd frame at one of ``offsets`` in ``path`` that

@@ -36,8 +36,10 @@ __all__ = [
     "Shard",
     "ShardLayout",
     "check_crc32c",
+    "check_entry",
     "corrupt_error",
     "crc32c",
+    "data_bounds",
     "index_entry",
     "open_shard",
     "parse_index",
@@ -114,15 +116,8 @@ class Shard:
         entry = index_entry(self._index, position, self._shape)
         if entry is None:
             return None
+        check_entry(entry, self._bounds, f"zarr shard file {self.path}", position, self._window)
         offset, nbytes = entry
-        lo, hi = self._bounds
-        if offset < lo or offset + nbytes > hi:
-            raise corrupt_error(
-                f"zarr shard file {self.path}",
-                f"has an index entry for inner chunk {position} at bytes "
-                f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {hi})",
-                self._window,
-            )
         return self._data[offset : offset + nbytes]
 
 
@@ -149,8 +144,7 @@ def open_shard(path: Path, layout: ShardLayout, window: tuple[int, int]) -> Shar
         os.close(fd)
     at = 0 if layout.index_at_start else size - need
     index = parse_index(data[at : at + need], layout, label, window)
-    bounds = (need, size) if layout.index_at_start else (0, size - need)
-    return Shard(path, data, index, layout.chunks_per_shard, bounds, window)
+    return Shard(path, data, index, layout.chunks_per_shard, data_bounds(layout, size), window)
 
 
 def parse_index(
@@ -187,6 +181,31 @@ def check_crc32c(
             label, f"{fails} (stored {stored:#010x}, computed {computed:#010x})", window
         )
     return raw[:-4]
+
+
+def data_bounds(layout: ShardLayout, size: int) -> tuple[int, int]:
+    """``[lo, hi)``: where inner chunks' bytes may lie in a shard file of ``size`` bytes
+    (the file less its index)."""
+    need = layout.index_nbytes
+    return (need, size) if layout.index_at_start else (0, size - need)
+
+
+def check_entry(
+    entry: tuple[int, int], bounds: tuple[int, int], label: str, position: tuple[int, ...],
+    window: tuple[int, int],
+) -> None:  # fmt: skip
+    """``CorruptChunkError`` naming ``label`` and ``window`` unless the index ``entry``
+    ``(offset, nbytes)`` of the inner chunk at ``position`` lies inside ``bounds``
+    (:func:`data_bounds`): without its checksum a damaged index is found only so."""
+    offset, nbytes = entry
+    lo, hi = bounds
+    if offset < lo or offset + nbytes > hi:
+        raise corrupt_error(
+            label,
+            f"has an index entry for inner chunk {position} at bytes "
+            f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {hi})",
+            window,
+        )
 
 
 def index_entry(
