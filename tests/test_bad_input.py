@@ -19,6 +19,7 @@ import zarr
 import chunkstream as cs
 from chunkstream import compat, flyvis
 from chunkstream.sources._base import FieldSpec
+from chunkstream.tools import layout_from_shape, plan_memory
 from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
 from tests.stores import chunk_files, make_array, make_flyvis, random_data
 
@@ -393,6 +394,10 @@ CASES = [
      cs.ConfigError, ValueError, ["column=0", "metadata"]),
     ("flyvis.open.stim_dims", lambda t: _flyvis(t, stim_dims=0),
      cs.ConfigError, ValueError, ["stim_dims=0", "positive int or None"]),
+    ("plan_memory.segments",
+     lambda t: plan_memory(layout_from_shape((100, 4)), chunk_size=10, batch_size=2,
+                           val_fraction=0.1, segments=[(0, 50), (50, 200)]),
+     cs.ConfigError, ValueError, ["segments=", "[0, 100)"]),
     ("plan_epoch.chunk_size", lambda t: cs.plan_epoch(1000, 0, 10),
      cs.ConfigError, ValueError, ["chunk_size=0", "Pass a positive chunk_size"]),
     ("plan_epoch.chunk_size", lambda t: cs.plan_epoch(1000, 5, 10),

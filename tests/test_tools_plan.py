@@ -211,9 +211,15 @@ def test_plan_holds_out_what_the_trainer_holds_out(tmp_path, capsys):
             assert out["epoch"][key] == getattr(trainer.plan, key), key
         assert out["pieces"]["chunks_per_epoch"] == trainer.plan.chunks_per_epoch
         assert out["pieces"]["timesteps"] == trainer.train_len
-        # With segments the last tenth of each is held out: plan's pieces line agrees.
+        # With segments the last tenth of each is held out, as the trainer does.
         with_segments = Trainer(src, TrainConfig(**config, segments=str(segments)))
         out = _plan(capsys, *argv, "--segments", str(segments))
-        assert out["pieces"]["timesteps"] == with_segments.train_len < 3007 - 300
+        assert out["train_timesteps"] == with_segments.train_len < 3007 - 300
+        # the held-out ranges the trainer keeps on the device, timesteps of each
+        held = sum(len(fields["voltage"]) for _, fields, _ in with_segments.val_parts)
+        assert out["val_timesteps"] == held and len(with_segments.val_parts) == 2
+        for key in ("chunks_per_epoch", "batches_per_chunk", "batches_per_epoch"):
+            assert out["epoch"][key] == getattr(with_segments.plan, key), key
+        assert out["pieces"]["timesteps"] == with_segments.train_len
         assert out["pieces"]["chunks_per_epoch"] == with_segments.plan.chunks_per_epoch
         assert set(out["pieces"]["valid_starts"]) == {"calm/train", "storm/train"}

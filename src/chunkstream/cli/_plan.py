@@ -112,23 +112,19 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
     """Pieces and segments of the run (``None`` for contiguous chunks over the whole data)."""
     if args.pieces == 1 and args.segments is None:
         return None
-    from ..plans import PiecePlan, Segments, held_out_segments, held_out_split, plan_epoch
+    from ..plans import PiecePlan, Segments, held_out_split, plan_epoch
 
-    total = layout.total_timesteps
     segments = Segments.read(args.segments) if args.segments is not None else None
     # The trainer's split: with segments, the last val_fraction of each one is held out.
-    if segments is not None and args.val_fraction > 0:
-        segments = held_out_segments(segments, total, args.val_fraction, args.window)["train"]
+    split = held_out_split(layout.total_timesteps, args.val_fraction, args.window, segments)
     plan = PiecePlan(
-        total_timesteps=total, chunk_size=args.chunk_size, pieces=args.pieces,
-        sampling=args.sampling, segments=segments, align=args.align, grid=layout.time_chunk,
-        batch_window=args.window,
+        total_timesteps=layout.total_timesteps, chunk_size=args.chunk_size,
+        pieces=args.pieces, sampling=args.sampling, segments=split.train_segments,
+        align=args.align, grid=layout.time_chunk, batch_window=args.window,
     )  # fmt: skip
     size, grid = plan.piece_size, layout.time_chunk
-    if segments is None:
-        total, _ = held_out_split(total, args.val_fraction, args.window)
-    epoch = plan_epoch(total, args.chunk_size, args.batch_size, args.passes,
-                       world_size=args.world_size, segments=segments)  # fmt: skip
+    epoch = plan_epoch(split.train_len, args.chunk_size, args.batch_size, args.passes,
+                       world_size=args.world_size)  # fmt: skip
     # Unaligned, a piece touches up to ceil((size - 1) / grid) + 1 stored chunks.
     touched = 1 + -(-(size - 1) // grid) if size % grid else size // grid
     return {
@@ -143,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
     from ..tools import format_bytes, parse_bytes, plan_memory
 
     layout = layout_from_args(args)
+    segments = None
+    if args.segments is not None:
+        from ..plans import Segments
+
+        segments = Segments.read(args.segments)
     report = plan_memory(
         layout, chunk_size=args.chunk_size, batch_size=args.batch_size, window=args.window,
         prefetch=args.prefetch, gpu_prefetch=args.gpu_prefetch, workers=args.workers,
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction, device=args.device, align=args.align,
         gpu_mem=None if args.gpu_mem is None else parse_bytes(args.gpu_mem, "--gpu-mem"),
         host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
+        segments=segments,
     )  # fmt: skip
     pieces = piece_summary(args, layout)
     if args.json:

@@ -19,7 +19,7 @@ from ._hash import seed_key as seed_key  # isort: skip
 from ._pieces import epoch_pieces as epoch_pieces  # isort: skip
 from ._pieces import loader_plan as loader_plan  # isort: skip
 from ._segments import as_segments as as_segments  # isort: skip
-from ._segments import held_out_segments as held_out_segments  # isort: skip
+from ._segments import HeldOutSplit as HeldOutSplit  # isort: skip
 from ._segments import held_out_split as held_out_split  # isort: skip
 
 __all__ = [

@@ -294,31 +294,52 @@ def split_segments(
     return {name: Segments(ranges) for name, ranges in out.items()}
 
 
-def held_out_split(total_timesteps: int, val_fraction: float, window: int = 1) -> tuple[int, int]:
-    """``(training, held-out)`` timesteps when the last ``val_fraction`` of
-    ``total_timesteps`` is held out: the trainer's rule, which ``plan`` reports.
 
-    The held-out length is ``int(total_timesteps * val_fraction)`` (rounded down),
-    raised to one ``window`` when ``val_fraction > 0`` so that it holds at least one
-    validation window; ``0`` for ``val_fraction == 0``. Training gets the rest,
-    ``[0, training)``, which may be shorter than a window: callers check that.
+@dataclass(frozen=True)
+class HeldOutSplit:
+    """Where training streams from and what is held out (:func:`held_out_split`).
+
+    ``train_segments`` is ``None`` without segments: training then streams
+    ``[0, train_len)``. ``val_ranges`` holds ``(name, start, stop)`` per held-out
+    range: the one range after training, or each segment's held-out tail that
+    holds a window.
     """
-    held = int(total_timesteps * val_fraction)
-    if val_fraction > 0:
-        held = max(window, held)
-    return total_timesteps - held, held
+
+    train_len: int
+    train_segments: Segments | None
+    val_ranges: list[tuple[str, int, int]]
+
+    @property
+    def val_len(self) -> int:
+        """Timesteps of the held-out ranges (what validation keeps on the device)."""
+        return sum(stop - start for _, start, stop in self.val_ranges)
 
 
-def held_out_segments(
-    segments: object, total_timesteps: int, val_fraction: float, window: int = 1
-) -> dict[str, Segments]:
-    """``{"train": ..., "val": ...}``: the last ``val_fraction`` of every segment held
-    out, ``window - 1`` timesteps dropped between the two so that no window sees
-    both (:func:`split_segments`); the trainer's rule with segments, which ``plan``
-    reports. ``segments`` is checked against ``[0, total_timesteps)``.
+def held_out_split(
+    total_timesteps: int, val_fraction: float, window: int = 1, segments: object = None
+) -> HeldOutSplit:
+    """How the trainer splits ``total_timesteps`` for ``val_fraction``; ``plan`` reports it.
+
+    Without ``segments`` the last ``int(total_timesteps * val_fraction)`` timesteps
+    (rounded down, and at least one ``window`` when ``val_fraction > 0``) are held
+    out and training gets ``[0, train_len)``, which may be shorter than a window:
+    callers check. With ``segments`` (anything :class:`Segments` takes, or a path,
+    checked against ``[0, total_timesteps)``) the last ``val_fraction`` of every
+    segment is held out, ``window - 1`` timesteps dropped between the two so that
+    no window sees both (:func:`split_segments`); a held-out tail shorter than a
+    window is left out of ``val_ranges``, which may then be empty: callers check.
     """
-    return split_segments(
-        as_segments(segments, total_timesteps),
-        fractions={"train": 1.0 - val_fraction, "val": val_fraction},
-        gap=window - 1,
+    if segments is None:
+        held = int(total_timesteps * val_fraction)
+        if val_fraction > 0:
+            held = max(window, held)
+        train = total_timesteps - held
+        return HeldOutSplit(train, None, [("val", train, total_timesteps)] if held else [])
+    segs = as_segments(segments, total_timesteps)
+    if val_fraction == 0:
+        return HeldOutSplit(segs.timesteps, segs, [])
+    splits = split_segments(
+        segs, fractions={"train": 1.0 - val_fraction, "val": val_fraction}, gap=window - 1
     )
+    val = [(v.name, v.start, v.stop) for v in splits["val"] if len(v) >= window]
+    return HeldOutSplit(splits["train"].timesteps, splits["train"], val)

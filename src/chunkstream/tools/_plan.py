@@ -10,7 +10,7 @@ Memory model (the bounds the loader documents, see ``pipeline._config``), with
   chunk before asking for the next, as the trainer does; a plain ``for`` loop
   holds the previous one during ``next()``: one chunk more), plus validation
   data kept on the device (the trainer's held-out split of ``val_fraction``,
-  :func:`chunkstream.plans.held_out_split`); the model's
+  per segment with ``segments``: ``chunkstream.plans.held_out_split``); the model's
   activations come on top; pinned host bytes ``host_slots * chunk_bytes``
   (default ``host_slots = prefetch + workers``; the loader pins exactly this,
   one registered arena);
@@ -234,6 +234,7 @@ def fit_budget(
     align: int = 1,
     gpu_mem: int | None = None,
     host_mem: int | None = None,
+    segments: object = None,
 ) -> BudgetFit:
     """Largest chunk_size (module docs) and deepest depths within ``gpu_mem``/``host_mem``.
 
@@ -243,7 +244,7 @@ def fit_budget(
     on_cuda = device == "cuda"
     step = layout.step_nbytes
     total = layout.total_timesteps
-    val_bytes = held_out_split(total, val_fraction, window)[1] * step
+    val_bytes = held_out_split(total, val_fraction, window, segments).val_len * step
     smallest = max(window, min(batch_size, total), align)
     costs = _budget_cost(on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
                          workers=workers, val_bytes=val_bytes)  # fmt: skip
@@ -286,9 +287,10 @@ def fit_budget(
 
 
 def _check_plan_args(
-    layout: DataLayout, ints: dict[str, int], device: str, val_fraction: float
+    layout: DataLayout, ints: dict[str, int], device: str, val_fraction: float, segments: object
 ) -> tuple[int, int]:
-    """``(validation timesteps, training timesteps)`` once every setting can run.
+    """``(validation timesteps, training timesteps)`` once every setting can run: the
+    trainer's split (``plans.held_out_split``), per segment with ``segments``.
 
     ``ints`` maps each integer flag (``--chunk-size``, ``--batch-size``,
     ``--window``, ``--align`` and the depths) to its value; raises
@@ -303,7 +305,8 @@ def _check_plan_args(
     chunk_size, window = ints["--chunk-size"], ints["--window"]
     batch_size, align = ints["--batch-size"], ints["--align"]
     total = layout.total_timesteps
-    train, val_steps = held_out_split(total, val_fraction, window)
+    split = held_out_split(total, val_fraction, window, segments)
+    train, val_steps = split.train_len, split.val_len
     if window > chunk_size:
         raise ConfigError.bad(
             "--window", window, f"at most --chunk-size={chunk_size}",
@@ -366,8 +369,13 @@ def plan_memory(
     gpu_mem: int | None = None,
     host_mem: int | None = None,
     decode_threads: int | None = None,
+    segments: object = None,
 ) -> PlanReport:
     """The epoch arithmetic and the memory table for one configuration (module docs).
+
+    With ``segments`` (anything :class:`~chunkstream.Segments` takes, or a path)
+    the training and held-out timesteps are the trainer's for them: the last
+    ``val_fraction`` of every segment held out.
 
     Raises :class:`ConfigError` for settings that cannot run: a window longer
     than the chunk or the data, a batch larger than the data, budgets too small
@@ -376,7 +384,7 @@ def plan_memory(
     ints = {"--chunk-size": chunk_size, "--batch-size": batch_size, "--window": window,
             "--prefetch": prefetch, "--gpu-prefetch": gpu_prefetch, "--workers": workers,
             "--passes": passes, "--world-size": world_size, "--align": align}  # fmt: skip
-    val_steps, train = _check_plan_args(layout, ints, device, val_fraction)
+    val_steps, train = _check_plan_args(layout, ints, device, val_fraction, segments)
     epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
     on_cuda = device == "cuda"
     slots = host_slots if host_slots is not None else prefetch + workers
@@ -410,7 +418,7 @@ def plan_memory(
             layout, chunk_size=chunk_size, batch_size=batch_size, window=window,
             prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
             val_fraction=val_fraction, device=device, align=align,
-            gpu_mem=gpu_mem if on_cuda else None, host_mem=host_mem,
+            gpu_mem=gpu_mem if on_cuda else None, host_mem=host_mem, segments=segments,
         )  # fmt: skip
     return PlanReport(
         where=layout.where, total_timesteps=total, train_timesteps=train,

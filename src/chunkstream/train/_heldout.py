@@ -11,14 +11,12 @@ of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .._errors import ConfigError
 from ..consumer import gather_windows
 from ..distributed import is_distributed
-from ..plans import Segments, held_out_segments, held_out_split
+from ..plans import HeldOutSplit, held_out_split
 from ._config import TrainConfig
 from ._data import load_range
 
@@ -28,46 +26,32 @@ __all__ = ["HeldOut", "Split", "evaluate", "held_out_parts", "split_source"]
 HeldOut = tuple[str, dict[str, torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class Split:
-    """Where the trainer streams from and what it holds out.
-
-    ``train_segments`` is ``None`` without ``config.segments``: training then
-    streams ``[0, train_len)`` and ``val_ranges`` is the one range after it.
-    With segments, ``train_len`` counts the training segments' timesteps and
-    ``val_ranges`` holds each segment's held-out tail that fits a window.
-    """
-
-    train_len: int
-    train_segments: Segments | None
-    val_ranges: list[tuple[str, int, int]]
+#: Where the trainer streams from and what it holds out (``plans.HeldOutSplit``).
+Split = HeldOutSplit
 
 
 def split_source(config: TrainConfig, total: int) -> Split:
-    """The train/validation split of ``total`` timesteps under ``config``.
+    """The train/validation split of ``total`` timesteps under ``config``: the one rule
+    (:func:`chunkstream.plans.held_out_split`) that ``chunkstream plan`` reports too.
 
     Raises :class:`ConfigError` naming ``val_fraction`` when the split leaves
     fewer than ``config.window`` training timesteps, or (with segments) no
     held-out range of at least a window.
     """
     c = config
-    if c.segments is None:
-        train_len, _ = held_out_split(total, c.val_fraction, c.window)
-        if train_len < c.window:
-            raise ConfigError.bad(
-                "val_fraction", c.val_fraction,
-                f"a split leaving >= {c.window} training timesteps",
-            )  # fmt: skip
-        return Split(train_len, None, [("val", train_len, total)])
-    splits = held_out_segments(c.segments, total, c.val_fraction, c.window)
-    val_ranges = [(s.name, s.start, s.stop) for s in splits["val"] if len(s) >= c.window]
-    if not val_ranges:
+    split = held_out_split(total, c.val_fraction, c.window, c.segments)
+    if c.segments is None and split.train_len < c.window:
+        raise ConfigError.bad(
+            "val_fraction", c.val_fraction,
+            f"a split leaving >= {c.window} training timesteps",
+        )  # fmt: skip
+    if not split.val_ranges:
         raise ConfigError.bad(
             "val_fraction", c.val_fraction,
             f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
             "Raise val_fraction or use longer segments.",
         )  # fmt: skip
-    return Split(splits["train"].timesteps, splits["train"], val_ranges)
+    return split
 
 
 def held_out_parts(
