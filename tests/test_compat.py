@@ -723,3 +723,59 @@ def test_the_amplification_warning_comes_once_per_store(tmp_path):
             create_zarr_loader(str(tmp_path / "run"), 3, 4, STIM).source.close()
     amplification = [w for w in caught if issubclass(w.category, cs.ReadAmplificationWarning)]
     assert 1 <= len(amplification) <= 2  # the first open: one per field, then none
+
+
+def test_a_read_in_flight_at_a_restart_counts_for_its_own_epoch():
+    # get_stats() counts the current epoch's load_fn calls: one that began for the
+    # abandoned epoch and returns after start_epoch is not the new epoch's.
+    entered = threading.Event()
+
+    def load_fn(start, end):
+        entered.set()
+        time.sleep(0.3)
+        return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
+
+    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
+        loader.start_epoch(3)
+        assert entered.wait(10)  # epoch 0's first read is inside load_fn
+        loader.start_epoch(2)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+        assert loader.get_stats() == {"chunks_loaded": 2, "chunks_transferred": 2}
+
+
+def test_calls_after_a_failed_read_say_the_loader_shut_down():
+    def load_fn(start, end):
+        raise FileNotFoundError("gone")
+
+    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    try:
+        loader.start_epoch(2)
+        with pytest.raises(cs.ChunkLoadError):
+            loader.get_next_chunk()
+        with pytest.raises(cs.LoaderClosedError, match="create a new one"):
+            loader.get_next_chunk()
+        with pytest.raises(cs.LoaderClosedError, match="create a new one"):
+            loader.start_epoch(2)
+    finally:
+        loader.cleanup()
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_restart_never_reads_a_window_twice():
+    # Reads plus copies in flight stay within the draws an abandoned epoch consumes
+    # (prefetch + 1), so the next epoch's first draw was never read ahead.
+    load_fn = CountingLoadFn(chunk_size=100, T=1_000_000)  # 60 random windows: no repeat
+    for prefetch in (1, 2):
+        loader = RandomChunkLoader(load_fn, 1_000_000, 100, device="cuda", prefetch=prefetch,
+                                   seed=3)  # fmt: skip
+        try:
+            for _ in range(3):
+                loader.start_epoch(20)
+                for _ in range(2):
+                    loader.get_next_chunk()
+                time.sleep(0.3)  # the pipeline fills up
+        finally:
+            loader.cleanup()
+        assert len(load_fn.calls) == len(set(load_fn.calls))
+        load_fn.calls.clear()

@@ -403,3 +403,64 @@ def test_a_failed_first_read_of_a_learning_source_reaches_the_consumer():
             next(iter(loader.epoch()))
         assert isinstance(info.value.__cause__, FileNotFoundError)
         assert source.fields is None and loader.closed
+
+
+def test_a_learning_source_loses_nothing_when_reads_race_or_the_loader_closes():
+    # Two readers learning the same window each get their own arrays (one load_fn call
+    # per read), and arrays learned for a read that never happened are not served later.
+    calls, lock, gate = [], threading.Lock(), threading.Event()
+
+    def load_fn(start, stop):
+        with lock:
+            calls.append((start, stop))
+            n = len(calls)
+        gate.wait(10)
+        return (np.full((stop - start, 3), n, np.float32),)
+
+    gate.set()
+    source = cs.CallableSource(load_fn, 100, names=("x",), specs="first")
+    source.learn(0, 100)  # two reads of the same window learned before either read
+    source.learn(0, 100)
+    out = [np.empty((100, 3), np.float32) for _ in range(3)]
+    for o in out:
+        source.read_into(0, 100, {"x": o})
+    assert len(calls) == 3 and sorted(int(o[0, 0]) for o in out) == [1, 2, 3]
+
+    gate.clear()
+    calls.clear()
+    source = cs.CallableSource(load_fn, 100, names=("x",), specs="first")
+    loader = ChunkLoader(source, 100, device="cpu", workers=1, sampling="sequential")
+    chunks = loader.epoch(1)
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:  # the first read is inside load_fn
+        time.sleep(0.01)
+    closer = threading.Thread(target=loader.close)
+    closer.start()  # close() waits for the reader, which then finds the pool closed
+    time.sleep(0.2)
+    gate.set()
+    closer.join(10)
+    with pytest.raises(cs.LoaderClosedError):
+        next(chunks)
+    o = np.empty((100, 3), np.float32)
+    source.read_into(0, 100, {"x": o})  # a new read calls load_fn again
+    assert len(calls) == 2 and o[0, 0] == 2
+
+
+def test_a_failed_allocation_after_the_first_read_names_itself_once(monkeypatch):
+    import chunkstream.pipeline._loader as loader_module
+
+    made = []
+
+    def no_memory(*args, **kwargs):
+        made.append(args)
+        raise MemoryError("cannot allocate the arena")
+
+    monkeypatch.setattr(loader_module, "HostBufferPool", no_memory)
+    source = cs.CallableSource(lambda a, b: (np.zeros((b - a, 2), np.float32),), 100,
+                               names=("x",), specs="first")  # fmt: skip
+    with ChunkLoader(source, 10, device="cpu", workers=2, sampling="sequential") as loader:
+        with pytest.raises(cs.ChunkLoadError, match="allocating the host buffers failed: "
+                                                    "MemoryError") as info:  # fmt: skip
+            next(iter(loader.epoch(4)))
+        assert info.value.window == (0, 10)
+    assert len(made) == 1  # tried once, not once per reader

@@ -82,7 +82,7 @@ class RandomChunkLoader:
     def start_epoch(self, num_chunks: int) -> None:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
         if self._closed:
-            raise LoaderClosedError("the loader was cleaned up; create a new one")
+            raise LoaderClosedError("the loader was cleaned up (or a read failed); create a new one")
         check_int("num_chunks", num_chunks, 0, "Use calculate_chunk_params(...)[0].",
                   expected="an int >= 0")  # fmt: skip
         previous = self._epoch
@@ -94,10 +94,13 @@ class RandomChunkLoader:
         if self._loader is None:
             c = self._config
             # One load_fn call at a time, in window order; under torchrun every rank reads
-            # the whole sequence, as the original did.
+            # the whole sequence, as the original did. On CUDA the copies in flight count
+            # too: reads plus copies stay within the draws an abandoned epoch consumes.
+            on_cuda = self._device.type == "cuda"
             self._loader = ChunkLoader(
                 self.source, self.chunk_size, device=self._device, prefetch=c.prefetch,
                 gpu_prefetch=c.gpu_prefetch, workers=1, sampling=self._draws, stats=self._stats,
+                host_slots=max(1, self._depth - c.gpu_prefetch) if on_cuda else None,
                 stall_timeout=c.stall_timeout, close_timeout=_CLOSE_S, rank=0, world_size=1,
             )  # fmt: skip
         self._begin(num_chunks if self._delivered else min(num_chunks, 1))
@@ -112,22 +115,31 @@ class RandomChunkLoader:
     def _call(self, start: int, end: int):
         """``load_fn(start, end)``, counted for the current epoch; a store it opens is this
         loader's (the source's ``load_fn``, run by the reader thread)."""
+        epoch = self._epoch  # the epoch the read is for, not the one current when it returns
         token = CALLER.set(self._claims)
         try:
             arrays = self.load_fn(start, end)
         finally:
             CALLER.reset(token)
-        if self._epoch is not None:
-            self._epoch.loaded += 1
+        if epoch is not None:
+            epoch.loaded += 1
         return arrays
 
     def _next(self) -> Chunk | None:
         if self._closed:
-            raise LoaderClosedError("the loader was cleaned up (or a read failed)")
+            raise LoaderClosedError("the loader was cleaned up (or a read failed); create a new one")
         epoch = self._epoch
         if epoch is None or self._loader is None:
             raise RuntimeError("call start_epoch(num_chunks) before get_next_chunk()")
-        chunk = next(self._iterator, None)  # type: ignore[call-overload]
+        try:
+            chunk = next(self._iterator, None)  # type: ignore[call-overload]
+        except LoaderClosedError:  # the loader shut down after a failed read
+            self._closed = True
+            raise LoaderClosedError("the loader shut down after a failed read; create a new "
+                                    "one") from None  # fmt: skip
+        except BaseException:
+            self._closed = self._loader.closed
+            raise
         if chunk is None:
             return None
         epoch.delivered += 1

@@ -186,17 +186,34 @@ class LazyPool:
     def __init__(self, make: Callable[[], HostBufferPool | PinnedSlotPool]) -> None:
         self._make, self._lock = make, threading.Lock()
         self.pool: HostBufferPool | PinnedSlotPool | None = None
+        self._failed: BaseException | None = None  # making it failed: every acquire says so
         self._closed = False
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
-        with self._lock:
-            if self.pool is None and not self._closed:
-                self.pool = self._make()
-                if self._closed:  # close() ran while it was made: nobody else will close it
-                    self.pool.close()
+        # Polled, so a reader waiting while another pins the arena still sees its run end.
+        while not self._lock.acquire(timeout=_POLL_S):
+            if cancelled is not None and cancelled():
+                raise InterruptedError("acquire cancelled")
+        try:
+            if self.pool is None and self._failed is None and not self._closed:
+                try:
+                    self.pool = self._make()
+                except BaseException as exc:
+                    self._failed = exc
+                if self._closed and self.pool is not None:
+                    self.pool.close()  # close() ran while it was made: nobody else closes it
+            if self._failed is not None:
+                raise RuntimeError(
+                    f"allocating the host buffers failed: {type(self._failed).__name__}: "
+                    f"{self._failed}"
+                ) from self._failed
             if self._closed:
                 raise RuntimeError("buffer pool is closed")
-        return self.pool.acquire(cancelled)
+            pool = self.pool
+        finally:
+            self._lock.release()
+        assert pool is not None
+        return pool.acquire(cancelled)
 
     def release(self, buffers: BufferSet) -> None:
         assert self.pool is not None  # buffers came from it

@@ -118,12 +118,15 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
     are still ``None`` learns them from this chunk's first piece (``source.learn``)."""
     window = (pieces[0].start, pieces[0].stop)
     learning = time.perf_counter() if isinstance(pool, LazyPool) and pool.pool is None else None
-    if learning is not None and source.fields is None:
+    learned = learning is not None and source.fields is None
+    if learned:
         with _reading(source, pieces[0]):
             call_with_retries(partial(source.learn, *window), retries, window, dropped)  # type: ignore[attr-defined]
     try:
         buffers = pool.acquire(dropped)
     except BaseException as exc:
+        if learned:  # the read the learned arrays were for will not happen
+            source.forget(*window)  # type: ignore[attr-defined]
         # Waiting for a pinned slot queries CUDA events, which can fail (a sticky error
         # from the user's kernels): a ChunkLoadError shuts the pipeline down.
         raise ChunkLoadError(

@@ -57,9 +57,11 @@ def make_resident(
     if resident is False:  # decided without the fields, which a source may learn later
         return None, resident_decision(False, device=device, nbytes=0, rows=hi - lo,
                                        device_memory=device_memory, host_memory=host_memory)[1]
+    if source.fields is None and resident == "auto":
+        return None, "streaming: the source learns its fields' sizes at its first read"
     if source.fields is None:
-        raise ConfigError.bad("resident", resident, "False for a source whose fields are "
-                              "learned at its first read", "Pass the field specs to the source.")
+        raise ConfigError.bad("resident", resident, "False or 'auto' for a source whose fields "
+                              "are learned at its first read", "Pass the field specs to the source.")
     nbytes = window_nbytes(source.fields, hi - lo)
     on, why = resident_decision(resident, device=device, nbytes=nbytes, rows=hi - lo,
                                 device_memory=device_memory, host_memory=host_memory)  # fmt: skip

@@ -59,7 +59,8 @@ class CallableSource:
         self._len = int(total_timesteps)
         self._names = self.names = names  # the fields' names, known before their specs
         self._fields: dict[str, FieldSpec] | None = None
-        self._learned: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
+        # Arrays learn() fetched, per window, each answering one later read_into.
+        self._learned: dict[tuple[int, int], list[tuple[np.ndarray, ...]]] = {}
         self._lock = threading.Lock()
         if isinstance(specs, str):
             if specs != "first":
@@ -89,13 +90,27 @@ class CallableSource:
 
     def learn(self, start: int, stop: int) -> None:
         """Call ``load_fn(start, stop)`` and, if the specs are unknown, learn them from its
-        arrays; the next ``read_into(start, stop, ...)`` copies these arrays instead of
-        calling ``load_fn`` again."""
+        arrays; one later ``read_into(start, stop, ...)`` copies these arrays instead of
+        calling ``load_fn`` again (call :meth:`forget` if that read will not happen)."""
         arrays = self._call(start, stop)
         with self._lock:
             if self._fields is None:
                 self._learn_from(arrays)
-            self._learned[(start, stop)] = arrays
+            self._learned.setdefault((start, stop), []).append(arrays)
+
+    def forget(self, start: int, stop: int) -> None:
+        """Drop the arrays one :meth:`learn` of this window kept (its read was abandoned)."""
+        self._take((start, stop))
+
+    def _take(self, window: tuple[int, int]) -> tuple[np.ndarray, ...] | None:
+        with self._lock:
+            kept = self._learned.get(window)
+            if not kept:
+                return None
+            arrays = kept.pop()
+            if not kept:
+                del self._learned[window]
+            return arrays
 
     def __len__(self) -> int:
         return self._len
@@ -114,8 +129,7 @@ class CallableSource:
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Call ``load_fn(start, stop)`` and copy each array into ``out[name][: stop - start]``."""
-        with self._lock:
-            arrays = self._learned.pop((start, stop), None)
+        arrays = self._take((start, stop))
         fields = self._fields
         if fields is None:
             raise RuntimeError("CallableSource(specs='first'): call learn() before read_into()")
