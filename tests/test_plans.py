@@ -421,3 +421,12 @@ def test_calculate_chunk_params_names_its_own_parameter():
         calculate_chunk_params(100, 10, 2, 0)
     with pytest.raises(ValueError, match="batch_size"):
         calculate_chunk_params(100, 200, 300, 1)
+
+
+def test_a_held_out_share_too_small_for_the_gap_names_val_fraction():
+    from chunkstream.plans import held_out_split
+
+    with pytest.raises(ConfigError, match=r"val_fraction=0\.001.*9-step gap.*Raise val_fraction"):
+        held_out_split(1000, 0.001, 10, [(0, 500), (500, 1000)])
+    split = held_out_split(1000, 0.1, 10, [(0, 500), (500, 1000)])  # a share that fits
+    assert [name for name, *_ in split.val_ranges] and split.train_len < 1000

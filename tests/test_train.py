@@ -231,3 +231,20 @@ def test_pieces_auto_keeps_every_piece_a_whole_stored_chunk_and_an_int_is_kept(f
     odd = Trainer(flyvis_source, _config(chunk_size=600, epochs=1, mix=1))
     assert odd.pieces == 2 and odd._align == 1
     odd.fit()
+
+
+def test_a_source_that_learns_its_fields_later_is_refused_with_the_fix():
+    import numpy as np
+
+    from chunkstream.sources import CallableSource
+
+    calls = []
+
+    def load_fn(start, stop):
+        calls.append((start, stop))
+        return np.zeros((stop - start, 4), np.float32), np.zeros((stop - start, 2), np.float32)
+
+    source = CallableSource(load_fn, 5000, specs="first")
+    with pytest.raises(ConfigError, match=r"source='CallableSource'.*fields are known.*specs"):
+        Trainer(source, TrainConfig(device="cpu", epochs=1, progress=False, tensorboard=False))
+    assert calls == []

@@ -338,8 +338,16 @@ def held_out_split(
     segs = as_segments(segments, total_timesteps)
     if val_fraction == 0:
         return HeldOutSplit(segs.timesteps, segs, [])
-    splits = split_segments(
-        segs, fractions={"train": 1.0 - val_fraction, "val": val_fraction}, gap=window - 1
-    )
+    try:
+        splits = split_segments(
+            segs, fractions={"train": 1.0 - val_fraction, "val": val_fraction}, gap=window - 1
+        )
+    except ConfigError as exc:  # said in split_segments' terms: say it in the caller's
+        raise ConfigError.bad(
+            "val_fraction", val_fraction,
+            f"a share of every segment that holds at least one timestep after the "
+            f"{window - 1}-step gap before it (window - 1)",
+            "Raise val_fraction, use longer segments or a shorter window.",
+        ) from exc  # fmt: skip
     val = [(v.name, v.start, v.stop) for v in splits["val"] if len(v) >= window]
     return HeldOutSplit(splits["train"].timesteps, splits["train"], val)

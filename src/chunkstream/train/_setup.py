@@ -58,6 +58,11 @@ def field_sizes(source: Any, c: TrainConfig) -> tuple[int, int]:
     Raises :class:`ConfigError` when a named field is missing or is not ``(T, N)``.
     """
     fields = source.fields
+    if fields is None:  # a source that learns them at its first read: the model needs sizes
+        raise ConfigError.bad(
+            "source", type(source).__name__, "a source whose fields are known before training",
+            "Pass the field specs (CallableSource(..., specs={...}) or specs=None to probe).",
+        )  # fmt: skip
     for name in (c.data_field, c.stim_field):
         if name is not None and name not in fields:
             raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
