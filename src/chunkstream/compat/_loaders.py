@@ -26,6 +26,7 @@ from ._helpers import CALLER, Claims
 __all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
 
 _CLOSE_S = 2.0  # how long cleanup() waits for a load_fn call in flight, as the original's join
+_CLOSED = "the loader was cleaned up (or a read failed); create a new one"
 
 
 class RandomChunkLoader:
@@ -82,7 +83,7 @@ class RandomChunkLoader:
     def start_epoch(self, num_chunks: int) -> None:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
         if self._closed:
-            raise LoaderClosedError("the loader was cleaned up (or a read failed); create a new one")
+            raise LoaderClosedError(_CLOSED)
         check_int("num_chunks", num_chunks, 0, "Use calculate_chunk_params(...)[0].",
                   expected="an int >= 0")  # fmt: skip
         previous = self._epoch
@@ -113,8 +114,8 @@ class RandomChunkLoader:
         self._iterator = self._loader.epoch(num_chunks, at=at)
 
     def _call(self, start: int, end: int):
-        """``load_fn(start, end)``, counted for the current epoch; a store it opens is this
-        loader's (the source's ``load_fn``, run by the reader thread)."""
+        """``load_fn(start, end)``, counted for the epoch current when it starts; a store it
+        opens is this loader's (the source's ``load_fn``, run by the reader thread)."""
         epoch = self._epoch  # the epoch the read is for, not the one current when it returns
         token = CALLER.set(self._claims)
         try:
@@ -127,16 +128,15 @@ class RandomChunkLoader:
 
     def _next(self) -> Chunk | None:
         if self._closed:
-            raise LoaderClosedError("the loader was cleaned up (or a read failed); create a new one")
+            raise LoaderClosedError(_CLOSED)
         epoch = self._epoch
         if epoch is None or self._loader is None:
             raise RuntimeError("call start_epoch(num_chunks) before get_next_chunk()")
         try:
             chunk = next(self._iterator, None)  # type: ignore[call-overload]
-        except LoaderClosedError:  # the loader shut down after a failed read
+        except LoaderClosedError:  # shut down after a failed read, or cleaned up meanwhile
             self._closed = True
-            raise LoaderClosedError("the loader shut down after a failed read; create a new "
-                                    "one") from None  # fmt: skip
+            raise LoaderClosedError(_CLOSED) from None
         except BaseException:
             self._closed = self._loader.closed
             raise
