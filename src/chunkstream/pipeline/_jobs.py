@@ -117,8 +117,8 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
     if the read fails. Before a :class:`LazyPool` is made, a source whose ``fields``
     are still ``None`` learns them from this chunk's first piece (``source.learn``)."""
     window = (pieces[0].start, pieces[0].stop)
-    learning = time.perf_counter() if isinstance(pool, LazyPool) and pool.pool is None else None
-    learned = learning is not None and source.fields is None
+    begin = time.perf_counter()  # a learning read's time counts from its load_fn call
+    learned = isinstance(pool, LazyPool) and source.fields is None
     if learned:
         with _reading(source, pieces[0]):
             call_with_retries(partial(source.learn, *window), retries, window, dropped)  # type: ignore[attr-defined]
@@ -134,7 +134,8 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
             f"{type(exc).__name__}: {exc}",
             window=window,
         ) from exc
-    begin = time.perf_counter() if learning is None else learning
+    if not learned:
+        begin = time.perf_counter()  # waiting for a free slot is not reading
     try:
         with profiled(READ, window):
             read_window(source, pieces, buffers.views(chunk_rows(pieces)),

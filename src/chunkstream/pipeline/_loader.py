@@ -234,7 +234,7 @@ class ChunkLoader:
         asked = time.perf_counter()
         first = span.windows[span.received - span.first][0]
         with profiled(WAIT, (first.start, first.stop)):
-            delivery = self._wait(future, span, run, asked)
+            delivery = self._wait(future, (first.start, first.stop), run, asked)
         received = time.perf_counter()
         tensors, ready = delivery.tensors, None
         if delivery.events is not None:
@@ -256,15 +256,16 @@ class ChunkLoader:
         self.stats.record_chunk(record, events=delivery.events)
         return chunk
 
-    def _wait(self, future: Future, span: EpochSpan, run: EpochRun, asked: float) -> Delivery:
-        """``future``'s delivery. Its error, or one of a later window, shuts the loader down
-        and is raised as it is (within one poll)."""
+    def _wait(self, future: Future, window: tuple[int, int], run: EpochRun,
+              asked: float) -> Delivery:  # fmt: skip
+        """``future``'s delivery (of ``window``). Its error, or one of a later window, shuts
+        the loader down and is raised as it is (within one poll)."""
         while not wait_futures([future], timeout=POLL_S).done:
             failed = run.failed()
             if failed is not None:
                 future = failed  # a later window's error: the pipeline stops anyway
                 break
-            self._check_stalled(asked, span, run)
+            self._check_stalled(asked, window, since=run.started)
         try:
             return future.result()
         except BaseException as failure:
@@ -289,7 +290,7 @@ class ChunkLoader:
         resident, readers = self._resident, self._executors[0]
         assert resident is not None
         reads = resident.start(self.source, readers, self.rows, self.config)
-        pending, asked, timeout = set(reads), time.perf_counter(), self.config.stall_timeout
+        pending, asked, started = set(reads), time.perf_counter(), time.monotonic()
         while pending:
             _, pending = wait_futures(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
             self._check_open()
@@ -303,22 +304,22 @@ class ChunkLoader:
                 except BaseException as failure:
                     self._close_after(failure)
                     raise
-            if (pending and timeout is not None and time.perf_counter() - asked >= timeout
-                    and time.monotonic() - readers.last_progress >= timeout):  # fmt: skip
-                raise self._stalled(timeout, (resident.lo, resident.hi))
+            if pending:
+                self._check_stalled(asked, (resident.lo, resident.hi), since=started)
         resident.finish()
 
-    def _check_stalled(self, asked: float, span: EpochSpan, run: EpochRun) -> None:
+    def _check_stalled(self, asked: float, window: tuple[int, int], *, since: float) -> None:
+        """:class:`LoaderStalledError` for ``window`` (after shutting down) once
+        ``stall_timeout`` has passed since ``asked`` (``perf_counter``) and since any
+        worker's last progress, or ``since`` (``monotonic``) if none came after it."""
         self._check_open()
         timeout = self.config.stall_timeout
         if timeout is None:
             return
-        last = max([e.last_progress for e in self._executors] + [run.started])
+        last = max([e.last_progress for e in self._executors] + [since])
         if time.perf_counter() - asked < timeout or time.monotonic() - last < timeout:
             return
-        step = span.received - span.first
-        first = span.windows[step][0] if step < len(span.windows) else None
-        raise self._stalled(timeout, (first.start, first.stop) if first else None)
+        raise self._stalled(timeout, window)
 
     def _stalled(self, timeout: float, window: tuple[int, int] | None) -> LoaderStalledError:
         """The stall error, with the busy workers' stacks, after shutting the loader down."""
