@@ -167,9 +167,8 @@ def test_abandoning_does_not_deliver_stale_chunks():
     ) as loader:
         for _ in range(5):
             next(iter(loader.epoch(10)))
-        epoch = loader._epoch
         chunks = list(loader.epoch(10))
-        plan = loader.plan
+        epoch, plan = chunks[0].epoch, loader.plan
         assert [(c.start, c.stop) for c in chunks] == [plan.window(epoch, i) for i in range(10)]
 
 

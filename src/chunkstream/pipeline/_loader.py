@@ -437,10 +437,6 @@ class ChunkLoader:
         ``num_chunks`` (``None`` for ``sampling="random"``, which has no pass)."""
         return self._cursor.chunks_per_pass
 
-    @property
-    def _epoch(self) -> int:
-        return self._cursor.epoch
-
     def __repr__(self) -> str:
         c = self.config
         return (
