@@ -3,8 +3,9 @@
 The consumer "trains" by sleeping ``train_s`` per chunk, which costs no CPU, so
 the readers keep both cores. The exact pipeline bound of an epoch of ``n``
 chunks is ``first_read + n * max(read, train)`` (DESIGN "What fast means"),
-with ``read`` the loader's steady per-chunk interval measured just before with
-no consumer work, and ``first_read`` the wait for the first chunk.
+with ``read`` the loader's steady per-chunk interval with no consumer work,
+measured just before and just after the epoch and averaged, and ``first_read``
+the epoch's wait for its first chunk.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import psutil
 
 import chunkstream as cs
 
-__all__ = ["abandon_cost", "epoch_with_sleep", "read_interval", "rss_over_epochs"]
+__all__ = [
+    "abandon_cost",
+    "against_bound",
+    "epoch_with_sleep",
+    "read_interval",
+    "rss_over_epochs",
+]
 
 
 def read_interval(loader: cs.ChunkLoader, n: int) -> dict:
@@ -30,10 +37,9 @@ def read_interval(loader: cs.ChunkLoader, n: int) -> dict:
     return {"first_s": first, "interval_s": steady}
 
 
-def epoch_with_sleep(
-    loader: cs.ChunkLoader, n: int, train_s: float, first_s: float, read_s: float
-) -> dict:
-    """One epoch with a sleeping consumer; its time over the exact bound and waits after the first."""
+def epoch_with_sleep(loader: cs.ChunkLoader, n: int, train_s: float) -> dict:
+    """One epoch of ``n`` chunks with a consumer sleeping ``train_s`` per chunk: its time,
+    its first wait and its waits after the first (see :func:`against_bound` for the ratios)."""
     loader.stats.reset()
     begin = time.perf_counter()
     for chunk in loader.epoch(n):
@@ -41,8 +47,6 @@ def epoch_with_sleep(
         time.sleep(train_s)
     elapsed = time.perf_counter() - begin
     records = loader.stats.chunks
-    first = records[0].wait_s if records else first_s
-    bound = first + n * max(read_s, train_s)
     waits = sorted(r.wait_s for r in records[1:])
     # The bound for the reads this run actually had: chunk i is ready when its read
     # ended; an ideal consumer starts training on it at max(ready_i, end of i - 1).
@@ -50,14 +54,32 @@ def epoch_with_sleep(
     for record in records:
         finish = max(record.read_end - begin, finish) + train_s
     return {
+        "chunks": n,
+        "train_s": train_s,
         "elapsed_s": elapsed,
-        "bound_s": bound,
-        "ratio": elapsed / bound,
+        "first_wait_s": records[0].wait_s,
         "bound_own_reads_s": finish,
         "ratio_own_reads": elapsed / finish if finish else 0.0,
-        "first_wait_s": first,
         "wait_after_first_median_s": waits[len(waits) // 2] if waits else 0.0,
         "wait_after_first_max_s": waits[-1] if waits else 0.0,
+    }
+
+
+def against_bound(run: dict, before: dict, after: dict) -> dict:
+    """``run`` (:func:`epoch_with_sleep`) over the bound ``first + n * max(read, train)``,
+    ``read`` the mean of the steady intervals measured just before and just after it
+    (``ratio``); ``ratio_before_only`` uses the interval before it alone."""
+    n, train_s, elapsed = run["chunks"], run["train_s"], run["elapsed_s"]
+    read_s = (before["interval_s"] + after["interval_s"]) / 2
+    bound = run["first_wait_s"] + n * max(read_s, train_s)
+    only_before = run["first_wait_s"] + n * max(before["interval_s"], train_s)
+    return run | {
+        "read_interval_s": read_s,
+        "read_interval_before_s": before["interval_s"],
+        "read_interval_after_s": after["interval_s"],
+        "bound_s": bound,
+        "ratio": elapsed / bound,
+        "ratio_before_only": elapsed / only_before,
     }
 
 

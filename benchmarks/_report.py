@@ -280,12 +280,20 @@ def _section(res: dict) -> list[str]:
     lines += ["", "#### overlap (percol-blosc, sleeping consumer)", "",
               f"read: {ov['read']['interval_s'] * 1e3:.1f} ms per chunk steady, first chunk "
               f"{ov['read']['first_s'] * 1e3:.1f} ms", "",
-              "| consumer | epoch s | bound s | ratio | wait after first, median / max ms |",
-              "|---|---|---|---|---|"]  # fmt: skip
+              "The bound's read interval is the mean of the intervals measured just before and "
+              "just after each run; the median run of each consumer speed is shown, with every "
+              "run's ratio, the ratio with the interval before the run alone, and the ratio to "
+              "the bound of the reads the run really made.", "",
+              "| consumer | epoch s | bound s | ratio | runs | before only | own reads "
+              "| wait after first, median / max ms |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for f in ("1.0", "0.5", "1.25"):
         o = ov[f"train_{f}x"]
+        runs = ", ".join(f"{r:.3f}" for r in o.get("ratios", [o["ratio"]]))
+        before = f"{o['ratio_before_only']:.3f}" if "ratio_before_only" in o else "-"
         lines.append(
             f"| {f}x read | {o['elapsed_s']:.3f} | {o['bound_s']:.3f} | {o['ratio']:.3f} | "
+            f"{runs} | {before} | {o['ratio_own_reads']:.3f} | "
             f"{o['wait_after_first_median_s'] * 1e3:.2f} / {o['wait_after_first_max_s'] * 1e3:.2f} |"
         )
     lines.append("")

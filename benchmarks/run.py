@@ -69,14 +69,14 @@ class Reps:
     @staticmethod
     def quick() -> Reps:
         return Reps(ceiling_windows=5, chunks=6, runs=3, job_chunks=2, dl_batches=2,
-                    overlap_chunks=8, abandon=10, job_stores=("percol-blosc", "percol-raw"),
+                    overlap_chunks=24, abandon=10, job_stores=("percol-blosc", "percol-raw"),
                     engine_windows=4, engine_repeats=3, remote="quick", quality="quick",
                     first_epoch_chunks=12, first_epoch_runs=7)  # fmt: skip
 
     @staticmethod
     def full() -> Reps:
         return Reps(ceiling_windows=15, chunks=10, runs=5, job_chunks=4, dl_batches=5,
-                    overlap_chunks=16, abandon=30)  # fmt: skip
+                    overlap_chunks=32, abandon=30)  # fmt: skip
 
     @staticmethod
     def smoke() -> Reps:
@@ -222,17 +222,18 @@ def run_overlap(spec, geo: Geometry, reps: Reps) -> dict:
     src = m.open_source(spec, geo)
     with cs.ChunkLoader(src, geo.chunk_size, device="cpu", sampling="random", seed=5) as loader:
         _overlap.read_interval(loader, 3)  # warm
+        # The read interval just before and just after each run, averaged: on a shared
+        # machine it drifts, and a bound from one side only moves with the drift.
+        before = _overlap.read_interval(loader, reps.overlap_chunks)
+        out["read"] = before
         for factor in (1.0, 0.5, 1.25):
             runs = []
             for _ in range(reps.overlap_repeats):
-                # the read interval just before each run: on a shared machine it drifts
-                base = _overlap.read_interval(loader, reps.overlap_chunks)
-                out.setdefault("read", base)
-                read_s = base["interval_s"]
-                run = _overlap.epoch_with_sleep(
-                    loader, reps.overlap_chunks, factor * read_s, base["first_s"], read_s
-                )
-                runs.append(run | {"read_interval_s": read_s})
+                read_s = before["interval_s"]
+                run = _overlap.epoch_with_sleep(loader, reps.overlap_chunks, factor * read_s)
+                after = _overlap.read_interval(loader, reps.overlap_chunks)
+                runs.append(_overlap.against_bound(run, before, after))
+                before = after
             runs.sort(key=lambda r: r["ratio"])
             median = runs[len(runs) // 2]
             out[f"train_{factor}x"] = median | {"ratios": [r["ratio"] for r in runs]}

@@ -59,6 +59,10 @@ def test_overlap_figures(results: dict) -> None:
     for f in ("1.0", "0.5", "1.25"):
         o = ov[f"train_{f}x"]
         assert o["elapsed_s"] > 0 and o["bound_s"] > 0
+        # the bound's read interval is the mean of the ones measured around the run
+        before, after = o["read_interval_before_s"], o["read_interval_after_s"]
+        assert o["read_interval_s"] == pytest.approx((before + after) / 2)
+        assert o["ratio"] == pytest.approx(o["elapsed_s"] / o["bound_s"])
     assert len(ov["abandon"]["call_s"]) == 2
     assert len(ov["rss"]["rss_bytes"]) == 22
 
