@@ -30,6 +30,14 @@ def _src():
     return ArraySource(make_arrays(500))
 
 
+class _FieldsLater(ArraySource):
+    """A source whose fields are unknown and that has no way to learn them."""
+
+    def __init__(self):
+        super().__init__(make_arrays(500))
+        self.fields = None
+
+
 def _loader(**kwargs):
     chunk_size = kwargs.pop("chunk_size", 50)
     return cs.ChunkLoader(_src(), chunk_size, device="cpu", **kwargs)
@@ -244,6 +252,9 @@ CASES = [
      cs.ConfigError, ValueError, ["gap=-1", ">= 0", "window minus one"]),
     ("ChunkLoader.source", lambda t: cs.ChunkLoader([1, 2], 10, device="cpu"),
      cs.ConfigError, ValueError, ["source=", "'list'", "NumpySource"]),
+    ("ChunkLoader.source", lambda t: cs.ChunkLoader(_FieldsLater(), 10, device="cpu"),
+     cs.ConfigError, ValueError, ["_FieldsLater with fields=None", "learns them",
+                                  "specs='first'"]),
     ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=0),
      cs.ConfigError, ValueError, ["chunk_size=0", ">= 1", "Pass"]),
     ("ChunkLoader.chunk_size", lambda t: _loader(chunk_size=2.5),

@@ -39,6 +39,7 @@ import torch
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
+from ..sources import LearnsFields
 from ._mixing import ChunkMixer, check_mix
 from ._sampling import _compute_dtype, check_align
 
@@ -428,8 +429,10 @@ def _epoch_length(
 
 def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
     """The field names a batch holds: every field of the source, or those named."""
-    known = loader.source.fields  # None until a learning source's first read: use its names
-    names = list(known) if known is not None else list(getattr(loader.source, "names", ()))
+    source = loader.source
+    # A source that learns its fields has only their names before its first read.
+    learning = isinstance(source, LearnsFields) and source.fields is None
+    names = list(source.names if learning else source.fields or ())
     if fields is None:
         return tuple(names)
     chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ import torch
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ..plans import Piece
-from ..sources import Source, describe_source
+from ..sources import LearnsFields, Source, describe_source
 from ..stats import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 
@@ -114,19 +114,20 @@ def read_window(source: Source, pieces: Pieces, out: Mapping[str, np.ndarray], *
 def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
              pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
     """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
-    if the read fails. Before a :class:`LazyPool` is made, a source whose ``fields``
-    are still ``None`` learns them from this chunk's first piece (``source.learn``)."""
+    if the read fails. A source whose ``fields`` are still ``None`` learns them from this
+    chunk's first piece (:class:`~chunkstream.sources.LearnsFields`) before the
+    pool, then a :class:`LazyPool`, allocates."""
     window = (pieces[0].start, pieces[0].stop)
     begin = time.perf_counter()  # a learning read's time counts from its load_fn call
-    learned = isinstance(pool, LazyPool) and source.fields is None
+    learned = isinstance(source, LearnsFields) and source.fields is None
     if learned:
         with _reading(source, pieces[0]):
-            call_with_retries(partial(source.learn, *window), retries, window, dropped)  # type: ignore[attr-defined]
+            call_with_retries(partial(source.learn, *window), retries, window, dropped)
     try:
         buffers = pool.acquire(dropped)
     except BaseException as exc:
         if learned:  # the read the learned arrays were for will not happen
-            source.forget(*window)  # type: ignore[attr-defined]
+            source.forget(*window)
         # Waiting for a pinned slot queries CUDA events, which can fail (a sticky error
         # from the user's kernels): a ChunkLoadError shuts the pipeline down.
         raise ChunkLoadError(

@@ -12,6 +12,7 @@ from ._zarr import ZarrSource
 # The package's internal face for the rest of chunkstream (not public API).
 from ._base import check_lengths as check_lengths  # isort: skip
 from ._base import check_source as check_source  # isort: skip
+from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip

@@ -68,9 +68,8 @@ class FieldSpec:
 class Source(Protocol):
     """Named fields on one time axis, read a window at a time (see module docs).
 
-    ``fields`` may be ``None`` until a first read when the source also has
-    ``learn(start, stop)``, which the loader calls in a reader thread before it
-    allocates buffers (``CallableSource(..., specs="first")``).
+    ``fields`` may be ``None`` until a first read only in a source that is also
+    :class:`LearnsFields`.
     """
 
     @property
@@ -81,6 +80,25 @@ class Source(Protocol):
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class LearnsFields(Protocol):
+    """A source whose ``fields`` are ``None`` until its first read
+    (``CallableSource(..., specs="first")``).
+
+    ``names`` are the fields' names, known at once. ``learn(start, stop)`` reads that
+    window and learns the fields from it (the loader calls it in a reader thread
+    before it allocates buffers); the next ``read_into(start, stop, ...)`` serves
+    those arrays without reading again, unless ``forget(start, stop)`` dropped them
+    because that read will not happen. Both are thread-safe.
+    """
+
+    names: tuple[str, ...]
+
+    def learn(self, start: int, stop: int) -> None: ...
+
+    def forget(self, start: int, stop: int) -> None: ...
 
 
 def stored_time_chunk(source: object) -> int:
@@ -161,4 +179,10 @@ def check_source(source: object) -> Source:
         )
     if len(source) < 1:
         raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
+    if source.fields is None and not isinstance(source, LearnsFields):
+        raise ConfigError.bad(
+            "source", f"{type(source).__name__} with fields=None",
+            "a source whose fields are known, or one that learns them (names, learn, forget)",
+            "Return the fields from `fields`, or use cs.CallableSource(..., specs='first').",
+        )  # fmt: skip
     return source
