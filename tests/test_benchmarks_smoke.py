@@ -179,3 +179,12 @@ def test_a_store_that_fails_is_recorded_and_shown_not_raised(monkeypatch, tmp_pa
     assert len(rows) == 2 and all(f"| failed: {reason[:40]}" in row for row in rows[1:])
     assert all("| failed: " in row and "failed (each kind)" in row for row in rows)
     assert "(HTTP and S3: a store failed, no ratio)" in text
+
+
+def test_code_metrics_counts_lines_by_kind() -> None:
+    from benchmarks import code_metrics
+
+    text = '"""Module.\n\nDocs."""\n\nimport os  # why\n\n\ndef f():\n    """One."""\n    # a comment\n    return os.sep\n'
+    assert code_metrics._kinds(text) == {"code": 3, "docstring": 4, "comment": 1, "blank": 3}
+    got = code_metrics.measure()
+    assert sum(got["pipeline_compat_kinds"].values()) == got["pipeline_compat_lines"]
