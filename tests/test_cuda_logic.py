@@ -5,6 +5,7 @@ The GPU halves (copies, streams, pinned memory, host syncs) are in test_gpu.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -574,3 +575,259 @@ def test_bare_cuda_under_torchrun_on_another_gpu_warns(fake_cuda, monkeypatch):
     loader.close()
     assert "LOCAL_RANK" in " ".join(cs.ChunkLoader.__doc__.split())
     assert 'device=f"cuda:{local_rank}"' in (ROOT / "docs/_scaling.md").read_text()
+
+
+# -- 11. the lazy pinned arena, the CUDA path's slot ownership, compat's depths on CUDA -----
+#
+# The loader's CUDA path end to end on this CPU build: the transfer stage's copies are host
+# clones (_copy replaced) whose events have completed at once, so a slot is free again right
+# after its copy is issued, the earliest a real copy frees it. What is checked is ownership
+# and ordering (who makes, returns and unpins a slot, and when), not CUDA itself.
+
+
+class _DoneEvent:
+    """A CUDA event stand-in whose work has completed."""
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+def _fake_cuda_copies(monkeypatch, unregistered):
+    from chunkstream.pipeline import _jobs
+
+    _fake_cuda_loader(monkeypatch, unregistered)
+
+    def copy(loaded, pool, device, stream, issued):
+        rows = _jobs.chunk_rows(loaded.pieces)
+        tensors = {name: t[:rows].clone() for name, t in loaded.buffers.tensors.items()}
+        return _jobs.Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
+                              issued=issued, events=(_DoneEvent(), _DoneEvent()))  # fmt: skip
+
+    class Stream:
+        def wait_event(self, event):
+            assert isinstance(event, _DoneEvent)  # the copy's own event, not a fresh one
+
+    monkeypatch.setattr(_jobs, "_copy", copy)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+
+def _learning_source(T=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((T, 5), dtype=np.float32)
+    stim = rng.standard_normal((T, 2), dtype=np.float32)
+    calls: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def load_fn(start, stop):
+        with lock:
+            calls.append((start, stop))
+        return data[start:stop], stim[start:stop]
+
+    return cs.CallableSource(load_fn, T, specs="first"), data, calls
+
+
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(monkeypatch):
+    from chunkstream.pipeline import _buffers
+
+    unregistered: list[int] = []
+    _fake_cuda_copies(monkeypatch, unregistered)
+    pinned: list[tuple[str, object]] = []
+    pin_s = 0.6
+
+    def register(ptr, nbytes, device):  # slow, as pinning gigabytes is
+        pinned.append((threading.current_thread().name, device))
+        time.sleep(pin_s)
+
+    monkeypatch.setattr(_buffers, "_register", register)
+    source, data, _ = _learning_source()
+    loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, seed=1)
+    assert loader.pinned_bytes == 0 and loader._pool.pool is None  # nothing before a read
+    for chunk in loader.epoch(6):
+        np.testing.assert_array_equal(chunk["data"].numpy(), data[chunk.start : chunk.stop])
+    pool = loader._pool.pool
+    assert len(pinned) == 1 and pinned[0][0].startswith("chunkstream-read-")
+    assert pinned[0][1] == torch.device("cuda", 1)  # the loader's device, by index
+    assert loader.pinned_bytes == pool.nbytes >= loader.config.slots * loader.chunk_bytes
+    # The copies gave every slot back to the real pool, behind their events.
+    _wait_for(lambda: len(pool._free) + len(pool._pending) == loader.config.slots)
+    assert pool._pending and all(isinstance(e, _DoneEvent) for e, _ in pool._pending)
+    # Pinning the arena is not reading: the first chunk's wait shows it, its read does not.
+    first = loader.stats.chunks[0]
+    assert first.wait_s >= pin_s and first.read_s < pin_s / 2, (first.wait_s, first.read_s)
+    ptr = pool._ptr
+    loader.close()
+    assert pool._released is True and unregistered == [ptr] and loader.pinned_bytes == 0
+
+
+def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatch):
+    from chunkstream.pipeline import _buffers
+
+    unregistered: list[int] = []
+    _fake_cuda_copies(monkeypatch, unregistered)
+    entered, release = threading.Event(), threading.Event()
+
+    def register(ptr, nbytes, device):  # a pin still running when close() comes
+        entered.set()
+        release.wait(30)
+
+    monkeypatch.setattr(_buffers, "_register", register)
+    source, _, _ = _learning_source()
+    loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, close_timeout=0.3, seed=1)
+    chunks = loader.epoch(6)
+    lazy = loader._pool
+    try:
+        assert entered.wait(10)
+        with pytest.warns(RuntimeWarning, match="did not stop"):
+            loader.close()  # the pool is not made yet: close() cannot reach it
+        assert lazy.pool is None and loader.pinned_bytes == 0
+    finally:
+        release.set()
+    # The reader that made it sees the close and closes it itself: nothing stays pinned.
+    _wait_for(lambda: all(not t.is_alive() for t in loader.threads))
+    pool = lazy.pool
+    assert pool is not None and pool._released is True and len(unregistered) == 1
+    assert loader.pinned_bytes == 0 and not pool._kept
+    with pytest.raises(cs.LoaderClosedError):
+        next(chunks)
+
+
+def test_a_failed_pinned_allocation_reaches_the_consumer_once(monkeypatch):
+    from chunkstream.pipeline import _loader
+
+    _fake_cuda_copies(monkeypatch, [])
+    made = []
+
+    class NoPinnedMemory(_loader.PinnedSlotPool):
+        def __init__(self, *args, **kwargs):
+            made.append(threading.current_thread().name)
+            raise RuntimeError("CUDA error: out of memory (cudaHostRegister and pin_memory)")
+
+    monkeypatch.setattr(_loader, "PinnedSlotPool", NoPinnedMemory)
+    source, _, calls = _learning_source()
+    loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, sampling="sequential")
+    with pytest.raises(ChunkLoadError, match=r"allocating the host buffers failed: Runtime"
+                                             r"Error: CUDA error: out of memory") as info:  # fmt: skip
+        list(loader.epoch(6))
+    assert info.value.window == (0, 200) and loader.closed and loader.pinned_bytes == 0
+    assert len(made) == 1 and made[0].startswith("chunkstream-read-")  # once, in a reader
+    assert all(not t.is_alive() for t in loader.threads)
+    assert len(calls) <= 2  # each reader learned at most its own first window
+
+
+def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
+    unregistered: list[int] = []
+    pool = _fake_pool(monkeypatch, unregistered)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    mapping, nbytes = pool._mmap, pool.nbytes
+    slot = pool.acquire()
+    pool.release_after(slot, _Event(False))  # its copy never finishes within the deadline
+    with pytest.warns(RuntimeWarning, match=r"stays pinned.*had not finished by close's deadline"):
+        assert pool.close(timeout=0.05) is False
+    assert unregistered == [] and any(mapping is kept[1] for kept in pool._kept)
+    assert pool.nbytes == nbytes  # still pinned, and said so
+    pool = _fake_pool(monkeypatch, unregistered)  # copies done: released, nothing held
+    pool.release_after(pool.acquire(), _Event(True))
+    assert pool.close(timeout=0.05) is True and pool.nbytes == 0 and len(unregistered) == 1
+
+
+def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
+    from chunkstream.pipeline import _buffers
+    from chunkstream.sources._base import FieldSpec
+
+    inside: list[object] = []
+    seen: dict[str, object] = {}
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            inside.append(self.device)
+
+        def __exit__(self, *exc):
+            inside.pop()
+
+    real_empty = torch.empty
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch, "empty", lambda *s, pin_memory=False, **kw: real_empty(*s, **kw))
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda device=None: seen.setdefault("synchronized", inside[-1]))  # fmt: skip
+    monkeypatch.setattr(torch._C, "_host_emptyCache",
+                        lambda: seen.setdefault("emptied", inside[-1] if inside else None),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: "cudaError 1")
+    fields = {"x": FieldSpec((16,), np.dtype("float32"))}
+    with pytest.warns(RuntimeWarning, match=r"failed \(cudaError 1\)"):
+        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+    assert pool.close() is True and pool.nbytes == 0
+    # cudaFreeHost and the allocator's event queries need a context: the pool's GPU's.
+    assert seen == {"synchronized": torch.device("cuda", 1), "emptied": torch.device("cuda", 1)}
+
+
+# Compat on CUDA: the original, abandoned after d of n chunks, had called load_fn for
+# min(n, d + depth) draws (depth: prefetch + 1 for RandomChunkLoader, prefetch +
+# gpu_prefetch + 2 for PipelineChunkLoader), and the next epoch draws on from there; so
+# reads plus copies in flight must never run past that, or a draw is read twice.
+@pytest.mark.parametrize(
+    ("pipeline", "prefetch", "gpu_prefetch"),
+    [(False, p, 1) for p in (1, 2, 3)] + [(True, p, g) for p in (1, 2, 3) for g in (1, 2, 3)],
+)
+def test_compat_on_cuda_reads_only_the_draws_an_abandoned_epoch_consumed(
+    monkeypatch, pipeline, prefetch, gpu_prefetch
+):
+    import random
+
+    from chunkstream.compat import PipelineChunkLoader, RandomChunkLoader
+
+    _fake_cuda_copies(monkeypatch, [])
+    T, C = 100_000, 50
+    data = np.arange(T, dtype=np.float32)[:, None].repeat(2, 1)  # row t holds t
+    calls: list[tuple[int, int]] = []
+
+    def load_fn(start, end):
+        calls.append((start, end))
+        return data[start:end], data[start:end, :1]
+
+    if pipeline:
+        loader = PipelineChunkLoader(load_fn, T, C, device="cuda", prefetch=prefetch, seed=7,
+                                     gpu_prefetch=gpu_prefetch)  # fmt: skip
+        depth = prefetch + gpu_prefetch + 2
+    else:
+        loader = RandomChunkLoader(load_fn, T, C, device="cuda", prefetch=prefetch, seed=7)
+        depth = prefetch + 1
+    # How far chunkstream reads ahead once its slots are free (copies done at once): its
+    # reads and copies in flight; the pipeline loader's copy stage holds no extra chunk
+    # as the original's transfer thread did, so one draw of its depth is never read.
+    ahead = depth - 1 if pipeline else depth
+    rng = random.Random(7)
+    consumed: list[tuple[int, int]] = []  # the original's draws, epoch by epoch
+    with loader:
+        for num_chunks, take in [(6, 1), (12, 2), (5, 0), (4, None), (20, 3)]:
+            before = len(calls)
+            loader.start_epoch(num_chunks)
+            count = num_chunks if take is None else min(num_chunks, take + depth)
+            draws = [rng.randint(0, T - C) for _ in range(count)]
+            consumed += [(s, s + C) for s in draws]
+            for start in draws[: num_chunks if take is None else take]:
+                out = loader.get_next_chunk()
+                assert out[-2] is not None and int(out[-2][0, 0]) == start  # the original's
+            if take is not None:  # the pipeline runs ahead as far as it may, and no further
+                _wait_for(lambda n=num_chunks, d=take, b=before:
+                          len(calls) - b >= min(n, d + ahead))  # fmt: skip
+                time.sleep(0.05)
+                assert len(calls) - before == min(num_chunks, take + ahead) <= count
+    # Each call is one of the original's draws, in draw order, none twice.
+    rest = iter(consumed)
+    assert all(call in rest for call in calls), (calls, consumed)

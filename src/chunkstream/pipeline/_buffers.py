@@ -201,7 +201,7 @@ class LazyPool:
                 except BaseException as exc:
                     self._failed = exc
                 if self._closed and self.pool is not None:
-                    self.pool.close()  # close() ran while it was made: nobody else closes it
+                    self.pool.close()  # close() may have seen no pool yet (a 2nd close is a no-op)
             if self._failed is not None:
                 raise RuntimeError(
                     f"allocating the host buffers failed: {type(self._failed).__name__}: "
@@ -287,8 +287,8 @@ def _unregister(ptr: int, device: torch.device, timeout: float) -> str | None:
 class PinnedSlotPool:
     """A fixed pool of page-locked buffer sets reused across chunks (see module docs).
 
-    ``nbytes`` is the page-locked memory held (the arena's true size),
-    ``requested_nbytes`` what the slots use; ``registered`` is false on the fallback.
+    ``nbytes``: page-locked bytes held (the arena's true size, 0 once ``close`` released
+    it); ``requested_nbytes``: what the slots use; ``registered``: false on the fallback.
     """
 
     def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, slots: int,
@@ -377,9 +377,9 @@ class PinnedSlotPool:
 
         ``unpin=False`` (a copy may still be issued), a copy unfinished at ``timeout``
         or a CUDA error while checking leaves the memory pinned and referenced until
-        the process ends (never unmapped under a DMA). Returns whether the arena was
-        released; warns instead of raising; at most ``timeout`` plus one poll;
-        idempotent (a second call returns the first one's answer).
+        the process ends (never unmapped under a DMA), with a warning but for the first.
+        Returns whether the arena was released; never raises; at most ``timeout`` plus
+        one poll; idempotent (a second call returns the first one's answer).
         """
         # Held for the whole close, so a concurrent second call cannot unpin while the
         # first still waits for copies; the holder's waits are all bounded.
@@ -410,7 +410,7 @@ class PinnedSlotPool:
         if unpin and pending:
             try:
                 if not self._copies_finished(pending, deadline):
-                    unpin = False
+                    problem = "its last copies had not finished by close's deadline"
             except Exception as exc:  # a sticky CUDA error: the copies are not proven done
                 problem = f"checking that its copies finished failed ({type(exc).__name__}: {exc})"
         ptr, self._ptr = self._ptr, None
@@ -428,12 +428,12 @@ class PinnedSlotPool:
                     torch.cuda.synchronize(self.device)  # the allocator's free-time events
             except Exception as exc:
                 problem = f"synchronizing {self.device} failed ({type(exc).__name__}: {exc})"
-            else:
-                del torch_arena  # its slots' views were dropped above: the block is free
-                empty = getattr(torch._C, "_host_emptyCache", None)
-                if empty is not None:  # hands every *free* cached pinned block back to the OS
-                    empty()
-                torch_arena = None
+            else:  # freeing and emptying query events and cudaFreeHost: CUDA calls too
+                with torch.cuda.device(self.device):
+                    torch_arena = None  # its slots' views were dropped above: the block is free
+                    empty = getattr(torch._C, "_host_emptyCache", None)
+                    if empty is not None:  # hands every *free* cached pinned block back to the OS
+                        empty()
         if not unpin or problem is not None:
             # Keep the arena referenced, so it is never unmapped under a copy.
             self._kept.append((torch_arena, self._mmap))
@@ -446,5 +446,5 @@ class PinnedSlotPool:
                     stacklevel=4,
                 )
             return False
-        self._mmap = None
+        self._mmap, self.nbytes = None, 0
         return True

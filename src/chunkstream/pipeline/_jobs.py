@@ -118,11 +118,13 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
     chunk's first piece (:class:`~chunkstream.sources.LearnsFields`) before the
     pool, then a :class:`LazyPool`, allocates."""
     window = (pieces[0].start, pieces[0].stop)
-    begin = time.perf_counter()  # a learning read's time counts from its load_fn call
     learned = isinstance(source, LearnsFields) and source.fields is None
+    learning_s = 0.0  # a learning read's load_fn call is part of its read time
     if learned:
+        begin = time.perf_counter()
         with _reading(source, pieces[0]):
             call_with_retries(partial(source.learn, *window), retries, window, dropped)
+        learning_s = time.perf_counter() - begin
     try:
         buffers = pool.acquire(dropped)
     except BaseException as exc:
@@ -135,8 +137,8 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
             f"{type(exc).__name__}: {exc}",
             window=window,
         ) from exc
-    if not learned:
-        begin = time.perf_counter()  # waiting for a free slot is not reading
+    # Waiting for a free slot, or for a LazyPool to pin its arena, is not reading.
+    begin = time.perf_counter() - learning_s
     try:
         with profiled(READ, window):
             read_window(source, pieces, buffers.views(chunk_rows(pieces)),
@@ -202,8 +204,9 @@ def _check_finite(out: Mapping[str, np.ndarray], start: int, stop: int) -> None:
             )
 
 
-def copy_job(loaded: Loaded, dropped: Callable[[], bool], *, pool: PinnedSlotPool | HostBufferPool,
-             device: torch.device, stream: Any) -> Delivery | None:  # fmt: skip
+def copy_job(loaded: Loaded, dropped: Callable[[], bool], *,
+             pool: PinnedSlotPool | HostBufferPool | LazyPool, device: torch.device,
+             stream: Any) -> Delivery | None:  # fmt: skip
     """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to ``pool`` behind
     the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
     if dropped():
