@@ -762,13 +762,16 @@ def test_calls_after_a_failed_read_say_the_loader_shut_down():
 
 
 @pytest.mark.gpu
-def test_on_cuda_a_restart_never_reads_a_window_twice():
+@pytest.mark.parametrize(("cls", "kwargs"),
+                         [(RandomChunkLoader, {}), (PipelineChunkLoader, {"gpu_prefetch": 3})])  # fmt: skip
+def test_on_cuda_a_restart_never_reads_a_window_twice(cls, kwargs):
     # Reads plus copies in flight stay within the draws an abandoned epoch consumes
-    # (prefetch + 1), so the next epoch's first draw was never read ahead.
+    # (prefetch + 1, or prefetch + gpu_prefetch + 2), so the next epoch's first draw was
+    # never read ahead (test_cuda_logic checks the counts with fake copies, every depth).
     load_fn = CountingLoadFn(chunk_size=100, T=1_000_000)  # 60 random windows: no repeat
     for prefetch in (1, 2):
-        loader = RandomChunkLoader(load_fn, 1_000_000, 100, device="cuda", prefetch=prefetch,
-                                   seed=3)  # fmt: skip
+        loader = cls(load_fn, 1_000_000, 100, device="cuda", prefetch=prefetch, seed=3,
+                     **kwargs)  # fmt: skip
         try:
             for _ in range(3):
                 loader.start_epoch(20)

@@ -278,7 +278,30 @@ def test_pinned_arena_is_exact_and_released_at_close():
         pass
     loader.close()
     assert not torch.from_numpy(view).is_pinned()  # unregistered: pageable memory again
-    assert _host_cache_bytes() == before
+    assert _host_cache_bytes() == before and loader.pinned_bytes == 0
+
+
+def test_close_before_a_copy_finished_keeps_the_arena_pinned_and_warns():
+    from chunkstream.pipeline._buffers import PinnedSlotPool
+    from chunkstream.sources._base import FieldSpec
+
+    cycles = _cycles_per_ms()
+    pool = PinnedSlotPool({"x": FieldSpec((1024,), np.dtype("float32"))}, 256, slots=1,
+                          device=torch.device("cuda", torch.cuda.current_device()))  # fmt: skip
+    stream = torch.cuda.Stream()
+    slot = pool.acquire()
+    view = slot.arrays["x"]
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(cycles * 300))  # the copy starts 300 ms from now
+        torch.empty(256, 1024, device="cuda").copy_(slot.tensors["x"], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+    pool.release_after(slot, done)
+    with pytest.warns(RuntimeWarning, match="had not finished by close's deadline"):
+        assert pool.close(timeout=0.05) is False
+    assert not done.query() and torch.from_numpy(view).is_pinned()  # never unpinned under it
+    assert pool.nbytes > 0  # still held, and said so
+    stream.synchronize()
 
 
 def test_moments_merge_in_bounded_blocks_on_the_device():
@@ -476,4 +499,9 @@ def test_a_source_that_learns_its_fields_pins_its_arena_after_the_first_read():
             np.testing.assert_array_equal(chunk["data"].cpu().numpy(),
                                           arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
         assert loader.pinned_bytes >= loader.config.slots * loader.chunk_bytes
+        pool = loader._pool.pool  # made in the reader thread, registered on this device
+        assert pool.registered and pool.device == loader.device
+        view = pool._free[0].arrays["data"] if pool._free else pool._pending[0][1].arrays["data"]
+        assert torch.from_numpy(view).is_pinned()
     assert len(calls) == 4
+    assert loader.pinned_bytes == 0 and not torch.from_numpy(view).is_pinned()  # unpinned

@@ -349,7 +349,7 @@ class PinnedSlotPool:
                     raise RuntimeError("pinned slot pool is closed")
                 if self._free:
                     return self._free.popleft()
-                if self._pending and self._pending[0][0].query():
+                if self._pending and self._pending[0][0].query():  # one stream: copies end in order
                     return self._pending.popleft()[1]
                 has_pending = bool(self._pending)
                 if not has_pending:
