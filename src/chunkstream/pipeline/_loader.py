@@ -377,7 +377,8 @@ class ChunkLoader:
 
     @property
     def pinned_bytes(self) -> int:
-        """Page-locked host bytes the loader holds: its pinned arena's true size (0 on CPU)."""
+        """Page-locked host bytes the loader holds: its pinned arena's true size (0 on CPU,
+        before the first read of a source that learns its fields, and once close() unpinned it)."""
         pool = self._pool.pool if isinstance(self._pool, LazyPool) else self._pool
         return pool.nbytes if isinstance(pool, PinnedSlotPool) else 0
 
