@@ -6,12 +6,14 @@ The GPU halves (copies, streams, pinned memory, host syncs) are in test_gpu.py.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -737,6 +739,13 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
         assert pool.close(timeout=0.05) is False
     assert unregistered == [] and any(mapping is kept[1] for kept in pool._kept)
     assert pool.nbytes == nbytes  # still pinned, and said so
+    # Kept until the process exits, also once the loader and its pool are collected.
+    from chunkstream.pipeline import _buffers
+
+    collected, kept = weakref.ref(pool), pool._kept
+    del pool, slot
+    gc.collect()
+    assert collected() is None and any(k is kept for k in _buffers._KEPT) and kept
     pool = _fake_pool(monkeypatch, unregistered)  # copies done: released, nothing held
     pool.release_after(pool.acquire(), _Event(True))
     assert pool.close(timeout=0.05) is True and pool.nbytes == 0 and len(unregistered) == 1

@@ -171,8 +171,7 @@ class HostBufferPool:
         buffers.busy = False
 
     def close(self, timeout: float = 0.0, *, unpin: bool = True) -> bool:
-        """Forget every set (user tensors keep theirs alive); the arguments match
-        :meth:`PinnedSlotPool.close`, and nothing here is pinned."""
+        """Forget every set (user tensors keep theirs alive); nothing is pinned here."""
         del timeout, unpin
         with self._lock:
             self._sets.clear()
@@ -237,6 +236,7 @@ def _power_of_two_ceil(n: int) -> int:
 
 
 _REGISTER_TIMEOUT_S = 120.0  # pinning tens of GB takes seconds; a hung driver call gives up here
+_KEPT: list[list[object]] = []  # every pool's kept arenas, alive after the pool is collected
 
 
 def _in_cuda_thread(
@@ -269,8 +269,7 @@ def _in_cuda_thread(
 
 def _register(ptr: int, nbytes: int, device: torch.device) -> str | None:
     """``cudaHostRegister(ptr, nbytes, Portable)``; ``None`` or what went wrong."""
-    # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as torch's
-    # pinned memory is.
+    # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as torch's pinned memory.
     return _in_cuda_thread(
         lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1),
         device, "cudaHostRegister", _REGISTER_TIMEOUT_S,
@@ -307,6 +306,7 @@ class PinnedSlotPool:
         self._released: bool | None = None  # what close() returned, once it ran
         # Arenas (or mappings) a CUDA call may still use: never freed, on purpose.
         self._kept: list[object] = []
+        _KEPT.append(self._kept)
         layout, offset = _layout(fields, rows, self.slots)
         self.requested_nbytes = offset
         # Registration faults every page in, so the mapping is not touched here.
