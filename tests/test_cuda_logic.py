@@ -784,6 +784,15 @@ def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
     # cudaFreeHost and the allocator's event queries need a context: the pool's GPU's.
     assert seen == {"synchronized": torch.device("cuda", 1), "emptied": torch.device("cuda", 1)}
 
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch._C, "_host_emptyCache", broken, raising=False)
+    with pytest.warns(RuntimeWarning, match=r"failed \(cudaError 1\)"):
+        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+    with pytest.warns(RuntimeWarning, match=r"stays pinned.*freeing it on cuda:1 failed"):
+        assert pool.close() is False  # warned, never raised
+
 
 # Compat on CUDA: the original, abandoned after d of n chunks, had called load_fn for
 # min(n, d + depth) draws (depth: prefetch + 1 for RandomChunkLoader, prefetch +

@@ -423,17 +423,15 @@ class PinnedSlotPool:
             if error is not None:  # maybe still registered: never unmap it
                 problem = f"cudaHostUnregister failed ({error})"
         elif torch_arena is not None and unpin and problem is None:
-            try:
+            try:  # all under the pool's device: freeing queries events, emptying cudaFreeHost
                 with torch.cuda.device(self.device):
                     torch.cuda.synchronize(self.device)  # the allocator's free-time events
-            except Exception as exc:
-                problem = f"synchronizing {self.device} failed ({type(exc).__name__}: {exc})"
-            else:  # freeing and emptying query events and cudaFreeHost: CUDA calls too
-                with torch.cuda.device(self.device):
                     torch_arena = None  # its slots' views were dropped above: the block is free
                     empty = getattr(torch._C, "_host_emptyCache", None)
                     if empty is not None:  # hands every *free* cached pinned block back to the OS
                         empty()
+            except Exception as exc:
+                problem = f"freeing it on {self.device} failed ({type(exc).__name__}: {exc})"
         if not unpin or problem is not None:
             # Keep the arena referenced, so it is never unmapped under a copy.
             self._kept.append((torch_arena, self._mmap))
