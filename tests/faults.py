@@ -208,7 +208,9 @@ class Faults:
 class FaultHandler(http.server.SimpleHTTPRequestHandler):
     """Serves files from ``directory``, or forwards to ``upstream`` (host, port) when set;
     either way after consulting ``faults``. HTTP/1.1: connections are kept alive, as an
-    object store's are, so a client's connection pool is part of what is measured."""
+    object store's are, so a client's connection pool is part of what is measured. Byte
+    ranges are served as object stores serve them (sharded zarr reads a shard's index and
+    inner chunks by range)."""
 
     protocol_version = "HTTP/1.1"
     faults: Faults
@@ -254,11 +256,46 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
         finally:
             conn.close()
 
+    def _ranged(self) -> bool:
+        """Serve a ``Range: bytes=...`` GET of a file as an object store or a web server
+        does (RFC 9110: 206 with the bytes that exist, 416 when none do); ``False`` for
+        any other request, which the base class serves whole."""
+        spec = self.headers.get("Range", "")
+        path = self.translate_path(self.path)
+        if self.command != "GET" or not spec.startswith("bytes=") or not os.path.isfile(path):
+            return False
+        first, _, last = spec.removeprefix("bytes=").partition("-")
+        if "," in spec or not (first or last) or not (first or "0").isdigit() \
+                or not (last or "0").isdigit():  # fmt: skip
+            return False  # several ranges or a malformed one: the whole file, as servers may
+        size = os.path.getsize(path)
+        if first:
+            start, stop = int(first), min(size, int(last) + 1 if last else size)
+        else:  # a suffix: the last `last` bytes
+            start, stop = max(0, size - int(last)), size
+        if start >= stop:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        with open(path, "rb") as file:
+            file.seek(start)
+            body = file.read(stop - start)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
+
     def _handle(self) -> None:
         if self._fault():
             return
         if self.upstream is not None:
             self._forward()
+        elif self._ranged():
+            return
         elif self.command == "HEAD":
             super().do_HEAD()
         else:

@@ -11,9 +11,25 @@ codecs raise assorted built-in errors (``OSError`` from bz2 and lz4,
 codecs wrapped: a v2 array's compressor and last-applied filter in
 :class:`CheckedCodec` (the blosc header against the frame's length, the decoded
 size against the chunk's), a v3 array's ``BloscCodec`` (inside shards too) in
-:class:`CheckedBloscCodec` (the header against the frame's length). A failure
-raises :class:`FrameError` (a ``CorruptChunkError``), which zarr raises from its
+:class:`CheckedBloscCodec` (the header against the frame's length), and its
+``ShardingCodec`` in :class:`CheckedShardingCodec` (below). A failure raises
+:class:`FrameError` (a ``CorruptChunkError``), which zarr raises from its
 pipeline unchanged; ``ZarrSource`` then names the store, field and window.
+
+**Shards.** zarr reads a shard whole (every inner chunk wanted: one GET) or in
+parts (its index by range, then each wanted inner chunk by range), and trusts
+what comes back: a 0-byte shard read whole is taken for an absent one (the fill
+value), a request past a truncated shard's end fails like a network error (HTTP
+416), an index entry past the end returns a short range. The checked codec sees
+every request of a shard read and holds the shard file to the rules
+:mod:`._shards` keeps for the local reader: the file holds its index, the index
+passes its crc32c, every entry lies inside the file's data bytes. A whole shard's
+size is known, so its entries are checked against it; a read in parts knows no
+size, so its index is checked for entries no file could hold, and the size is
+asked for (one ``HEAD``, through the store's ``getsize``) only after a range
+request fails or comes back short, to tell a damaged shard from a network error:
+the common read makes no extra request. An index whose codecs are not bytes (+
+crc32c), which :mod:`._shards` does not parse, is left to zarr.
 """
 
 from __future__ import annotations
@@ -21,24 +37,34 @@ from __future__ import annotations
 import copy
 import math
 import struct
+from typing import Any
 
 import numcodecs
 import numpy as np
 import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
+from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, ShardingCodec
 from zarr.core.array_spec import ArraySpec
-from zarr.core.buffer import Buffer
+from zarr.core.buffer import Buffer, BufferPrototype, NDBuffer
+from zarr.storage import StorePath
 
 from .._errors import CorruptChunkError
+from ._shards import ShardLayout, crc32c, data_bounds, shard_layout
 
 __all__ = [
     "CheckedBloscCodec",
     "CheckedCodec",
+    "CheckedShardReads",
+    "CheckedShardingCodec",
     "FrameError",
     "blosc_frame_error",
     "with_checked_codecs",
 ]
+
+_EMPTY = 2**64 - 1
+#: No shard file reaches this far: an index entry beyond it is damage whatever the file's size.
+_NO_FILE_END = 2**63
 
 
 class FrameError(CorruptChunkError):
@@ -110,12 +136,174 @@ class CheckedBloscCodec(BloscCodec):
         return super()._decode_sync(chunk_bytes, chunk_spec)
 
 
+class CheckedShardingCodec(ShardingCodec):
+    """zarr v3's ``ShardingCodec``, with each shard file checked against its index as it
+    is read (module docs, "Shards")."""
+
+    def _layout(self, shard_spec: ArraySpec) -> ShardLayout | None:
+        found = shard_layout(self, tuple(shard_spec.shape))
+        return None if found is None else found[0]
+
+    async def _decode_single(self, shard_bytes: Buffer, shard_spec: ArraySpec) -> NDBuffer:
+        layout = self._layout(shard_spec)
+        if layout is not None:  # a pipeline that fetched the whole shard itself
+            _check_whole_shard(shard_bytes, layout, "a zarr shard")
+        return await super()._decode_single(shard_bytes, shard_spec)
+
+    async def _decode_partial_single(
+        self, byte_getter: Any, selection: Any, shard_spec: ArraySpec
+    ) -> NDBuffer | None:
+        layout = self._layout(shard_spec)
+        # a shard in the store (not one nested in another shard's bytes): its requests checked
+        if layout is not None and isinstance(byte_getter, StorePath):
+            byte_getter = CheckedShardReads(byte_getter, layout)
+        return await super()._decode_partial_single(byte_getter, selection, shard_spec)
+
+
+class CheckedShardReads:
+    """The requests of one shard read (zarr's ``ByteGetter``), each checked as it returns
+    (module docs, "Shards"); a ``FrameError``'s message starts with ``label`` (default:
+    "zarr shard '<key>'").
+
+    One per shard per read, so the index it keeps is that read's; zarr asks for the
+    index before any inner chunk.
+    """
+
+    def __init__(self, inner: StorePath, layout: ShardLayout, label: str | None = None) -> None:
+        self._inner = inner
+        self._layout = layout
+        self.label = label or f"zarr shard {inner.path!r}"
+        self._index: np.ndarray | None = None
+
+    async def get(
+        self, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        try:
+            buf = await self._inner.get(prototype, byte_range)
+        except Exception as exc:
+            # Any failure of a range request (obstore's HTTP 416, zarr's OverflowError for a
+            # suffix longer than the file where a store takes no suffix requests) may be a
+            # damaged shard or the network: the object's size tells which. Re-raised unless
+            # the size proves the shard damaged.
+            if byte_range is not None:
+                await self._check_size(byte_range, None, exc)
+            raise
+        if buf is None:  # no such shard: zarr's rule for absent chunks applies
+            return None
+        if byte_range is None:
+            self._index = _check_whole_shard(buf, self._layout, self.label)
+        elif self._is_index(byte_range):
+            if len(buf) < self._layout.index_nbytes:  # a range past the end returns what exists
+                raise _short_file(self.label, len(buf), self._layout)
+            self._index = _check_index(buf.to_bytes(), self._layout, self.label,
+                                       (self._lo, _NO_FILE_END))  # fmt: skip
+        elif (isinstance(byte_range, RangeByteRequest)
+              and len(buf) != byte_range.end - byte_range.start):  # fmt: skip
+            await self._check_size(byte_range, len(buf), None)
+        return buf
+
+    @property
+    def _lo(self) -> int:
+        return self._layout.index_nbytes if self._layout.index_at_start else 0
+
+    def _is_index(self, byte_range: ByteRequest) -> bool:
+        need = self._layout.index_nbytes
+        if self._layout.index_at_start:
+            # an inner chunk's entry at [0, need) fails the index's own check first
+            return byte_range == RangeByteRequest(0, need)
+        return byte_range == SuffixByteRequest(need)
+
+    async def _check_size(
+        self, byte_range: ByteRequest, got: int | None, exc: BaseException | None
+    ) -> None:
+        """After a range request failed (``exc``) or returned ``got`` bytes too few:
+        ``FrameError`` where the file's size shows the shard damaged; else, for a short
+        read, ``ConnectionError``; else nothing (the caller re-raises ``exc``)."""
+        try:
+            size = await self._inner.store.getsize(self._inner.path)
+        except Exception:  # the size cannot be had either: the read's own failure stands
+            size = None
+        if size is not None:
+            if self._is_index(byte_range):
+                if size < self._layout.index_nbytes:
+                    raise _short_file(self.label, size, self._layout) from exc
+            elif isinstance(byte_range, RangeByteRequest):
+                bounds = data_bounds(self._layout, size)
+                start, stop = byte_range.start, byte_range.end
+                if start < bounds[0] or stop > bounds[1]:
+                    raise FrameError(
+                        f"{self.label} holds {size} bytes; its index has an entry "
+                        f"{self._position(start, stop)}at bytes [{start}, {stop}), outside its "
+                        f"data bytes [{bounds[0]}, {bounds[1]})"
+                    ) from exc
+        if exc is None and got is not None:
+            raise ConnectionError(
+                f"a request for bytes [{byte_range.start}, {byte_range.end}) of "
+                f"{self.label} returned {got} bytes, though the file holds {size}"
+            )
+
+    def _position(self, start: int, stop: int) -> str:
+        """``"for inner chunk (i, j) "`` of the index entry ``[start, stop)``, or ``""``."""
+        if self._index is None:
+            return ""
+        hits = np.flatnonzero((self._index[:, 0] == start) & (self._index[:, 1] == stop - start))
+        if not len(hits):
+            return ""
+        position = np.unravel_index(int(hits[0]), self._layout.chunks_per_shard)
+        return f"for inner chunk {tuple(int(p) for p in position)} "
+
+
+def _short_file(label: str, size: int, layout: ShardLayout) -> FrameError:
+    need = layout.index_nbytes
+    return FrameError(f"{label} holds {size} bytes, fewer than its {need}-byte index")
+
+
+def _check_whole_shard(buf: Buffer, layout: ShardLayout, label: str) -> np.ndarray:
+    """The parsed index of the whole shard file ``buf``; ``FrameError`` for a file
+    shorter than its index, an index failing its checksum or an entry outside the file."""
+    size, need = len(buf), layout.index_nbytes
+    if size < need:
+        raise _short_file(label, size, layout)
+    raw = buf[:need] if layout.index_at_start else buf[size - need :]
+    return _check_index(raw.to_bytes(), layout, label, data_bounds(layout, size))
+
+
+def _check_index(
+    raw: bytes, layout: ShardLayout, label: str, bounds: tuple[int, int]
+) -> np.ndarray:
+    """The ``(inner chunks, 2)`` index from its bytes ``raw``; ``FrameError`` if it fails
+    its crc32c or an entry that is not empty lies outside ``bounds`` ``[lo, hi)``."""
+    if layout.checksum:
+        stored, computed = int.from_bytes(raw[-4:], "little"), crc32c(raw[:-4])
+        if stored != computed:
+            raise FrameError(f"{label} has a shard index whose crc32c checksum fails "
+                             f"(stored {stored:#010x}, computed {computed:#010x})")  # fmt: skip
+        raw = raw[:-4]
+    index = np.frombuffer(raw, "<u8").reshape(-1, 2)
+    offset, nbytes = index[:, 0], index[:, 1]
+    lo, hi = np.uint64(bounds[0]), np.uint64(bounds[1])
+    # in uint64 without overflow: nbytes must fit between the offset and hi
+    outside = (offset < lo) | (offset > hi) | (nbytes > hi - np.minimum(offset, hi))
+    bad = np.flatnonzero(outside & ~((offset == _EMPTY) & (nbytes == _EMPTY)))
+    if len(bad):
+        first = int(bad[0])
+        position = tuple(int(p) for p in np.unravel_index(first, layout.chunks_per_shard))
+        start, length = int(offset[first]), int(nbytes[first])
+        where = (f"its data bytes [{bounds[0]}, {bounds[1]})" if bounds[1] != _NO_FILE_END
+                 else "any shard file")  # fmt: skip
+        raise FrameError(
+            f"{label} has an index entry for inner chunk {position} at bytes "
+            f"[{start}, {start + length}), outside {where}"
+        )
+    return index
+
+
 def _checked_v3(codecs: tuple) -> tuple:
-    """``codecs`` with every ``BloscCodec`` checked, inside shards too."""
+    """``codecs`` with every ``BloscCodec`` and ``ShardingCodec`` checked, inside shards too."""
     out = []
     for codec in codecs:
         if isinstance(codec, ShardingCodec):
-            codec = ShardingCodec(
+            codec = CheckedShardingCodec(
                 chunk_shape=codec.chunk_shape, codecs=_checked_v3(tuple(codec.codecs)),
                 index_codecs=codec.index_codecs, index_location=codec.index_location,
             )  # fmt: skip

@@ -38,6 +38,7 @@ import numpy as np
 import zarr
 
 from .._errors import ConfigError, MissingChunkError
+from ._checked_codecs import CheckedShardReads, FrameError
 from ._fastzarr import declared_size
 from ._remote import store_errors
 from ._select import Selection, chunk_ranges, iter_chunk_coords
@@ -232,13 +233,20 @@ class ReadChecks:
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync
+        from zarr.storage import StorePath
 
         prefix = self._arr.store_path.path
         full = f"{prefix}/{key}" if prefix else key
         request = RangeByteRequest(0, need) if layout.index_at_start else SuffixByteRequest(need)
-        with store_errors(self._path, f"the index of shard {key!r}"):
-            buf = sync(self._arr.store.get(full, default_buffer_prototype(), byte_range=request))
         label = f"zarr shard {key!r} of {self._path!r}"
+        # checked as the read itself checks it: a shard shorter than its index is damage,
+        # not the network error its failed range request (HTTP 416) looks like
+        reads = CheckedShardReads(StorePath(self._arr.store, full), layout, label)
+        try:
+            with store_errors(self._path, f"the index of shard {key!r}"):
+                buf = sync(reads.get(default_buffer_prototype(), request))
+        except FrameError as exc:
+            raise corrupt_error(label, str(exc).removeprefix(f"{label} "), window) from exc
         return None if buf is None else (parse_index(buf.to_bytes(), layout, label, window), None)
 
     def _check_zstd_frames(self, path: Path, offsets: list[int], window: tuple[int, int]) -> None:
