@@ -249,7 +249,9 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
             for key, value in response.getheaders():
                 if key.lower() not in ("content-length", "transfer-encoding", "connection"):
                     self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
+            # a HEAD's length is the object's, which its empty body does not show
+            length = response.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header("Content-Length", length or str(len(data)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

@@ -228,6 +228,152 @@ def test_a_group_over_http_needs_consolidated_metadata(tmp_path):
         assert (out["v"] == 8).all() and (out["s"] == 3).all()
 
 
+# -- damaged shards: the local reader's integrity rule, over HTTP --------------------------
+
+#: damage -> (inner codec, index crc32c, what the error says). Each store is 200 x 5 float32
+#: in 4 shards of 50 timesteps (2 inner chunks of 25); shard 'c/1/0' is damaged and inner
+#: chunk (1, 0) (timesteps [75, 100)) is the one damaged where the damage is one chunk's.
+SHARD_DAMAGES = {
+    "truncated": ("zstd", True, "crc32c checksum fails"),
+    "truncated-without-checksum": ("zstd", False, r"index entry for inner chunk \(\d, 0\)"),
+    "index-garbage": ("zstd", True, "crc32c checksum fails"),
+    "inner-chunk-blosc": ("blosc-zstd", True, "blosc frame"),
+    "inner-chunk-zstd": ("zstd", True, "does not decode"),
+    "empty": ("zstd", True, "holds 0 bytes, fewer than its 36-byte index"),
+    "entry-past-end": ("zstd", True, r"inner chunk \(1, 0\) at bytes \[\d+, \d+\), outside its"),
+}
+#: the damaged shard read whole (one GET), its damaged inner chunk alone (the index and one
+#: chunk by range), and parts of three shards
+DAMAGED_WINDOWS = [(50, 100), (75, 100), (40, 110)]
+
+
+def _damage_shard(shard: Path, how: str, checksum: bool) -> None:
+    import struct
+
+    from chunkstream.sources._shards import crc32c
+
+    raw = bytearray(shard.read_bytes())
+    at = len(raw) - (36 if checksum else 32)  # the index, at the end
+    offset, nbytes = struct.unpack_from("<QQ", raw, at + 16)  # inner chunk (1, 0)
+    if how.startswith("truncated"):
+        raw = raw[: len(raw) // 2]
+    elif how == "index-garbage":
+        raw[at:] = np.random.default_rng(1).bytes(len(raw) - at)
+    elif how.startswith("inner-chunk"):
+        raw[offset : offset + nbytes] = np.random.default_rng(2).bytes(nbytes)
+    elif how == "empty":
+        raw = bytearray()
+    else:  # entry-past-end: a well-formed index (its crc32c recomputed) past the file's end
+        struct.pack_into("<QQ", raw, at + 16, offset, len(raw))
+        raw[at + 32 :] = crc32c(bytes(raw[at : at + 32])).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.fixture(scope="module")
+def shard_stores(tmp_path_factory) -> Path:
+    """A folder of stores: one per damage in SHARD_DAMAGES, and an intact one."""
+    from tests.stores import make_sharded
+
+    root = tmp_path_factory.mktemp("shards")
+    data = np.random.default_rng(0).standard_normal((200, 5)).astype(np.float32)
+    make_sharded(root / "intact.zarr", data, (25, 5), (50, 5), "zstd")
+    for how, (codec, checksum, _) in SHARD_DAMAGES.items():
+        make_sharded(root / f"{how}.zarr", data, (25, 5), (50, 5), codec, checksum=checksum)
+        _damage_shard(root / f"{how}.zarr" / "c" / "1" / "0", how, checksum)
+    return root
+
+
+@pytest.fixture(scope="module")
+def damaged_shards(shard_stores) -> Iterator[tuple[Server, Path]]:
+    """:func:`shard_stores` served over HTTP."""
+    for server in serve(shard_stores):
+        yield server, shard_stores
+
+
+def _read_window(source: cs.ZarrSource, start: int, stop: int) -> np.ndarray:
+    out = {"data": np.full((stop - start, 5), np.nan, np.float32)}  # stale bytes would show
+    source.read_into(start, stop, out)
+    return out["data"]
+
+
+@pytest.mark.parametrize("check_missing", ["auto", True])
+@pytest.mark.parametrize("how", sorted(SHARD_DAMAGES))
+def test_a_damaged_remote_shard_is_corrupt_naming_the_shard_and_window(
+    damaged_shards, how, check_missing
+):
+    server, root = damaged_shards
+    url = f"{server.url}/{how}.zarr"
+    options = {"chunkstream": FAST}
+    with cs.ZarrSource(url, check_missing=check_missing, storage_options=options) as source:
+        assert source.engine == "zarr"  # zarr's pipeline does the requests
+        for start, stop in DAMAGED_WINDOWS:
+            with pytest.raises(cs.CorruptChunkError, match=SHARD_DAMAGES[how][2]) as info:
+                _read_window(source, start, stop)
+            message = str(info.value)
+            assert "'c/1/0'" in message and f"timesteps [{start}, {stop})" in message, message
+            assert url in message
+            assert not isinstance(info.value, ConnectionError)  # never a "network" error
+        # the shards around it read exactly what zarr-python reads from the local store
+        reference = zarr.open_array(root / f"{how}.zarr", mode="r")
+        for start, stop in [(0, 50), (100, 200), (110, 135)]:
+            np.testing.assert_array_equal(_read_window(source, start, stop),
+                                          reference[start:stop])  # fmt: skip
+    # the local reader finds the same damage in the same windows
+    with cs.ZarrSource(root / f"{how}.zarr") as local:
+        for start, stop in DAMAGED_WINDOWS:
+            with pytest.raises(cs.CorruptChunkError, match=r"c/1/0"):
+                _read_window(local, start, stop)
+
+
+def test_a_damaged_shard_over_s3_is_corrupt_naming_the_shard_and_window(shard_stores):
+    # S3 answers a range past the end (HTTP 416) and a HEAD as an object store does
+    pytest.importorskip("moto.server")
+    with s3_server(shard_stores) as (_proxy, s3):
+        options = {"endpoint": s3["endpoint"], "region": s3["region"], "chunkstream": FAST,
+                   "access_key_id": s3["key"], "secret_access_key": s3["secret"]}  # fmt: skip
+        for how, (_, _, what) in sorted(SHARD_DAMAGES.items()):
+            url = f"s3://bucket/{how}.zarr"
+            with cs.ZarrSource(url, storage_options=options) as source:
+                for start, stop in DAMAGED_WINDOWS:
+                    with pytest.raises(cs.CorruptChunkError, match=what) as info:
+                        _read_window(source, start, stop)
+                    message = str(info.value)
+                    assert "'c/1/0'" in message and f"timesteps [{start}, {stop})" in message
+                reference = zarr.open_array(shard_stores / f"{how}.zarr", mode="r")
+                np.testing.assert_array_equal(_read_window(source, 100, 200), reference[100:200])
+
+
+def test_an_intact_remote_shard_costs_no_extra_request(damaged_shards):
+    # the checks ask for a shard's size only after a range request fails or comes back
+    # short: a whole shard is one GET, an inner chunk its index and its bytes
+    server, root = damaged_shards
+    reference = zarr.open_array(root / "intact.zarr", mode="r")
+    with cs.ZarrSource(f"{server.url}/intact.zarr", storage_options={"chunkstream": FAST}) as src:
+        for (start, stop), requests in [((100, 150), 1), ((125, 150), 2), ((0, 200), 4)]:
+            before = server.faults.requests
+            np.testing.assert_array_equal(_read_window(src, start, stop), reference[start:stop])
+            assert server.faults.requests - before == requests, (start, stop)
+
+
+@pytest.mark.parametrize("head", ["fails", "answers"])
+def test_a_network_error_on_a_shard_stays_a_network_error(damaged_shards, head):
+    # a failed range request is held against the shard's size: a size that cannot be had
+    # (head="fails": the 500s go on) or that shows the shard whole is the network's fault
+    server, _root = damaged_shards
+    url = f"{server.url}/intact.zarr"
+    server.faults.set("/intact.zarr/c/2/0", "500", None if head == "fails" else 1 + FAST.retries)
+    try:
+        with (
+            cs.ZarrSource(url, storage_options={"chunkstream": FAST}) as source,
+            pytest.raises(RemoteStoreError) as info,
+        ):
+            _read_window(source, 125, 135)  # the index of shard 'c/2/0' by range
+    finally:
+        server.faults.set("", "", 0)
+    assert f"{url}/c/2/0" in str(info.value) and "[125, 135)" in str(info.value)
+    assert not isinstance(info.value, cs.CorruptChunkError)
+
+
 # -- S3 (moto server) -------------------------------------------------------------------
 
 

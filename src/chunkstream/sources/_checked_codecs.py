@@ -232,7 +232,7 @@ class CheckedShardReads:
                 start, stop = byte_range.start, byte_range.end
                 if start < bounds[0] or stop > bounds[1]:
                     raise FrameError(
-                        f"{self.label} holds {size} bytes; its index has an entry "
+                        f"{self.label} holds {size} bytes and has an index entry "
                         f"{self._position(start, stop)}at bytes [{start}, {stop}), outside its "
                         f"data bytes [{bounds[0]}, {bounds[1]})"
                     ) from exc
