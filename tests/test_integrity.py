@@ -648,7 +648,8 @@ def test_a_truncated_shard_without_an_index_checksum_is_corrupt_on_every_engine(
 ):
     # Cut in half, the shard's last 32 bytes are data read as its index: entries far past
     # the file's end. zarrs aborted the process on them (check_missing=False) or raised a
-    # pyo3 PanicException, a BaseException (check_missing="auto"); zarr named a wrong damage.
+    # pyo3 PanicException, a BaseException (check_missing="auto"); zarr named a wrong damage
+    # (and its offset arithmetic overflowed) before its sharding codec was checked.
     path = tmp_path / "x.zarr"
     data = make_sharded(path, random_data((64, 6)), (8, 6), (32, 6), "blosc-zstd",
                         checksum=False)  # fmt: skip
@@ -657,17 +658,12 @@ def test_a_truncated_shard_without_an_index_checksum_is_corrupt_on_every_engine(
     for engine in ENGINES:
         with _engine_source(path, engine, check_missing=check_missing) as source:
             np.testing.assert_array_equal(_filled(source, 0, 32)["data"], data[:32])
-            if engine == "zarr" and check_missing is False:
-                continue  # zarr's own pipeline reads no index first; it raises, named below
             with pytest.raises(cs.CorruptChunkError) as info:
                 _filled(source, 32, 64)
             message = str(info.value)
-            assert "index entry for inner chunk" in message and str(shard) in message, engine
+            assert "index entry for inner chunk" in message and "c/1/0" in message, engine
             assert "[32, 64)" in message
-    with _engine_source(path, "zarr", check_missing=False) as source, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # zarr's offset arithmetic overflows
-        with pytest.raises(cs.CorruptChunkError, match=r"c/1/0.*\[32, 64\)"):
-            _filled(source, 32, 64)
+            assert str(path) in message, engine  # the file, or the store and the key
 
 
 @pytest.mark.parametrize("engine", ENGINES)

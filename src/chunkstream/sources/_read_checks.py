@@ -17,7 +17,8 @@ before each field's read and raises what the pipelines would not:
   them; see :func:`._zarrs.zstd_frame_bound`);
 * ``CorruptChunkError`` for an entry of a local shard's index that points outside
   the shard file's data bytes (a truncated shard whose index has no checksum:
-  zarrs aborts the process on such an entry, zarr misnames the damage).
+  zarrs aborts the process on such an entry; zarr's pipeline, its sharding codec
+  checked by :mod:`._checked_codecs`, would find it too, but later).
 
 Local files are checked directly with ``os`` calls, not through zarr's event
 loop: a round trip per chunk file on every read adds up. With

@@ -32,7 +32,10 @@ open with a ``ConfigError`` saying why):
   the window, whatever the codec raised; it is never retried as an I/O error.
   Decoded sizes are checked wherever a codec can return short output (blosc
   trusts its header: :mod:`._checked_codecs` checks it on zarr's pipeline; the
-  checks zarr and zarrs lack before each read are :mod:`._read_checks`).
+  checks zarr and zarrs lack before each read are :mod:`._read_checks`). A shard
+  read on zarr's pipeline, local or remote, is held to its index as our reader
+  holds a shard file (:mod:`._checked_codecs`): a damaged remote shard is corrupt,
+  not a network error.
 * **Byte order.** Big-endian arrays (v2 ``'>f4'``, v3 ``bytes`` codec with
   ``endian="big"``) arrive in native order.
 """
