@@ -170,8 +170,9 @@ class Wrapped:
 
 @dataclass
 class Faults:
-    """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop"),
-    ``times`` times (``None``: always). ``hits`` counts the faults served.
+    """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop",
+    or "short": a byte range served one byte short), ``times`` times (``None``: always).
+    ``hits`` counts the faults served.
 
     A stalled request waits on the ``release`` event of the rule that stalled it;
     :meth:`set` (a new rule, or ``set("", "", 0)`` to clear) sets that event, so no
@@ -224,6 +225,9 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
         if fault is None:
             return False
         kind, release = fault
+        if kind == "short":  # served as asked, less its last byte (a ranged GET only)
+            self.short = True
+            return False
         if kind == "stall":
             release.wait(10)  # the client times out long before; the next set() ends it
         elif kind == "drop":
@@ -275,6 +279,7 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
             start, stop = int(first), min(size, int(last) + 1 if last else size)
         else:  # a suffix: the last `last` bytes
             start, stop = max(0, size - int(last)), size
+        stop -= self.short and stop - start > 1
         if start >= stop:
             self.send_response(416)
             self.send_header("Content-Range", f"bytes */{size}")
@@ -292,6 +297,7 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
         return True
 
     def _handle(self) -> None:
+        self.short = False  # one handler serves every request of its connection
         if self._fault():
             return
         if self.upstream is not None:

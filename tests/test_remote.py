@@ -374,6 +374,26 @@ def test_a_network_error_on_a_shard_stays_a_network_error(damaged_shards, head):
     assert not isinstance(info.value, cs.CorruptChunkError)
 
 
+def test_a_short_answer_for_an_intact_shard_is_a_network_error(damaged_shards):
+    # a range served short of what was asked (not at the file's end), though the file holds
+    # it, is the transfer's fault: obstore refuses it, and the shard's size, asked for after,
+    # shows the shard whole
+    server, root = damaged_shards
+    url = f"{server.url}/intact.zarr"
+    reference = zarr.open_array(root / "intact.zarr", mode="r")
+    with cs.ZarrSource(url, storage_options={"chunkstream": FAST}) as source:
+        server.faults.set("/intact.zarr/c/2/0", "short", 1)  # the shard index's request
+        try:
+            with pytest.raises(RemoteStoreError) as info:
+                _read_window(source, 125, 135)
+            assert server.faults.hits == 1
+        finally:
+            server.faults.set("", "", 0)
+        assert url in str(info.value) and "[125, 135)" in str(info.value)
+        assert not isinstance(info.value, cs.CorruptChunkError)
+        np.testing.assert_array_equal(_read_window(source, 125, 135), reference[125:135])
+
+
 # -- S3 (moto server) -------------------------------------------------------------------
 
 

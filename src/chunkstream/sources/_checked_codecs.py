@@ -192,14 +192,11 @@ class CheckedShardReads:
             return None
         if byte_range is None:
             self._index = _check_whole_shard(buf, self._layout, self.label)
+        elif len(buf) != _requested(byte_range, len(buf)):  # as short a file would give
+            await self._check_size(byte_range, len(buf), None)
         elif self._is_index(byte_range):
-            if len(buf) < self._layout.index_nbytes:  # a range past the end returns what exists
-                raise _short_file(self.label, len(buf), self._layout)
             self._index = _check_index(buf.to_bytes(), self._layout, self.label,
                                        (self._lo, _NO_FILE_END))  # fmt: skip
-        elif (isinstance(byte_range, RangeByteRequest)
-              and len(buf) != byte_range.end - byte_range.start):  # fmt: skip
-            await self._check_size(byte_range, len(buf), None)
         return buf
 
     @property
@@ -237,9 +234,11 @@ class CheckedShardReads:
                         f"data bytes [{bounds[0]}, {bounds[1]})"
                     ) from exc
         if exc is None and got is not None:
+            holds = "whose size could not be had" if size is None else f"which holds {size}"
             raise ConnectionError(
-                f"a request for bytes [{byte_range.start}, {byte_range.end}) of "
-                f"{self.label} returned {got} bytes, though the file holds {size}"
+                f"a request for {_requested(byte_range, got)} bytes ({byte_range}) of "
+                f"{self.label}, {holds}, returned {got}: a transfer cut short, or the file "
+                "changed while it was read"
             )
 
     def _position(self, start: int, stop: int) -> str:
@@ -251,6 +250,15 @@ class CheckedShardReads:
             return ""
         position = np.unravel_index(int(hits[0]), self._layout.chunks_per_shard)
         return f"for inner chunk {tuple(int(p) for p in position)} "
+
+
+def _requested(byte_range: ByteRequest, got: int) -> int:
+    """How many bytes ``byte_range`` asks for (``got``, for a range that does not say)."""
+    if isinstance(byte_range, RangeByteRequest):
+        return byte_range.end - byte_range.start
+    if isinstance(byte_range, SuffixByteRequest):
+        return byte_range.suffix
+    return got
 
 
 def _short_file(label: str, size: int, layout: ShardLayout) -> FrameError:
