@@ -231,10 +231,12 @@ def test_a_group_over_http_needs_consolidated_metadata(tmp_path):
 # -- damaged shards: the local reader's integrity rule, over HTTP --------------------------
 
 #: damage -> (inner codec, index crc32c, what the error says). Each store is 200 x 5 float32
-#: in 4 shards of 50 timesteps (2 inner chunks of 25); shard 'c/1/0' is damaged and inner
-#: chunk (1, 0) (timesteps [75, 100)) is the one damaged where the damage is one chunk's.
+#: in 4 shards of 50 timesteps (2 inner chunks of 25), with the index at either end; shard
+#: 'c/1/0' is damaged and inner chunk (1, 0) (timesteps [75, 100)) is the one damaged where
+#: the damage is one chunk's. Truncating a shard whose index is at its start leaves the
+#: index whole, pointing past the new end.
 SHARD_DAMAGES = {
-    "truncated": ("zstd", True, "crc32c checksum fails"),
+    "truncated": ("zstd", True, r"crc32c checksum fails|entry for inner chunk \(\d, 0\)"),
     "truncated-without-checksum": ("zstd", False, r"index entry for inner chunk \(\d, 0\)"),
     "index-garbage": ("zstd", True, "crc32c checksum fails"),
     "inner-chunk-blosc": ("blosc-zstd", True, "blosc frame"),
@@ -247,25 +249,26 @@ SHARD_DAMAGES = {
 DAMAGED_WINDOWS = [(50, 100), (75, 100), (40, 110)]
 
 
-def _damage_shard(shard: Path, how: str, checksum: bool) -> None:
+def _damage_shard(shard: Path, how: str, checksum: bool, location: str) -> None:
     import struct
 
     from chunkstream.sources._shards import crc32c
 
     raw = bytearray(shard.read_bytes())
-    at = len(raw) - (36 if checksum else 32)  # the index, at the end
+    size = 36 if checksum else 32
+    at = 0 if location == "start" else len(raw) - size  # the index
     offset, nbytes = struct.unpack_from("<QQ", raw, at + 16)  # inner chunk (1, 0)
     if how.startswith("truncated"):
         raw = raw[: len(raw) // 2]
     elif how == "index-garbage":
-        raw[at:] = np.random.default_rng(1).bytes(len(raw) - at)
+        raw[at : at + size] = np.random.default_rng(1).bytes(size)
     elif how.startswith("inner-chunk"):
         raw[offset : offset + nbytes] = np.random.default_rng(2).bytes(nbytes)
     elif how == "empty":
         raw = bytearray()
     else:  # entry-past-end: a well-formed index (its crc32c recomputed) past the file's end
         struct.pack_into("<QQ", raw, at + 16, offset, len(raw))
-        raw[at + 32 :] = crc32c(bytes(raw[at : at + 32])).to_bytes(4, "little")
+        raw[at + 32 : at + 36] = crc32c(bytes(raw[at : at + 32])).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
 
 
@@ -278,8 +281,11 @@ def shard_stores(tmp_path_factory) -> Path:
     data = np.random.default_rng(0).standard_normal((200, 5)).astype(np.float32)
     make_sharded(root / "intact.zarr", data, (25, 5), (50, 5), "zstd")
     for how, (codec, checksum, _) in SHARD_DAMAGES.items():
-        make_sharded(root / f"{how}.zarr", data, (25, 5), (50, 5), codec, checksum=checksum)
-        _damage_shard(root / f"{how}.zarr" / "c" / "1" / "0", how, checksum)
+        for location in ("end", "start"):
+            path = root / f"{how}-{location}.zarr"
+            make_sharded(path, data, (25, 5), (50, 5), codec, checksum=checksum,
+                         index_location=location)  # fmt: skip
+            _damage_shard(path / "c" / "1" / "0", how, checksum, location)
     return root
 
 
@@ -297,12 +303,14 @@ def _read_window(source: cs.ZarrSource, start: int, stop: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("check_missing", ["auto", True])
+@pytest.mark.parametrize("location", ["end", "start"])
 @pytest.mark.parametrize("how", sorted(SHARD_DAMAGES))
 def test_a_damaged_remote_shard_is_corrupt_naming_the_shard_and_window(
-    damaged_shards, how, check_missing
+    damaged_shards, how, location, check_missing
 ):
     server, root = damaged_shards
-    url = f"{server.url}/{how}.zarr"
+    store = f"{how}-{location}.zarr"
+    url = f"{server.url}/{store}"
     options = {"chunkstream": FAST}
     with cs.ZarrSource(url, check_missing=check_missing, storage_options=options) as source:
         assert source.engine == "zarr"  # zarr's pipeline does the requests
@@ -314,12 +322,12 @@ def test_a_damaged_remote_shard_is_corrupt_naming_the_shard_and_window(
             assert url in message
             assert not isinstance(info.value, ConnectionError)  # never a "network" error
         # the shards around it read exactly what zarr-python reads from the local store
-        reference = zarr.open_array(root / f"{how}.zarr", mode="r")
+        reference = zarr.open_array(root / store, mode="r")
         for start, stop in [(0, 50), (100, 200), (110, 135)]:
             np.testing.assert_array_equal(_read_window(source, start, stop),
                                           reference[start:stop])  # fmt: skip
     # the local reader finds the same damage in the same windows
-    with cs.ZarrSource(root / f"{how}.zarr") as local:
+    with cs.ZarrSource(root / store) as local:
         for start, stop in DAMAGED_WINDOWS:
             with pytest.raises(cs.CorruptChunkError, match=r"c/1/0"):
                 _read_window(local, start, stop)
@@ -332,14 +340,14 @@ def test_a_damaged_shard_over_s3_is_corrupt_naming_the_shard_and_window(shard_st
         options = {"endpoint": s3["endpoint"], "region": s3["region"], "chunkstream": FAST,
                    "access_key_id": s3["key"], "secret_access_key": s3["secret"]}  # fmt: skip
         for how, (_, _, what) in sorted(SHARD_DAMAGES.items()):
-            url = f"s3://bucket/{how}.zarr"
+            url = f"s3://bucket/{how}-end.zarr"
             with cs.ZarrSource(url, storage_options=options) as source:
                 for start, stop in DAMAGED_WINDOWS:
                     with pytest.raises(cs.CorruptChunkError, match=what) as info:
                         _read_window(source, start, stop)
                     message = str(info.value)
                     assert "'c/1/0'" in message and f"timesteps [{start}, {stop})" in message
-                reference = zarr.open_array(shard_stores / f"{how}.zarr", mode="r")
+                reference = zarr.open_array(shard_stores / f"{how}-end.zarr", mode="r")
                 np.testing.assert_array_equal(_read_window(source, 100, 200), reference[100:200])
 
 

@@ -297,8 +297,8 @@ def _check_index(
         first = int(bad[0])
         position = tuple(int(p) for p in np.unravel_index(first, layout.chunks_per_shard))
         start, length = int(offset[first]), int(nbytes[first])
-        where = (f"its data bytes [{bounds[0]}, {bounds[1]})" if bounds[1] != _NO_FILE_END
-                 else "any shard file")  # fmt: skip
+        end = "the file's end" if bounds[1] == _NO_FILE_END else bounds[1]
+        where = f"its data bytes [{bounds[0]}, {end})"
         raise FrameError(
             f"{label} has an index entry for inner chunk {position} at bytes "
             f"[{start}, {start + length}), outside {where}"
