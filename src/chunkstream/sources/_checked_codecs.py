@@ -28,8 +28,11 @@ size is known, so its entries are checked against it; a read in parts knows no
 size, so its index is checked for entries no file could hold, and the size is
 asked for (one ``HEAD``, through the store's ``getsize``) only after a range
 request fails or comes back short, to tell a damaged shard from a network error:
-the common read makes no extra request. An index whose codecs are not bytes (+
-crc32c), which :mod:`._shards` does not parse, is left to zarr.
+the common read makes no extra request. A failure the size does not explain is
+raised as it came (obstore's, which ``ZarrSource`` reports as a
+``RemoteStoreError``); a short answer it does not explain is a ``ConnectionError``,
+which the loader retries. An index whose codecs are not bytes (+ crc32c), which
+:mod:`._shards` does not parse, is left to zarr.
 """
 
 from __future__ import annotations
@@ -138,17 +141,16 @@ class CheckedBloscCodec(BloscCodec):
 
 class CheckedShardingCodec(ShardingCodec):
     """zarr v3's ``ShardingCodec``, with each shard file checked against its index as it
-    is read (module docs, "Shards")."""
+    is read (module docs, "Shards").
+
+    The checks sit in the partial decode, which zarr's pipeline uses whenever the
+    sharding codec is the array's only codec (as zarr writes sharded arrays); a shard
+    behind other codecs is decoded whole from bytes the pipeline fetched, unchecked here.
+    """
 
     def _layout(self, shard_spec: ArraySpec) -> ShardLayout | None:
         found = shard_layout(self, tuple(shard_spec.shape))
         return None if found is None else found[0]
-
-    async def _decode_single(self, shard_bytes: Buffer, shard_spec: ArraySpec) -> NDBuffer:
-        layout = self._layout(shard_spec)
-        if layout is not None:  # a pipeline that fetched the whole shard itself
-            _check_whole_shard(shard_bytes, layout, "a zarr shard")
-        return await super()._decode_single(shard_bytes, shard_spec)
 
     async def _decode_partial_single(
         self, byte_getter: Any, selection: Any, shard_spec: ArraySpec
