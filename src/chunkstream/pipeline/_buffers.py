@@ -236,7 +236,7 @@ def _power_of_two_ceil(n: int) -> int:
 
 
 _REGISTER_TIMEOUT_S = 120.0  # pinning tens of GB takes seconds; a hung driver call gives up here
-_KEPT: list[list[object]] = []  # every pool's kept arenas, alive after the pool is collected
+_KEPT: list[object] = []  # arenas kept pinned: referenced until the process exits
 
 
 def _in_cuda_thread(
@@ -301,12 +301,9 @@ class PinnedSlotPool:
         self._cond = threading.Condition()
         self._free: deque[BufferSet] = deque()
         self._pending: deque[tuple[torch.cuda.Event, BufferSet]] = deque()
-        self._closed = False
-        self._close_lock = threading.Lock()
+        self._closed, self._close_lock = False, threading.Lock()
         self._released: bool | None = None  # what close() returned, once it ran
-        # Arenas (or mappings) a CUDA call may still use: never freed, on purpose.
-        self._kept: list[object] = []
-        _KEPT.append(self._kept)
+        self._kept: list[object] = []  # this pool's arenas in _KEPT (see _keep)
         layout, offset = _layout(fields, rows, self.slots)
         self.requested_nbytes = offset
         # Registration faults every page in, so the mapping is not touched here.
@@ -320,7 +317,7 @@ class PinnedSlotPool:
             self.registered, self.nbytes = True, size
         else:
             if "did not return" in error:  # _in_cuda_thread timed out: may still pin these
-                self._kept.append(self._mmap)
+                self._keep(self._mmap)
             # Otherwise the arena goes back to the OS when its views die; pin through
             # torch instead.
             del arena
@@ -339,6 +336,11 @@ class PinnedSlotPool:
                 stacklevel=3,
             )
         self._free.extend(_carve(arena, layout, len(fields), tensors=True))
+
+    def _keep(self, arena: object) -> None:
+        """Never free ``arena`` (a CUDA call may still use it), even after this pool dies."""
+        self._kept.append(arena)
+        _KEPT.append(arena)
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
         """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is.
@@ -434,7 +436,7 @@ class PinnedSlotPool:
                 problem = f"freeing it on {self.device} failed ({type(exc).__name__}: {exc})"
         if not unpin or problem is not None:
             # Keep the arena referenced, so it is never unmapped under a copy.
-            self._kept.append((torch_arena, self._mmap))
+            self._keep((torch_arena, self._mmap))
             if problem is not None:
                 warnings.warn(
                     f"chunkstream: the {self.nbytes / 1e9:.2f} GB pinned arena on {self.device} "
