@@ -18,8 +18,11 @@ Bounded for CI: 400 small stores, derandomized so a run is reproducible (about 3
 
 from __future__ import annotations
 
+import shutil
+import struct
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numcodecs
@@ -39,6 +42,8 @@ from zarr.codecs import (
 )
 
 import chunkstream as cs
+from chunkstream.sources._remote import RemoteOptions
+from tests.faults import Server, serve
 
 DTYPES = ["float32", "float64", "int16", "int64", "uint8", "bool", "complex64"]
 V2_COMPRESSORS = [None, "blosc", "zstd", "gzip", "bz2", "lz4", "lzma", "zlib"]
@@ -80,10 +85,14 @@ def _case(draw) -> dict:
         "index_at": draw(st.sampled_from(["end", "start"])),
         "index_crc": draw(st.booleans()),
         "damage": draw(st.sampled_from(DAMAGE)),
+        "keep_index": sharded and draw(st.booleans()),  # a truncated shard keeps its head
     }  # fmt: skip
     if case["damage"] == "garbage" and case["compressor"] is None and not case["crc32c"]:
         case["damage"] = "truncate"  # raw bytes of the right size cannot be told from data
-    if sharded and not case["index_crc"] and case["damage"] in ("truncate", "garbage"):
+    # a truncated shard that keeps its index at the start: the index is whole, crc or not
+    index_kept = case["keep_index"] and case["index_at"] == "start"
+    if sharded and not case["index_crc"] and case["damage"] in ("truncate", "garbage") \
+            and not (case["damage"] == "truncate" and index_kept):  # fmt: skip
         case["damage"] = "delete"  # without its checksum a damaged index is found only likely
     item = draw(st.sampled_from(["all", "int", "part"]))
     size = shape[1]
@@ -164,11 +173,25 @@ def _damage(path: Path, case: dict) -> str:
     if damage == "truncate":
         cut = raw[: len(raw) // 2]
         if case["sharded"] and case["index_at"] == "start":
-            cut = raw[len(raw) // 2 :]  # the index is lost, as at the end
+            # the index is lost, as at the end; or it is kept, and the file ends inside the
+            # inner chunk the window needs, which its entry places past the new end
+            cut = raw[: _inner_chunk_middle(raw, case)] if case["keep_index"] \
+                else raw[len(raw) // 2 :]  # fmt: skip
         victim.write_bytes(cut)
     else:
         victim.write_bytes(np.random.default_rng(case["seed"]).bytes(len(raw)))
     return "corrupt"
+
+
+def _inner_chunk_middle(raw: bytes, case: dict) -> int:
+    """A byte inside the inner chunk holding the window's first element, in the shard file
+    ``raw`` whose index is at its start."""
+    per_shard = [s // c for s, c in zip(case["shards"], case["chunks"], strict=True)]
+    position = tuple(e // c % n for e, c, n in zip(_first_element(case), case["chunks"],
+                                                   per_shard, strict=True))  # fmt: skip
+    entry = int(np.ravel_multi_index(position, per_shard))
+    offset, nbytes = struct.unpack_from("<QQ", raw, 16 * entry)
+    return offset + nbytes // 2
 
 
 def _left_out(case: dict, data: np.ndarray) -> np.ndarray:
@@ -202,8 +225,9 @@ def _refusal_is_documented(engine: str, case: dict, error: cs.ConfigError) -> bo
     return False
 
 
-def _run(case: dict, tmp: Path) -> None:
-    path = tmp / "x.zarr"
+def _prepare(case: dict, path: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """Write the case's store at ``path`` and damage it: ``(zarr's read of the window and
+    of the whole field before the damage, the outcome every read path owes)``."""
     data = _data(case)
     if case["damage"] == "left-out":
         data = _left_out(case, data)
@@ -215,7 +239,13 @@ def _run(case: dict, tmp: Path) -> None:
     expected = reference[(slice(start, stop), *case["index"])]
     whole = reference[index]
     np.testing.assert_array_equal(whole, data[index])  # the store holds the data
-    outcome = _damage(path, case)
+    return expected, whole, _damage(path, case)
+
+
+def _run(case: dict, tmp: Path) -> None:
+    path = tmp / "x.zarr"
+    expected, whole, outcome = _prepare(case, path)
+    start, stop = case["window"]
     zarrs_installed = True
     try:
         import zarrs  # noqa: F401
@@ -273,3 +303,75 @@ def _run(case: dict, tmp: Path) -> None:
 def test_every_engine_reads_zarrs_bytes_or_raises_the_documented_error(case):
     with tempfile.TemporaryDirectory() as tmp:
         _run(case, Path(tmp))
+
+
+# -- the remote path: the same stores over HTTP -------------------------------------------
+
+#: Generous bounds: a loaded CI machine must not turn a slow answer into a network error.
+REMOTE = RemoteOptions(timeout=10.0, retries=2, backoff=0.01, max_backoff=0.05)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[tuple[Server, Path]]:
+    """One HTTP server (byte ranges as object stores serve them) over a folder that holds
+    each example's store in a fresh sub-folder."""
+    root = tmp_path_factory.mktemp("remote-differential")
+    yield from ((server, root) for server in serve(root))
+
+
+def _read_or_error(source, start: int, stop: int) -> np.ndarray | Exception:
+    try:
+        return _read(source, start, stop)
+    except Exception as exc:  # the caller says which error, if any, the case owes
+        return exc
+
+
+def _run_remote(case: dict, server: Server, root: Path) -> None:
+    folder = Path(tempfile.mkdtemp(dir=root))
+    try:
+        _check_remote(case, server, folder)
+    finally:
+        shutil.rmtree(folder)
+
+
+def _check_remote(case: dict, server: Server, folder: Path) -> None:
+    path = folder / "x.zarr"
+    expected, whole, outcome = _prepare(case, path)
+    start, stop = case["window"]
+    if outcome.startswith("missing"):  # what zarr reads there: absent chunks as fill values
+        expected = zarr.open_array(str(path), mode="r")[(slice(start, stop), *case["index"])]
+    url = f"{server.url}/{folder.name}/x.zarr"
+    for check_missing in ("auto", True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
+            source = cs.ZarrSource(url, {"x": case["index"]}, check_missing=check_missing,
+                                   storage_options={"chunkstream": REMOTE})  # fmt: skip
+        with source:
+            assert source.engine == "zarr", source.engine  # zarr's pipeline over obstore
+            got = _read_or_error(source, start, stop)
+            what = (check_missing, outcome, got)
+            if outcome == "none":
+                assert isinstance(got, np.ndarray), what
+                np.testing.assert_array_equal(got, expected)
+                np.testing.assert_array_equal(_read(source, 0, case["shape"][0]), whole)
+            elif outcome.startswith("missing") and check_missing == "auto":
+                # a remote store is not checked for absent chunks unless asked
+                assert isinstance(got, np.ndarray), what
+                np.testing.assert_array_equal(got, expected)
+            elif outcome.startswith("missing"):  # named by its key, as on the local engines
+                assert isinstance(got, cs.MissingChunkError), what  # never data
+                assert url in str(got), what
+            else:
+                assert isinstance(got, cs.CorruptChunkError), what  # never data
+                assert not isinstance(got, cs.RemoteStoreError), what  # nor a network error
+                assert url in str(got) and f"[{start}, {stop})" in str(got), what
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=400, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+@given(case=_case())
+def test_the_remote_path_reads_zarrs_bytes_or_raises_the_documented_error(served, case):
+    _run_remote(case, *served)
