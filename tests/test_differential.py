@@ -66,13 +66,13 @@ def _v3_compressor(name: str | None) -> list:
 
 
 @st.composite
-def _case(draw) -> dict:
+def _case(draw, sharded_only: bool = False) -> dict:
     ndim = draw(st.integers(2, 3))
     shape = (draw(st.integers(4, 40)), *(draw(st.integers(1, 5)) for _ in range(ndim - 1)))
     chunks = tuple(draw(st.integers(1, s + 1)) for s in shape)  # may overhang the array
-    fmt = draw(st.sampled_from([2, 3]))
+    fmt = 3 if sharded_only else draw(st.sampled_from([2, 3]))
     dtype = draw(st.sampled_from(DTYPES))
-    sharded = fmt == 3 and draw(st.booleans())
+    sharded = sharded_only or (fmt == 3 and draw(st.booleans()))
     case = {
         "shape": shape, "chunks": chunks, "fmt": fmt, "dtype": dtype,
         "big": draw(st.booleans()), "sharded": sharded, "seed": draw(st.integers(0, 2**16)),
@@ -85,12 +85,13 @@ def _case(draw) -> dict:
         "index_at": draw(st.sampled_from(["end", "start"])),
         "index_crc": draw(st.booleans()),
         "damage": draw(st.sampled_from(DAMAGE)),
-        "keep_index": sharded and draw(st.booleans()),  # a truncated shard keeps its head
+        # where a truncated shard with its index at the start ends (module docs)
+        "cut": sharded and draw(st.sampled_from(["index", "chunk-start", "chunk-middle"])),
     }  # fmt: skip
     if case["damage"] == "garbage" and case["compressor"] is None and not case["crc32c"]:
         case["damage"] = "truncate"  # raw bytes of the right size cannot be told from data
     # a truncated shard that keeps its index at the start: the index is whole, crc or not
-    index_kept = case["keep_index"] and case["index_at"] == "start"
+    index_kept = case["cut"] in ("chunk-start", "chunk-middle") and case["index_at"] == "start"
     if sharded and not case["index_crc"] and case["damage"] in ("truncate", "garbage") \
             and not (case["damage"] == "truncate" and index_kept):  # fmt: skip
         case["damage"] = "delete"  # without its checksum a damaged index is found only likely
@@ -173,25 +174,29 @@ def _damage(path: Path, case: dict) -> str:
     if damage == "truncate":
         cut = raw[: len(raw) // 2]
         if case["sharded"] and case["index_at"] == "start":
-            # the index is lost, as at the end; or it is kept, and the file ends inside the
-            # inner chunk the window needs, which its entry places past the new end
-            cut = raw[: _inner_chunk_middle(raw, case)] if case["keep_index"] \
-                else raw[len(raw) // 2 :]  # fmt: skip
+            # the index is lost, as at the end; or it is kept, and the file ends at the start
+            # or in the middle of the inner chunk the window needs, which its entry places
+            # past the new end (a range request for it fails, or comes back short)
+            end = _inner_chunk_end(raw, case)
+            cut = raw[len(raw) // 2 :] if end is None else raw[:end]
         victim.write_bytes(cut)
     else:
         victim.write_bytes(np.random.default_rng(case["seed"]).bytes(len(raw)))
     return "corrupt"
 
 
-def _inner_chunk_middle(raw: bytes, case: dict) -> int:
-    """A byte inside the inner chunk holding the window's first element, in the shard file
-    ``raw`` whose index is at its start."""
+def _inner_chunk_end(raw: bytes, case: dict) -> int | None:
+    """Where the shard file ``raw`` (its index at its start) is cut for ``case["cut"]``: at
+    the first byte or the middle of the inner chunk holding the window's first element;
+    ``None``: not there (the index is cut off)."""
+    if case["cut"] == "index":
+        return None
     per_shard = [s // c for s, c in zip(case["shards"], case["chunks"], strict=True)]
     position = tuple(e // c % n for e, c, n in zip(_first_element(case), case["chunks"],
                                                    per_shard, strict=True))  # fmt: skip
     entry = int(np.ravel_multi_index(position, per_shard))
     offset, nbytes = struct.unpack_from("<QQ", raw, 16 * entry)
-    return offset + nbytes // 2
+    return offset + (nbytes // 2 if case["cut"] == "chunk-middle" else 0)
 
 
 def _left_out(case: dict, data: np.ndarray) -> np.ndarray:
@@ -374,4 +379,17 @@ def _check_remote(case: dict, server: Server, folder: Path) -> None:
 )  # fmt: skip
 @given(case=_case())
 def test_the_remote_path_reads_zarrs_bytes_or_raises_the_documented_error(served, case):
+    _run_remote(case, *served)
+
+
+@settings(
+    max_examples=100, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+@given(case=_case(sharded_only=True))
+def test_the_remote_path_reads_sharded_stores_as_zarr_or_raises_the_documented_error(
+    served, case
+):
+    # a shard is read whole or by range, each request checked (one in five random stores
+    # above is sharded: too few for the ways a shard read can go)
     _run_remote(case, *served)
