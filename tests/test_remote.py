@@ -679,3 +679,33 @@ def test_a_new_fault_rule_ends_the_requests_the_last_one_stalled(tmp_path):
         client.request("GET", "/a")
         assert client.getresponse().read() == b"x"  # served again at once
         client.close()
+
+
+# -- absent chunks over HTTP -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_an_absent_remote_chunk_is_a_fill_value_unless_checked_then_names_url_key_window(
+    tmp_path, sharded
+):
+    from tests.stores import make_sharded
+
+    data = np.random.default_rng(3).standard_normal((200, 5)).astype(np.float32)
+    if sharded:
+        make_sharded(tmp_path / "x.zarr", data, (25, 5), (50, 5), "zstd")
+    else:
+        zarr.create_array(tmp_path / "x.zarr", shape=data.shape, chunks=(50, 5), dtype="f4")[:] = data
+    (tmp_path / "x.zarr" / "c" / "1" / "0").unlink()  # timesteps [50, 100)
+    expected = zarr.open_array(tmp_path / "x.zarr", mode="r")[40:110]
+    assert (expected[10:60] == 0).all()  # zarr's fill value
+    for server in serve(tmp_path):
+        url = f"{server.url}/x.zarr"
+        options = {"chunkstream": FAST}
+        with cs.ZarrSource(url, storage_options=options) as source:  # the remote default
+            np.testing.assert_array_equal(_read_window(source, 40, 110), expected)
+        with cs.ZarrSource(url, check_missing=True, storage_options=options) as source:
+            with pytest.raises(cs.MissingChunkError) as info:
+                _read_window(source, 40, 110)
+            message = str(info.value)
+            assert url in message and "'c/1/0'" in message and "timesteps [40, 110)" in message
+            np.testing.assert_array_equal(_read_window(source, 100, 200), data[100:200])

@@ -393,8 +393,10 @@ class FastChunkReader:
             else:  # zarr skips an inner chunk equal to the fill value unless told otherwise
                 what = (f"inner chunk {position} of zarr shard {key!r} is missing: the "
                         "shard's index marks it empty")  # fmt: skip
+        start, stop = read.window
         return MissingChunkError(
-            f"{what}. zarr would read it as the fill value and train on it silently. "
+            f"{what} (needed for timesteps [{start}, {stop})). zarr would read it as the fill "
+            "value and train on it silently. "
             "Rewrite the array (or that chunk) with write_empty_chunks=True (zarr's default "
             "skips chunks equal to the fill value); pass check_missing=False only if absent "
             "chunks are meant to be fill values."

@@ -67,10 +67,14 @@ _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _ZSTD_HEADER = 18  # the longest zstd frame header: magic, descriptor, window, dict id, size
 
 
-def missing_error(what: str, name: str, where: str) -> MissingChunkError:
-    """The error for an absent chunk (``what``, e.g. "zarr chunk 'c/0/0'") of field ``name``."""
+def missing_error(
+    what: str, name: str, where: str, window: tuple[int, int] | None = None
+) -> MissingChunkError:
+    """The error for an absent chunk (``what``, e.g. "zarr chunk 'c/0/0'") of field ``name``
+    that the timesteps ``window`` need (``None``: found at open, not for a read)."""
+    needed = "" if window is None else f", needed for timesteps [{window[0]}, {window[1]}),"
     return MissingChunkError(
-        f"{what} of field {name!r} is missing from {where}. zarr would read it as the fill "
+        f"{what} of field {name!r}{needed} is missing from {where}. zarr would read it as the fill "
         "value and train on it silently. Rewrite the array (or that chunk) with "
         "write_empty_chunks=True (zarr's default skips chunks equal to the fill value); pass "
         "check_missing=False only if absent chunks are meant to be fill values."
@@ -174,7 +178,7 @@ class ReadChecks:
                 with store_errors(self._path, f"whether chunk {key!r} exists"):
                     present = sync(store.exists(full))
             if not present and self._check_missing:
-                raise missing_error(f"zarr chunk {key!r}", name, repr(self._path))
+                raise missing_error(f"zarr chunk {key!r}", name, repr(self._path), (start, stop))
             if present and self._raw_nbytes not in (None, size):
                 raise corrupt_error(f"zarr chunk file {self._root / key}",
                                     f"holds {size} bytes, expected {self._raw_nbytes}",
@@ -191,7 +195,7 @@ class ReadChecks:
             found = self._read_index(key, window)
             if found is None:
                 if self._check_missing:
-                    raise missing_error(f"zarr shard {key!r}", name, repr(self._path))
+                    raise missing_error(f"zarr shard {key!r}", name, repr(self._path), window)
                 continue
             index, size = found
             offsets = []
@@ -205,7 +209,7 @@ class ReadChecks:
                 elif self._check_missing:
                     what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
                             "marks it empty)")  # fmt: skip
-                    raise missing_error(what, name, repr(self._path))
+                    raise missing_error(what, name, repr(self._path), window)
             if self._zstd_bound is not None and self._root is not None:
                 self._check_zstd_frames(self._root / key, offsets, window)
 
