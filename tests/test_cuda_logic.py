@@ -442,12 +442,8 @@ def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monke
     assert error == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
 
 
-def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeypatch):
-    from chunkstream.pipeline import _buffers
-    from chunkstream.sources._base import FieldSpec
-
-    inside: list[object] = []
-    pinned_under: list[object] = []
+def _device_guard(inside: list):
+    """A ``torch.cuda.device`` stand-in that keeps the stack of devices entered in ``inside``."""
 
     class Device:
         def __init__(self, device):
@@ -458,6 +454,18 @@ def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeyp
 
         def __exit__(self, *exc):
             inside.pop()
+
+    return Device
+
+
+def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeypatch):
+    from chunkstream.pipeline import _buffers
+    from chunkstream.sources._base import FieldSpec
+
+    inside: list[object] = []
+    pinned_under: list[object] = []
+
+    Device = _device_guard(inside)
 
     real_empty = torch.empty
 
@@ -760,15 +768,7 @@ def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
     inside: list[object] = []
     seen: dict[str, object] = {}
 
-    class Device:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            inside.append(self.device)
-
-        def __exit__(self, *exc):
-            inside.pop()
+    Device = _device_guard(inside)
 
     real_empty = torch.empty
     monkeypatch.setattr(torch.cuda, "device", Device)
