@@ -53,7 +53,16 @@ from zarr.core.buffer import Buffer, BufferPrototype, NDBuffer
 from zarr.storage import StorePath
 
 from .._errors import CorruptChunkError
-from ._shards import ShardLayout, crc32c, data_bounds, shard_layout
+from ._shards import (
+    EMPTY,
+    INDEX_CRC_FAILS,
+    NO_FILE_END,
+    ShardLayout,
+    crc32c_problem,
+    data_bounds,
+    entry_outside,
+    shard_layout,
+)
 
 __all__ = [
     "CheckedBloscCodec",
@@ -65,9 +74,6 @@ __all__ = [
     "with_checked_codecs",
 ]
 
-_EMPTY = 2**64 - 1
-#: No shard file reaches this far: an index entry beyond it is damage whatever the file's size.
-_NO_FILE_END = 2**63
 
 
 class FrameError(CorruptChunkError):
@@ -198,7 +204,7 @@ class CheckedShardReads:
             await self._check_size(byte_range, len(buf), None)
         elif self._is_index(byte_range):
             self._index = _check_index(buf.to_bytes(), self._layout, self.label,
-                                       (self._lo, _NO_FILE_END))  # fmt: skip
+                                       (self._lo, NO_FILE_END))  # fmt: skip
         return buf
 
     @property
@@ -284,27 +290,21 @@ def _check_index(
     """The ``(inner chunks, 2)`` index from its bytes ``raw``; ``FrameError`` if it fails
     its crc32c or an entry that is not empty lies outside ``bounds`` ``[lo, hi)``."""
     if layout.checksum:
-        stored, computed = int.from_bytes(raw[-4:], "little"), crc32c(raw[:-4])
-        if stored != computed:
-            raise FrameError(f"{label} has a shard index whose crc32c checksum fails "
-                             f"(stored {stored:#010x}, computed {computed:#010x})")  # fmt: skip
+        problem = crc32c_problem(raw, INDEX_CRC_FAILS)
+        if problem is not None:
+            raise FrameError(f"{label} {problem}")
         raw = raw[:-4]
     index = np.frombuffer(raw, "<u8").reshape(-1, 2)
     offset, nbytes = index[:, 0], index[:, 1]
     lo, hi = np.uint64(bounds[0]), np.uint64(bounds[1])
     # in uint64 without overflow: nbytes must fit between the offset and hi
     outside = (offset < lo) | (offset > hi) | (nbytes > hi - np.minimum(offset, hi))
-    bad = np.flatnonzero(outside & ~((offset == _EMPTY) & (nbytes == _EMPTY)))
+    bad = np.flatnonzero(outside & ~((offset == EMPTY) & (nbytes == EMPTY)))
     if len(bad):
         first = int(bad[0])
         position = tuple(int(p) for p in np.unravel_index(first, layout.chunks_per_shard))
-        start, length = int(offset[first]), int(nbytes[first])
-        end = "the file's end" if bounds[1] == _NO_FILE_END else bounds[1]
-        where = f"its data bytes [{bounds[0]}, {end})"
-        raise FrameError(
-            f"{label} has an index entry for inner chunk {position} at bytes "
-            f"[{start}, {start + length}), outside {where}"
-        )
+        entry = (int(offset[first]), int(nbytes[first]))
+        raise FrameError(f"{label} {entry_outside(entry, bounds, position)}")
     return index
 
 

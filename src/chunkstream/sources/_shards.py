@@ -33,20 +33,27 @@ except ImportError:  # older zarr used the crc32c package
     from crc32c import crc32c
 
 __all__ = [
+    "EMPTY",
+    "INDEX_CRC_FAILS",
+    "NO_FILE_END",
     "Shard",
     "ShardLayout",
     "check_crc32c",
     "check_entry",
     "corrupt_error",
     "crc32c",
+    "crc32c_problem",
     "data_bounds",
+    "entry_outside",
     "index_entry",
     "open_shard",
     "parse_index",
     "shard_layout",
 ]
 
-_EMPTY = 2**64 - 1
+EMPTY = 2**64 - 1  # an index entry's offset and size both, for an inner chunk not written
+#: No shard file reaches this far: an index entry beyond it is damage whatever the file's size.
+NO_FILE_END = 2**63
 
 
 @dataclass(frozen=True)
@@ -157,29 +164,35 @@ def parse_index(
     if len(raw) != need:
         raise corrupt_error(label, f"has a {len(raw)}-byte shard index, expected {need}", window)
     if layout.checksum:
-        raw = check_crc32c(raw, label, window, "has a shard index whose crc32c checksum fails")
+        raw = check_crc32c(raw, label, window, INDEX_CRC_FAILS)
     return np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
+
+
+INDEX_CRC_FAILS = "has a shard index whose crc32c checksum fails"
+
+
+def crc32c_problem(raw: memoryview | bytes, fails: str = "fails its crc32c checksum") -> str | None:
+    """What is wrong with ``raw``'s trailing crc32c (4 little-endian bytes, the crc32c of
+    the bytes before them: zarr's ``crc32c`` codec, on a chunk or a shard index), saying
+    ``fails`` for a mismatch; ``None`` when it matches."""
+    if len(raw) < 4:
+        return f"holds {len(raw)} bytes, shorter than its crc32c checksum"
+    stored = int.from_bytes(raw[-4:], "little")
+    computed = crc32c(bytes(raw[:-4]))  # its C function takes bytes, not views
+    if stored != computed:
+        return f"{fails} (stored {stored:#010x}, computed {computed:#010x})"
+    return None
 
 
 def check_crc32c(
     raw: memoryview | bytes, label: str, window: tuple[int, int],
     fails: str = "fails its crc32c checksum",
 ) -> memoryview | bytes:  # fmt: skip
-    """``raw`` less its trailing crc32c: 4 little-endian bytes, the crc32c of the bytes
-    before them (zarr's ``crc32c`` codec, on a chunk or a shard index).
-
-    Raises ``CorruptChunkError`` naming ``label`` and ``window`` when ``raw`` is shorter
-    than the checksum, or, saying ``fails``, when the checksum does not match.
-    """
-    if len(raw) < 4:
-        raise corrupt_error(label, f"holds {len(raw)} bytes, shorter than its crc32c checksum",
-                            window)  # fmt: skip
-    stored = int.from_bytes(raw[-4:], "little")
-    computed = crc32c(bytes(raw[:-4]))  # its C function takes bytes, not views
-    if stored != computed:
-        raise corrupt_error(
-            label, f"{fails} (stored {stored:#010x}, computed {computed:#010x})", window
-        )
+    """``raw`` less its trailing crc32c; ``CorruptChunkError`` naming ``label`` and
+    ``window`` for what :func:`crc32c_problem` finds."""
+    problem = crc32c_problem(raw, fails)
+    if problem is not None:
+        raise corrupt_error(label, problem, window)
     return raw[:-4]
 
 
@@ -200,12 +213,16 @@ def check_entry(
     offset, nbytes = entry
     lo, hi = bounds
     if offset < lo or offset + nbytes > hi:
-        raise corrupt_error(
-            label,
-            f"has an index entry for inner chunk {position} at bytes "
-            f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {hi})",
-            window,
-        )
+        raise corrupt_error(label, entry_outside(entry, bounds, position), window)
+
+
+def entry_outside(entry: tuple[int, int], bounds: tuple[int, int], position: tuple[int, ...]) -> str:
+    """What is wrong with the index ``entry`` of the inner chunk at ``position``, which
+    lies outside ``bounds`` (a ``hi`` of :data:`NO_FILE_END`: the file's size unknown)."""
+    (offset, nbytes), (lo, hi) = entry, bounds
+    end = "the file's end" if hi == NO_FILE_END else hi
+    return (f"has an index entry for inner chunk {position} at bytes "
+            f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {end})")  # fmt: skip
 
 
 def index_entry(
@@ -217,7 +234,7 @@ def index_entry(
     for p, n in zip(position, chunks_per_shard, strict=True):
         flat = flat * n + p  # C order, as the index lists the inner chunks
     offset, nbytes = int(index[flat, 0]), int(index[flat, 1])
-    if offset == _EMPTY and nbytes == _EMPTY:
+    if offset == EMPTY and nbytes == EMPTY:
         return None
     return offset, nbytes
 
