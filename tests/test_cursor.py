@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import chunkstream as cs
-from chunkstream.pipeline._cursor import EpochCursor
+from chunkstream.plans import EpochCursor
 
 
 def _windows(span):

@@ -28,18 +28,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from ._errors import ConfigError, check_int
-from .plans import remaining_indices
+from ._errors import check_int
+from .plans import EpochShare, Uneven, epoch_share
 
 __all__ = ["EpochShare", "Uneven", "epoch_share", "is_distributed", "resolve_rank"]
-
-Uneven = Literal["exact", "pad", "drop"]
-_UNEVEN = ("exact", "pad", "drop")
 
 
 def is_distributed() -> bool:
@@ -69,72 +64,6 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     check_int("rank", rank, 0, "Check the rank setup.", maximum=world_size - 1,
               expected=f"an integer in [0, world_size={world_size})")  # fmt: skip
     return rank, world_size
-
-
-@dataclass(frozen=True, kw_only=True)
-class EpochShare:
-    """One rank's part of one epoch.
-
-    ``indices`` are the global window indices this rank visits, in order;
-    ``consumed`` and ``total`` the epoch's global windows delivered before the
-    share starts and in all (``total`` as given, before any padding or dropping).
-    """
-
-    epoch: int
-    consumed: int
-    total: int
-    rank: int
-    world_size: int
-    indices: range
-
-    @property
-    def first_step(self) -> int:
-        """The per-rank step of the share's first window (``consumed // world_size``)."""
-        return self.consumed // self.world_size
-
-    def consumed_after(self, received: int) -> int:
-        """Global windows delivered once every rank has received ``received`` of its share.
-
-        This is what a checkpoint records: it is the same on every rank that has
-        received the same count, and it is a valid ``consumed`` for any world size.
-        """
-        return min(self.total, self.consumed + received * self.world_size)
-
-
-def epoch_share(
-    *,
-    epoch: int,
-    consumed: int,
-    total: int,
-    rank: int,
-    world_size: int,
-    uneven: Uneven = "exact",
-) -> EpochShare:
-    """The global indices ``rank`` of ``world_size`` visits in what is left of an epoch.
-
-    ``consumed`` windows of the epoch's ``total`` were delivered across all ranks
-    (by any world size); see the module docs for ``uneven``.
-    """
-    if uneven not in _UNEVEN:
-        raise ConfigError.bad(
-            "uneven", uneven, f"one of {_UNEVEN}", "'exact' repeats and skips nothing."
-        )
-    exact = remaining_indices(consumed, total, rank, world_size)
-    remainder = (total - consumed) % world_size
-    end = total
-    if uneven == "pad" and remainder:
-        end = total + world_size - remainder
-    elif uneven == "drop":
-        end = total - remainder
-    indices = range(exact.start, end, world_size) if exact.start < end else range(0)
-    return EpochShare(
-        epoch=epoch,
-        consumed=consumed,
-        total=total,
-        rank=rank,
-        world_size=world_size,
-        indices=indices,
-    )
 
 
 def warn_if_not_local_rank(

@@ -15,31 +15,25 @@ Both jobs run in threads that bound the loader's CUDA device at start
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch
 
-from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
+from .._errors import ChunkLoadError
 from ..plans import Piece
-from ..sources import LearnsFields, Source, describe_source
+from ..sources import LearnsFields, Source, call_with_retries, read_window, reading
 from ..stats import COPY, READ, profiled
 from ._buffers import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 
-_T = TypeVar("_T")
-
-__all__ = ["Delivery", "Loaded", "call_with_retries", "copy_job", "device_binder", "read_job",
-           "read_to_host", "read_window"]  # fmt: skip
+__all__ = ["Delivery", "Loaded", "copy_job", "device_binder", "read_job", "read_to_host"]
 
 _log = logging.getLogger("chunkstream.pipeline")
-_RETRY_BACKOFF_S = 0.05
 Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
 
 
@@ -74,43 +68,6 @@ class Delivery:
     transfer_thread: str | None = None
 
 
-@contextlib.contextmanager
-def _reading(source: Source, piece: Piece) -> Iterator[None]:
-    """Raise any failure inside as :class:`ChunkLoadError` naming ``piece``'s window and,
-    when known, the field."""
-    try:
-        yield
-    except ChunkLoadError:
-        raise
-    except BaseException as exc:
-        name = getattr(exc, "chunkstream_field", None)
-        where = f" field {name!r}" if name else ""
-        raise ChunkLoadError(
-            f"reading window [{piece.start}, {piece.stop}){where} of "
-            f"{describe_source(source)} failed: {type(exc).__name__}: {exc}",
-            window=(piece.start, piece.stop), field=name,
-        ) from exc  # fmt: skip
-
-
-def read_window(source: Source, pieces: Pieces, out: Mapping[str, np.ndarray], *,
-                check_finite: bool, retries: int,
-                cancelled: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
-    """Read ``pieces`` of every field into consecutive rows of ``out``.
-
-    Piece ``p`` fills rows ``[p.offset, p.offset + p.length)`` with one
-    ``source.read_into`` on a leading-axis (so C-contiguous) slice. Transient
-    errors are retried (:func:`call_with_retries`); any failure is raised as
-    :class:`ChunkLoadError` naming the piece's window and, when known, the field.
-    """
-    for piece in pieces:
-        rows = {name: a[piece.offset : piece.offset + piece.length] for name, a in out.items()}
-        window = (piece.start, piece.stop)
-        with _reading(source, piece):
-            call_with_retries(partial(source.read_into, *window, rows), retries, window, cancelled)
-            if check_finite:
-                _check_finite(rows, *window)
-
-
 def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
              pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
     """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
@@ -122,7 +79,7 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
     learning_s = 0.0  # a learning read's load_fn call is part of its read time
     if learned:
         begin = time.perf_counter()
-        with _reading(source, pieces[0]):
+        with reading(source, pieces[0]):
             call_with_retries(partial(source.learn, *window), retries, window, dropped)
         learning_s = time.perf_counter() - begin
     try:
@@ -159,49 +116,6 @@ def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBuffe
     pool.release(loaded.buffers)
     return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
                     read_thread=loaded.thread)  # fmt: skip
-
-
-def call_with_retries(call: Callable[[], _T], retries: int, window: tuple[int, int],
-                      cancelled: Callable[[], bool] = lambda: False) -> _T:  # fmt: skip
-    """``call()``, retried up to ``retries`` times after a transient error (I/O and network
-    hiccups, not bad data or a missing path), waiting ``_RETRY_BACKOFF_S * 2**attempt``
-    between tries; the last error is raised as it is."""
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except Exception as exc:
-            if attempt == retries or not _transient(exc) or cancelled():
-                raise
-            delay = _RETRY_BACKOFF_S * 2**attempt
-            _log.warning(
-                "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
-                *window, type(exc).__name__, exc, attempt + 1, retries, delay,
-            )  # fmt: skip
-            time.sleep(delay)
-    raise AssertionError("unreachable")  # the last attempt returns or raises
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ChunkstreamError):
-        return False
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, (OSError, ConnectionError, TimeoutError))
-
-
-def _check_finite(out: Mapping[str, np.ndarray], start: int, stop: int) -> None:
-    for name, array in out.items():
-        if array.dtype.kind not in "fc":
-            continue
-        finite = np.isfinite(array)
-        if not finite.all():
-            bad = np.argwhere(~finite)[0]
-            position = (start + int(bad[0]), *(int(i) for i in bad[1:]))
-            raise NonFiniteError(
-                f"field {name!r} holds {array[tuple(bad)]} at index {position} "
-                f"(timestep {position[0]}); {int((~finite).sum())} non-finite values in window "
-                f"[{start}, {stop}). Clean the data, or pass check_finite=False to train on it."
-            )
 
 
 def copy_job(loaded: Loaded, dropped: Callable[[], bool], *,

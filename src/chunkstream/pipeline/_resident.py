@@ -30,9 +30,9 @@ import torch
 from .._errors import ConfigError
 from .._memory import resident_decision
 from ..plans import Piece
-from ..sources import FieldSpec, Source, window_nbytes
+from ..sources import FieldSpec, Source, read_window, window_nbytes
 from ..stats import COPY, profiled
-from ._jobs import Delivery, read_window
+from ._jobs import Delivery
 from ._run import Executor
 
 __all__ = ["ResidentStore", "make_resident", "resident_rows"]

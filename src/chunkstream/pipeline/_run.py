@@ -27,8 +27,9 @@ from itertools import takewhile
 from typing import Any
 
 from .._errors import LoaderClosedError
+from ..plans import EpochSpan
 
-__all__ = ["POLL_S", "EpochRun", "Executor", "shutdown", "thread_stack"]
+__all__ = ["POLL_S", "EpochIterator", "EpochRun", "Executor", "shutdown", "thread_stack"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
 
@@ -218,7 +219,9 @@ class EpochRun:
                     return
                 out: Future = Future()
                 self._copies.append(out)
-                self._reads.popleft().add_done_callback(lambda read, out=out: self._chain(read, out))
+                self._reads.popleft().add_done_callback(
+                    lambda read, out=out: self._chain(read, out)
+                )
 
     def _claim(self, read: Future) -> bool:
         """Whether the caller becomes the one owner of ``read``'s result (true once only)."""
@@ -267,6 +270,31 @@ class EpochRun:
         for read in reads:
             if not read.cancel() and read.done():
                 self._give_back(read)
+
+
+class EpochIterator:
+    """Iterates one epoch of a :class:`~chunkstream.ChunkLoader` (its ``_next_chunk`` gives
+    each chunk); ends early once the next epoch starts or the loader closes."""
+
+    def __init__(self, loader: Any, span: EpochSpan, run: Any) -> None:
+        self._loader, self._span, self._run = loader, span, run
+        self.epoch = span.epoch
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        span = self._span
+        if span.dropped or span.finished:
+            # The clock stops here, so training on the last chunk counts (idempotent).
+            self._loader.stats.epoch_ended()
+            raise StopIteration
+        chunk = self._loader._next_chunk(span, self._run)
+        span.received += 1
+        return chunk
+
+    def __len__(self) -> int:
+        return self._span.stop - self._span.first
 
 
 def shutdown(

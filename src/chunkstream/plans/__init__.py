@@ -13,6 +13,11 @@ from ._windows import (
 )
 
 # The package's internal face for the rest of chunkstream (not public API).
+from ._cursor import EpochCursor as EpochCursor  # isort: skip
+from ._cursor import EpochShare as EpochShare  # isort: skip
+from ._cursor import EpochSpan as EpochSpan  # isort: skip
+from ._cursor import Uneven as Uneven  # isort: skip
+from ._cursor import epoch_share as epoch_share  # isort: skip
 from ._hash import M64 as M64  # isort: skip
 from ._hash import hash_words as hash_words  # isort: skip
 from ._hash import seed_key as seed_key  # isort: skip

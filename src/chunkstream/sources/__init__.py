@@ -16,6 +16,9 @@ from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
+from ._read import call_with_retries as call_with_retries  # isort: skip
+from ._read import read_window as read_window  # isort: skip
+from ._read import reading as reading  # isort: skip
 from ._remote import close_store as close_store  # isort: skip
 from ._remote import store_errors as store_errors  # isort: skip
 from ._select import read_amplification as read_amplification  # isort: skip

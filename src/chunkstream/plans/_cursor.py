@@ -1,20 +1,92 @@
-"""Where the loader is in its epochs: pure bookkeeping, no threads, no buffers.
+"""Where a loader is in its epochs: each rank's share of an epoch, and the cursor.
 
-An :class:`EpochCursor` answers which windows the next ``epoch()`` call yields on
-this rank and which state describes the position now, from a few integers.
+Pure bookkeeping, no threads, no buffers. :func:`epoch_share` splits what is
+left of an epoch's global window indices over the ranks (the rule and the
+``uneven`` policies are in :mod:`chunkstream.distributed`, which exports it);
+an :class:`EpochCursor` answers which windows the next ``epoch()`` call yields
+on this rank, and which state describes the position now, from a few integers.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from .._errors import ConfigError, check_int
-from ..distributed import EpochShare, Uneven, epoch_share
-from ..plans import Piece, PiecePlan, WindowPlan, epoch_pieces
+from ._pieces import Piece, PiecePlan, epoch_pieces
+from ._windows import WindowPlan, remaining_indices
 
-__all__ = ["EpochCursor", "EpochIterator", "EpochSpan"]
+__all__ = ["EpochCursor", "EpochShare", "EpochSpan", "Uneven", "epoch_share"]
+
+Uneven = Literal["exact", "pad", "drop"]
+_UNEVEN = ("exact", "pad", "drop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochShare:
+    """One rank's part of one epoch.
+
+    ``indices`` are the global window indices this rank visits, in order;
+    ``consumed`` and ``total`` the epoch's global windows delivered before the
+    share starts and in all (``total`` as given, before any padding or dropping).
+    """
+
+    epoch: int
+    consumed: int
+    total: int
+    rank: int
+    world_size: int
+    indices: range
+
+    @property
+    def first_step(self) -> int:
+        """The per-rank step of the share's first window (``consumed // world_size``)."""
+        return self.consumed // self.world_size
+
+    def consumed_after(self, received: int) -> int:
+        """Global windows delivered once every rank has received ``received`` of its share.
+
+        This is what a checkpoint records: it is the same on every rank that has
+        received the same count, and it is a valid ``consumed`` for any world size.
+        """
+        return min(self.total, self.consumed + received * self.world_size)
+
+
+def epoch_share(
+    *,
+    epoch: int,
+    consumed: int,
+    total: int,
+    rank: int,
+    world_size: int,
+    uneven: Uneven = "exact",
+) -> EpochShare:
+    """The global indices ``rank`` of ``world_size`` visits in what is left of an epoch.
+
+    ``consumed`` windows of the epoch's ``total`` were delivered across all ranks
+    (by any world size); see the module docs for ``uneven``.
+    """
+    if uneven not in _UNEVEN:
+        raise ConfigError.bad(
+            "uneven", uneven, f"one of {_UNEVEN}", "'exact' repeats and skips nothing."
+        )
+    exact = remaining_indices(consumed, total, rank, world_size)
+    remainder = (total - consumed) % world_size
+    end = total
+    if uneven == "pad" and remainder:
+        end = total + world_size - remainder
+    elif uneven == "drop":
+        end = total - remainder
+    indices = range(exact.start, end, world_size) if exact.start < end else range(0)
+    return EpochShare(
+        epoch=epoch,
+        consumed=consumed,
+        total=total,
+        rank=rank,
+        world_size=world_size,
+        indices=indices,
+    )
 
 
 @dataclass(eq=False)
@@ -136,7 +208,7 @@ class EpochCursor:
                 "state", state, "'total' or 'num_chunks' to re-split the epoch over another "
                 "world size", "Save the state with ChunkLoader.state_dict() during the epoch.",
             )  # fmt: skip
-        if uneven not in ("exact", "pad", "drop"):
+        if uneven not in _UNEVEN:
             raise ConfigError.bad(
                 "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
             )
@@ -153,28 +225,3 @@ class EpochCursor:
         self.epoch, self._resume_step = epoch, step
         self._resume_global = (consumed, total) if total else None
         self._uneven = uneven
-
-
-class EpochIterator:
-    """Iterates one epoch of a :class:`~chunkstream.ChunkLoader` (its ``_next_chunk`` gives
-    each chunk); ends early once the next epoch starts or the loader closes."""
-
-    def __init__(self, loader: Any, span: EpochSpan, run: Any) -> None:
-        self._loader, self._span, self._run = loader, span, run
-        self.epoch = span.epoch
-
-    def __iter__(self) -> EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        span = self._span
-        if span.dropped or span.finished:
-            # The clock stops here, so training on the last chunk counts (idempotent).
-            self._loader.stats.epoch_ended()
-            raise StopIteration
-        chunk = self._loader._next_chunk(span, self._run)
-        span.received += 1
-        return chunk
-
-    def __len__(self) -> int:
-        return self._span.stop - self._span.first
