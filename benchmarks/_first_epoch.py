@@ -4,7 +4,7 @@ Each run builds a fresh loader (timed: construction), takes its first epoch of
 ``chunks`` chunks (timed: the first chunk's arrival after construction, and the
 delivered GB/s from the first chunk on), then one more epoch of the same length
 (the steady state). The host arena is measured on 4 KiB pages (the default)
-and on transparent huge pages (``chunkstream.pipeline._buffers.HUGEPAGES``), the
+and on transparent huge pages (``chunkstream._memory._arena.HUGEPAGES``), the
 two kinds alternating run by run so that load drifting on a shared machine hits
 both alike.
 """
@@ -15,7 +15,7 @@ import statistics
 import time
 
 import chunkstream as cs
-from chunkstream.pipeline import _buffers
+from chunkstream._memory import _arena as _buffers
 
 from ._measure import open_source
 from ._stores import Geometry, StoreSpec

@@ -8,8 +8,8 @@ and docstrings included), the lines of ``pipeline/`` plus ``compat`` (limit
 and ``TYPE_CHECKING`` ones included; limit 0), and imports of
 another package's underscore module (``chunkstream.a._x`` importing
 ``chunkstream.b._y``; limit 0). A module's package is its first folder under
-``chunkstream``; the root modules (``_errors`` and the like) are the shared base
-every package may import.
+``chunkstream``; the root modules (``_errors`` and the like) and the faces of the
+root underscore packages (``_memory``) are the shared base every package may import.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ def _module(path: Path) -> str:
 
 def _package(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("_")
-                                          and (ROOT / parts[1]).is_dir()) else ""  # fmt: skip
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / parts[1]).is_dir()) else ""
 
 
 def _imports(path: Path, module: str, is_package: bool, known: set[str]) -> set[str]:
@@ -139,7 +138,9 @@ def measure() -> dict:
         for target in sorted(t for t in targets if t in modules):
             name = target.split(".")[-1]
             theirs = _package(target)
-            if name.startswith("_") and theirs and theirs != mine:
+            # A root module (``_errors``) or a root package's face (``_memory``) is the
+            # shared base; a module inside another package is not.
+            if name.startswith("_") and theirs and theirs != mine and target.count(".") > 1:
                 private.append(f"{module} -> {target}")
     # Edges into a package stand for its __init__; circles through an __init__ that only
     # re-exports are real at import time, so they are kept.

@@ -22,8 +22,8 @@ import torch
 
 import chunkstream as cs
 from chunkstream import ChunkLoadError, ConfigError
+from chunkstream._executor import Executor
 from chunkstream.pipeline._config import LoaderConfig, resolve_device
-from chunkstream.pipeline._run import Executor
 from chunkstream.stats._latency import LatencyStats, _completed
 from chunkstream.train import RunningMoments, TrainConfig, Trainer
 from chunkstream.train._trainer import _progress, trainer_device
@@ -140,7 +140,7 @@ def test_a_failed_copy_without_a_working_stream_retires_its_slot():
 
 
 def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
     from chunkstream.sources._base import FieldSpec
 
     calls = []
@@ -366,7 +366,7 @@ class _BrokenEvent:
 
 
 def _fake_pool(monkeypatch, unregistered):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
     from chunkstream.sources._base import FieldSpec
 
     monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: None)
@@ -397,7 +397,7 @@ def test_pool_close_after_a_cuda_error_keeps_the_arena_and_stays_idempotent(monk
 
 
 def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     unregistered = []
     pool = _fake_pool(monkeypatch, unregistered)
@@ -424,7 +424,7 @@ def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypa
 
 
 def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
     release = threading.Event()
@@ -459,7 +459,7 @@ def _device_guard(inside: list):
 
 
 def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
     from chunkstream.sources._base import FieldSpec
 
     inside: list[object] = []
@@ -487,7 +487,7 @@ def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeyp
 
 def _fake_cuda_loader(monkeypatch, unregistered):
     """ChunkLoader's CUDA path on this CPU build: no CUDA call reaches torch."""
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -649,7 +649,7 @@ def _wait_for(condition, timeout=10.0):
 
 
 def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     unregistered: list[int] = []
     _fake_cuda_copies(monkeypatch, unregistered)
@@ -682,7 +682,7 @@ def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(m
 
 
 def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     unregistered: list[int] = []
     _fake_cuda_copies(monkeypatch, unregistered)
@@ -748,7 +748,7 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
     assert unregistered == [] and any(mapping is kept[1] for kept in pool._kept)
     assert pool.nbytes == nbytes  # still pinned, and said so
     # Kept until the process exits, also once the loader and its pool are collected.
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
 
     collected, kept = weakref.ref(pool), pool._kept
     del pool, slot
@@ -762,7 +762,7 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
 
 
 def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
-    from chunkstream.pipeline import _buffers
+    from chunkstream._memory import _arena as _buffers
     from chunkstream.sources._base import FieldSpec
 
     inside: list[object] = []

@@ -224,7 +224,7 @@ def test_slots_are_pinned_and_copies_never_block_the_host(slow_copies):
 
 
 def test_a_copy_that_fails_part_way_returns_its_slot_behind_an_event():
-    from chunkstream.pipeline._buffers import PinnedSlotPool
+    from chunkstream._memory import PinnedSlotPool
     from chunkstream.pipeline._jobs import _release_after_failed_copy
     from chunkstream.sources._base import FieldSpec
 
@@ -282,7 +282,7 @@ def test_pinned_arena_is_exact_and_released_at_close():
 
 
 def test_close_before_a_copy_finished_keeps_the_arena_pinned_and_warns():
-    from chunkstream.pipeline._buffers import PinnedSlotPool
+    from chunkstream._memory import PinnedSlotPool
     from chunkstream.sources._base import FieldSpec
 
     cycles = _cycles_per_ms()

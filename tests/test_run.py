@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 
 from chunkstream import ChunkLoadError
-from chunkstream.pipeline._run import EpochRun, Executor
+from chunkstream._executor import Executor
+from chunkstream.pipeline._run import EpochRun
 
 
 class _Buffers:

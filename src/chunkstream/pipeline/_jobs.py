@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from .._errors import ChunkLoadError
+from .._memory import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 from ..plans import Piece
 from ..sources import LearnsFields, Source, call_with_retries, read_window, reading
 from ..stats import COPY, READ, profiled
-from ._buffers import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 
 __all__ = ["Delivery", "Loaded", "copy_job", "device_binder", "read_job", "read_to_host"]
 

@@ -26,16 +26,17 @@ from functools import partial
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
+from .._executor import POLL_S, Executor
+from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
 from ..distributed import resolve_rank, warn_if_not_local_rank
 from ..plans import EpochCursor, EpochSpan, Segments, Uneven, WindowPlan, loader_plan
 from ..sources import Source, check_source, describe_source, stored_time_chunk, window_nbytes
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
-from ._buffers import HostBufferPool, LazyPool, PinnedSlotPool
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._jobs import Delivery, Loaded, copy_job, device_binder, read_job, read_to_host
 from ._resident import make_resident
-from ._run import POLL_S, EpochIterator, EpochRun, Executor, shutdown
+from ._run import EpochIterator, EpochRun, shutdown
 
 __all__ = ["ChunkLoader"]
 

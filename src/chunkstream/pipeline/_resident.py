@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError
+from .._executor import Executor
 from .._memory import resident_decision
 from ..plans import Piece
 from ..sources import FieldSpec, Source, read_window, window_nbytes
 from ..stats import COPY, profiled
 from ._jobs import Delivery
-from ._run import Executor
 
 __all__ = ["ResidentStore", "make_resident", "resident_rows"]
 

@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
+from .._executor import POLL_S as _POLL_S
 from ..sources import FieldSpec
-from ._run import POLL_S as _POLL_S
 
 __all__ = ["BufferSet", "HostBufferPool", "LazyPool", "PinnedSlotPool"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "LOOP_HELD", "budget_depths",
            "resident_decision", "streaming_bytes"]  # fmt: skip

@@ -1,0 +1,138 @@
+"""Long-lived executors: named daemon threads running submitted calls, each call's
+value or error carried in its :class:`~concurrent.futures.Future`.
+
+Daemon threads, so a call that never returns cannot keep the interpreter alive;
+the calls running now, and their threads' stacks, are known to a watchdog
+(:meth:`Executor.busy_stacks`). :data:`POLL_S` is the one interval every
+blocking wait in chunkstream polls at, so errors, ``close()`` and the watchdog
+are seen within it.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from ._errors import LoaderClosedError
+
+__all__ = ["POLL_S", "Executor", "thread_stack"]
+
+POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
+
+
+def thread_stack(thread: threading.Thread, doing: str) -> str | None:
+    """``thread``'s current stack under a heading naming what it is ``doing`` (for a
+    watchdog's error); ``None`` once the thread has ended."""
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    if frame is None:
+        return None
+    return f'Thread "{thread.name}" ({doing}):\n' + "".join(traceback.format_stack(frame))
+
+
+class Executor:
+    """``workers`` daemon threads named ``chunkstream-<name>-<k>`` running submitted calls.
+
+    ``init`` runs at the start of each thread; if it raises, that error is
+    ``fatal`` and fails every later future and every one the failed thread takes.
+    """
+
+    def __init__(self, name: str, workers: int, init: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple, str] | None]
+        self._queue = queue.SimpleQueue()
+        self._busy: dict[threading.Thread, str] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._init = init
+        self.fatal: BaseException | None = None
+        self.last_progress = time.monotonic()
+        self.completed = 0  # calls that returned without error, over the executor's life
+        self.threads = tuple(
+            threading.Thread(target=self._work, name=f"chunkstream-{name}-{k}", daemon=True)
+            for k in range(workers)
+        )
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, what: str = "",
+               future: Future | None = None) -> Future:  # fmt: skip
+        """Run ``fn(*args)`` in a worker; its value or exception lands in ``future``."""
+        future = Future() if future is None else future
+        if self.fatal is not None:
+            future.set_exception(self.fatal)
+        elif self._closed:
+            future.set_exception(LoaderClosedError(f"the {self.name} executor is closed"))
+        else:
+            self._queue.put((future, fn, args, what))
+        return future
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        failed: BaseException | None = None
+        if self._init is not None:
+            try:
+                self._init()
+            except BaseException as exc:  # a thread boundary: handed on through futures
+                failed = exc
+                if self.fatal is None:
+                    self.fatal = exc
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            self._run_one(me, *item, failed)
+            # Locals die with _run_one: a finished value (the user's tensors) must not
+            # stay referenced by an idle thread, or its buffers could not be reused.
+            del item
+
+    def _run_one(self, me: threading.Thread, future: Future, fn: Callable, args: tuple,
+                 what: str, failed: BaseException | None) -> None:  # fmt: skip
+        if not future.set_running_or_notify_cancel():
+            return
+        if failed is not None:
+            future.set_exception(failed)
+            return
+        with self._lock:
+            self._busy[me] = what
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # a thread boundary: the future carries it
+            future.set_exception(exc)
+        else:
+            self.completed += 1
+            future.set_result(value)
+        finally:
+            with self._lock:
+                self._busy.pop(me, None)
+            self.last_progress = time.monotonic()
+
+    def busy_stacks(self) -> list[str]:
+        """Stacks of the threads now inside a call, for the no-progress watchdog."""
+        with self._lock:
+            busy = dict(self._busy)
+        stacks = (thread_stack(thread, what) for thread, what in busy.items())
+        return [stack for stack in stacks if stack is not None]
+
+    def close(self, deadline: float) -> list[str]:
+        """Cancel queued calls, stop the threads, join them until ``deadline`` (monotonic);
+        returns the names of threads still alive (inside a call). Idempotent."""
+        self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self.threads:
+            self._queue.put(None)
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self.threads if t.is_alive()]
