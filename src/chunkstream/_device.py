@@ -1,4 +1,5 @@
-"""The one device resolution: which ``torch.device`` a ``device=`` argument means.
+"""The one device resolution: which ``torch.device`` a ``device=`` argument means,
+and the hook that binds a worker thread to it.
 
 Every part that takes a ``device`` (the loader, the batch timer, the trainer,
 ``bench``) resolves it here, so ``None``, a bare ``"cuda"`` and a missing GPU
@@ -7,11 +8,14 @@ mean the same everywhere.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import torch
 
-from ._errors import ConfigError
+from ._errors import ChunkLoadError, ConfigError
 
-__all__ = ["resolve_device"]
+__all__ = ["device_binder", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -48,3 +52,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             )
         resolved = torch.device("cuda", index)
     return resolved
+
+
+def device_binder(device: torch.device) -> Callable[[], None]:
+    """An executor thread's start hook: make ``device`` the thread's current CUDA device."""
+
+    def bind() -> None:
+        try:
+            torch.cuda.set_device(device)
+        except Exception as exc:  # every later future of the executor fails with this
+            raise ChunkLoadError(
+                f"setting the CUDA device {device} in thread "
+                f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
+                "Check that the device is visible (CUDA_VISIBLE_DEVICES) and healthy."
+            ) from exc
+
+    return bind

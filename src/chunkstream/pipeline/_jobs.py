@@ -10,7 +10,7 @@ a :class:`Loaded`, or gives it back if the read fails. On the CPU
 :func:`copy_job` gives the slot back behind the event recorded after its copy
 (``PinnedSlotPool.release_after``), also after a copy that failed part-way.
 Both jobs run in threads that bound the loader's CUDA device at start
-(:func:`device_binder`), so their CUDA calls run in that device's context.
+(:func:`~chunkstream._device.device_binder`), so their CUDA calls run in that device's context.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..plans import Piece
 from ..sources import LearnsFields, Source, call_with_retries, read_window, reading
 from ..stats import COPY, READ, profiled
 
-__all__ = ["Delivery", "Loaded", "copy_job", "device_binder", "read_job", "read_to_host"]
+__all__ = ["Delivery", "Loaded", "copy_job", "read_job", "read_to_host"]
 
 _log = logging.getLogger("chunkstream.pipeline")
 Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
@@ -191,19 +191,3 @@ def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> No
         _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
         return
     pool.release_after(buffers, fence)
-
-
-def device_binder(device: torch.device) -> Callable[[], None]:
-    """An executor thread's start hook: make ``device`` the thread's current CUDA device."""
-
-    def bind() -> None:
-        try:
-            torch.cuda.set_device(device)
-        except Exception as exc:  # every later future of the executor fails with this
-            raise ChunkLoadError(
-                f"setting the CUDA device {device} in thread "
-                f"{threading.current_thread().name!r} failed: {type(exc).__name__}: {exc}. "
-                "Check that the device is visible (CUDA_VISIBLE_DEVICES) and healthy."
-            ) from exc
-
-    return bind

@@ -19,12 +19,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from functools import partial
+from typing import Any
 
 import torch
 
+from .._device import device_binder
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from .._executor import POLL_S, Executor
 from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
@@ -34,7 +36,7 @@ from ..sources import Source, check_source, describe_source, stored_time_chunk, 
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
-from ._jobs import Delivery, Loaded, copy_job, device_binder, read_job, read_to_host
+from ._jobs import Delivery, Loaded, copy_job, read_job, read_to_host
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, shutdown
 
@@ -234,7 +236,8 @@ class ChunkLoader:
         asked = time.perf_counter()
         first = span.windows[span.received - span.first][0]
         with profiled(WAIT, (first.start, first.stop)):
-            delivery = self._wait(future, (first.start, first.stop), run, asked)
+            delivery = self._wait(future, (first.start, first.stop), asked, failed=run.failed,
+                                  since=run.started)  # fmt: skip
         received = time.perf_counter()
         tensors, ready = delivery.tensors, None
         if delivery.events is not None:
@@ -256,16 +259,16 @@ class ChunkLoader:
         self.stats.record_chunk(record, events=delivery.events)
         return chunk
 
-    def _wait(self, future: Future, window: tuple[int, int], run: EpochRun,
-              asked: float) -> Delivery:  # fmt: skip
-        """``future``'s delivery (of ``window``). Its error, or one of a later window, shuts
-        the loader down and is raised as it is (within one poll)."""
+    def _wait(self, future: Future, window: tuple[int, int], asked: float, *,
+              failed: Callable[[], Future | None], since: float) -> Any:  # fmt: skip
+        """``future``'s value (for ``window``). Its error, or the error of a later future
+        (``failed()``), shuts the loader down and is raised as it is (within one poll)."""
         while not wait_futures([future], timeout=POLL_S).done:
-            failed = run.failed()
-            if failed is not None:
-                future = failed  # a later window's error: the pipeline stops anyway
+            later = failed()
+            if later is not None:
+                future = later  # the pipeline stops anyway
                 break
-            self._check_stalled(asked, window, since=run.started)
+            self._check_stalled(asked, window, since=since)
         try:
             return future.result()
         except BaseException as failure:
@@ -285,27 +288,18 @@ class ChunkLoader:
             )
 
     def _load_resident(self) -> None:
-        """Read the resident rows once, waiting as for a chunk: the first read error, a
-        close, or a stall (no reader progress for ``stall_timeout``) ends the wait."""
-        resident, readers = self._resident, self._executors[0]
+        """Read the resident rows once, waiting as for a chunk: the first read error in row
+        order, a close, or a stall (no reader progress for ``stall_timeout``) ends the wait."""
+        resident = self._resident
         assert resident is not None
-        reads = resident.start(self.source, readers, self.rows, self.config)
-        pending, asked, started = set(reads), time.perf_counter(), time.monotonic()
-        while pending:
-            _, pending = wait_futures(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
-            self._check_open()
-            # The earliest failed window, in row order (several may fail at once).
-            failed = [f for f in reads if f.done() and not f.cancelled() and f.exception()]
-            if failed:
-                for future in pending:
-                    future.cancel()
-                try:
-                    failed[0].result()
-                except BaseException as failure:
-                    self._close_after(failure)
-                    raise
-            if pending:
-                self._check_stalled(asked, (resident.lo, resident.hi), since=started)
+        reads = resident.start(self.source, self._executors[0], self.rows, self.config)
+        asked, started = time.perf_counter(), time.monotonic()
+
+        def failed() -> Future | None:
+            return next((f for f in reads if f.done() and not f.cancelled() and f.exception()), None)
+
+        for future in reads:
+            self._wait(future, (resident.lo, resident.hi), asked, failed=failed, since=started)
         resident.finish()
 
     def _check_stalled(self, asked: float, window: tuple[int, int], *, since: float) -> None:
