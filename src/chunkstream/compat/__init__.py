@@ -12,8 +12,10 @@ deliberately differs (errors raise instead of hanging, restarts, counts) is
 listed in the migration guide (docs/guide/migrate.md, "chunkstream.compat").
 """
 
+from ..consumer import sample_batch_within_chunk
 from ..plans import calculate_chunk_params
-from ._helpers import ChunkLatencyStats, create_zarr_loader, sample_batch_within_chunk
+from ..stats import ChunkLatencyStats
+from ._helpers import create_zarr_loader
 from ._loaders import PipelineChunkLoader, RandomChunkLoader
 
 __all__ = [

@@ -5,6 +5,9 @@ from ._batches import BatchStream
 from ._mixing import ChunkMixer
 from ._sampling import WindowSampler, gather_windows, sample_windows
 
+# The package's internal face for the rest of chunkstream (not public API).
+from ._augment import sample_batch_within_chunk as sample_batch_within_chunk  # isort: skip
+
 __all__ = [
     "BatchStream",
     "ChunkMixer",

@@ -1,4 +1,5 @@
-"""The original's augmentation: zero k random neurons, and find them with their CSR neighbours.
+"""The original's augmentation: zero k random neurons, and find them with their CSR neighbours;
+and its batch sampler, :func:`sample_batch_within_chunk` (``chunkstream.compat`` exports it).
 
 The connectivity is a CSR matrix: neuron ``i``'s neighbours are
 ``wmat_indices[wmat_indptr[i] : wmat_indptr[i + 1]]``. Everything runs on the
@@ -19,6 +20,7 @@ caller's arrays is collected (a weakref callback), and at most 8 are kept.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any
@@ -27,7 +29,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 
-__all__ = ["neighbour_union", "zero_neurons_with_neighbours"]
+__all__ = ["neighbour_union", "sample_batch_within_chunk", "zero_neurons_with_neighbours"]
 
 
 class _DeviceCSR:
@@ -153,3 +155,59 @@ def zero_neurons_with_neighbours(
     out = batch if inplace else batch.clone()
     out.index_fill_(-1, selected, 0)
     return out, selected, needed
+
+
+def _also_chunk_stim(function):
+    """Accept the keyword ``chunk_stim=`` (the integration guide's name) for ``_chunk_stim=``."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if "chunk_stim" in kwargs:
+            if "_chunk_stim" in kwargs or len(args) > 1:
+                raise TypeError(
+                    "sample_batch_within_chunk() got the stimulus twice (_chunk_stim and chunk_stim)"
+                )
+            kwargs["_chunk_stim"] = kwargs.pop("chunk_stim")
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@_also_chunk_stim
+def sample_batch_within_chunk(
+    chunk_data: torch.Tensor,
+    _chunk_stim: torch.Tensor,
+    wmat_indices: Any,
+    wmat_indptr: Any,
+    batch_size: int,
+    total_steps: int,
+    num_neurons_to_zero: int,
+    device: str | torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random batch starts inside a chunk, plus the original's neuron-zeroing augmentation.
+
+    Returns ``(batch_indices, selected_neurons, needed_indices)``: ``batch_size``
+    starts uniform in ``[0, chunk_len - total_steps)``; if ``num_neurons_to_zero > 0``,
+    that many neurons drawn with replacement and the sorted unique union of them
+    with their CSR neighbours, else two empty long tensors. The draws are the
+    original's ``torch.randint`` calls (same torch seed, same tensors). The unused
+    stimulus may be passed as ``_chunk_stim=`` or ``chunk_stim=``.
+    """
+    chunk_len = int(chunk_data.shape[0])
+    high = chunk_len - int(total_steps)
+    if high <= 0:
+        raise ConfigError(
+            f"total_steps={total_steps} does not fit in a chunk of {chunk_len} timesteps: "
+            "batch starts are drawn from [0, chunk_len - total_steps), which is empty. "
+            "Use a larger chunk_size or a shorter rollout."
+        )
+    batch_indices = torch.randint(low=0, high=high, size=(int(batch_size),), device=device)
+    if num_neurons_to_zero <= 0:
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        return batch_indices, empty, empty.clone()
+    num_neurons = int(chunk_data.shape[1])
+    selected = torch.randint(
+        low=0, high=num_neurons, size=(int(num_neurons_to_zero),), device=device
+    )
+    needed = neighbour_union(selected, wmat_indices, wmat_indptr)
+    return batch_indices, selected, needed
