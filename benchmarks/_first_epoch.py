@@ -15,7 +15,7 @@ import statistics
 import time
 
 import chunkstream as cs
-from chunkstream._memory import _arena as _buffers
+from chunkstream._memory import _arena
 
 from ._measure import open_source
 from ._stores import Geometry, StoreSpec
@@ -51,17 +51,17 @@ def _one(spec: StoreSpec, geo: Geometry, chunks: int, seed: int) -> dict:
 def first_epoch(spec: StoreSpec, geo: Geometry, *, chunks: int, runs: int) -> dict:
     """Per arena kind (``hugepages``, ``pages``): one dict per run (see :func:`_one`)."""
     out: dict = {}
-    saved = getattr(_buffers, "HUGEPAGES", None)  # None: a chunkstream without the arena
+    saved = getattr(_arena, "HUGEPAGES", None)  # None: a chunkstream without the arena
     try:
         for r in range(runs):
             for kind, huge in (("pages", False), ("hugepages", True)):
-                _buffers.HUGEPAGES = huge
+                _arena.HUGEPAGES = huge
                 out.setdefault(kind, []).append(_one(spec, geo, chunks, seed=100 + r))
     finally:
         if saved is None:
-            del _buffers.HUGEPAGES
+            del _arena.HUGEPAGES
         else:
-            _buffers.HUGEPAGES = saved
+            _arena.HUGEPAGES = saved
     return out
 
 

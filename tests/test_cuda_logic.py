@@ -140,17 +140,17 @@ def test_a_failed_copy_without_a_working_stream_retires_its_slot():
 
 
 def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
     from chunkstream.sources._base import FieldSpec
 
     calls = []
-    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: calls.append(n))  # None: ok
+    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: calls.append(n))  # None: ok
     fields = {"a": FieldSpec((13,), np.dtype("float32")), "b": FieldSpec((3, 2), np.dtype("int16"))}
-    pool = _buffers.PinnedSlotPool(fields, 37, slots=3, device=torch.device("cuda", 1))
+    pool = _arena.PinnedSlotPool(fields, 37, slots=3, device=torch.device("cuda", 1))
     per_slot = 37 * 13 * 4 + 37 * 6 * 2
     assert pool.registered and calls == [pool.nbytes]
     assert per_slot * 3 <= pool.requested_nbytes <= per_slot * 3 + 2 * 3 * 256
-    assert pool.nbytes % _buffers._PAGE == 0 and pool.nbytes - pool.requested_nbytes < 4096
+    assert pool.nbytes % _arena._PAGE == 0 and pool.nbytes - pool.requested_nbytes < 4096
     spans = []
     for buffers in pool._free:
         for name, array in buffers.arrays.items():
@@ -160,7 +160,7 @@ def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
             spans.append((array.ctypes.data, array.ctypes.data + array.nbytes))
     spans.sort()
     assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))
-    assert _buffers._power_of_two_ceil(3 * per_slot) == 8192  # what pin_memory would take
+    assert _arena._power_of_two_ceil(3 * per_slot) == 8192  # what pin_memory would take
 
 
 # -- 2, 3. the trainer: one GPU per rank; checkpoints loaded to the CPU --------------------
@@ -366,15 +366,15 @@ class _BrokenEvent:
 
 
 def _fake_pool(monkeypatch, unregistered):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
     from chunkstream.sources._base import FieldSpec
 
-    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: None)
     monkeypatch.setattr(
-        _buffers, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+        _arena, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
     )
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
-    return _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+    return _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
 
 
 @pytest.mark.parametrize("broken", ["query", "device"])
@@ -397,14 +397,14 @@ def test_pool_close_after_a_cuda_error_keeps_the_arena_and_stays_idempotent(monk
 
 
 def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     unregistered = []
     pool = _fake_pool(monkeypatch, unregistered)
     assert pool.close() is True and unregistered and not pool._kept
     # A failed unregister: warned, and the mapping is kept (it may still be registered).
     pool = _fake_pool(monkeypatch, [])
-    monkeypatch.setattr(_buffers, "_unregister", lambda ptr, device, timeout: "cudaError 1")
+    monkeypatch.setattr(_arena, "_unregister", lambda ptr, device, timeout: "cudaError 1")
     with pytest.warns(RuntimeWarning, match=r"cudaHostUnregister failed \(cudaError 1\)"):
         assert pool.close() is False
     assert pool._kept
@@ -419,17 +419,17 @@ def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypa
 
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
     call = lambda: torch.cuda.cudart().cudaHostUnregister(8)  # noqa: E731
-    assert _buffers._in_cuda_thread(call, torch.device("cuda", 1), "x", 5.0) == "cudaError 1"
+    assert _arena._in_cuda_thread(call, torch.device("cuda", 1), "x", 5.0) == "cudaError 1"
     assert seen == {"device": torch.device("cuda", 1), "thread": "chunkstream-pin-0"}
 
 
 def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
     release = threading.Event()
     try:
-        error = _buffers._in_cuda_thread(lambda: release.wait(30) and 0, torch.device("cuda", 0),
+        error = _arena._in_cuda_thread(lambda: release.wait(30) and 0, torch.device("cuda", 0),
                                          "cudaHostRegister", 0.2)  # fmt: skip
         assert error is not None and "did not return within" in error
     finally:
@@ -438,7 +438,7 @@ def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monke
     def broken():
         raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
 
-    error = _buffers._in_cuda_thread(broken, torch.device("cuda", 0), "cudaHostRegister", 5.0)
+    error = _arena._in_cuda_thread(broken, torch.device("cuda", 0), "cudaHostRegister", 5.0)
     assert error == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
 
 
@@ -459,7 +459,7 @@ def _device_guard(inside: list):
 
 
 def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
     from chunkstream.sources._base import FieldSpec
 
     inside: list[object] = []
@@ -476,27 +476,27 @@ def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeyp
 
     monkeypatch.setattr(torch.cuda, "device", Device)
     monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(_buffers, "_register",
+    monkeypatch.setattr(_arena, "_register",
                         lambda ptr, n, device: "RuntimeError: out of pinnable memory")  # fmt: skip
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
     with pytest.warns(RuntimeWarning, match=r"failed \(RuntimeError: out of pinnable memory\)"):
-        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+        pool = _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
     assert not pool.registered and pinned_under == [torch.device("cuda", 1)]
     assert pool.close(unpin=False) is False
 
 
 def _fake_cuda_loader(monkeypatch, unregistered):
     """ChunkLoader's CUDA path on this CPU build: no CUDA call reaches torch."""
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
-    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: None)
     monkeypatch.setattr(
-        _buffers, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+        _arena, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
     )
 
 
@@ -649,7 +649,7 @@ def _wait_for(condition, timeout=10.0):
 
 
 def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     unregistered: list[int] = []
     _fake_cuda_copies(monkeypatch, unregistered)
@@ -660,7 +660,7 @@ def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(m
         pinned.append((threading.current_thread().name, device))
         time.sleep(pin_s)
 
-    monkeypatch.setattr(_buffers, "_register", register)
+    monkeypatch.setattr(_arena, "_register", register)
     source, data, _ = _learning_source()
     loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, seed=1)
     assert loader.pinned_bytes == 0 and loader._pool.pool is None  # nothing before a read
@@ -682,7 +682,7 @@ def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(m
 
 
 def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     unregistered: list[int] = []
     _fake_cuda_copies(monkeypatch, unregistered)
@@ -692,7 +692,7 @@ def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatc
         entered.set()
         release.wait(30)
 
-    monkeypatch.setattr(_buffers, "_register", register)
+    monkeypatch.setattr(_arena, "_register", register)
     source, _, _ = _learning_source()
     loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, close_timeout=0.3, seed=1)
     chunks = loader.epoch(6)
@@ -748,21 +748,21 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
     assert unregistered == [] and any(mapping is kept[1] for kept in pool._kept)
     assert pool.nbytes == nbytes  # still pinned, and said so
     # Kept until the process exits, also once the loader and its pool are collected.
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
 
     collected, kept = weakref.ref(pool), pool._kept
     del pool, slot
     gc.collect()
-    assert collected() is None and kept and any(k is kept[0] for k in _buffers._KEPT)
-    held = len(_buffers._KEPT)
+    assert collected() is None and kept and any(k is kept[0] for k in _arena._KEPT)
+    held = len(_arena._KEPT)
     pool = _fake_pool(monkeypatch, unregistered)  # copies done: released, nothing held
     pool.release_after(pool.acquire(), _Event(True))
     assert pool.close(timeout=0.05) is True and pool.nbytes == 0 and len(unregistered) == 1
-    assert len(_buffers._KEPT) == held  # a released arena is not kept
+    assert len(_arena._KEPT) == held  # a released arena is not kept
 
 
 def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
-    from chunkstream._memory import _arena as _buffers
+    from chunkstream._memory import _arena
     from chunkstream.sources._base import FieldSpec
 
     inside: list[object] = []
@@ -778,10 +778,10 @@ def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
     monkeypatch.setattr(torch._C, "_host_emptyCache",
                         lambda: seen.setdefault("emptied", inside[-1] if inside else None),
                         raising=False)  # fmt: skip
-    monkeypatch.setattr(_buffers, "_register", lambda ptr, n, device: "cudaError 1")
+    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: "cudaError 1")
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
     with pytest.warns(RuntimeWarning, match=r"failed \(cudaError 1\)"):
-        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+        pool = _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
     assert pool.close() is True and pool.nbytes == 0
     # cudaFreeHost and the allocator's event queries need a context: the pool's GPU's.
     assert seen == {"synchronized": torch.device("cuda", 1), "emptied": torch.device("cuda", 1)}
@@ -791,7 +791,7 @@ def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
 
     monkeypatch.setattr(torch._C, "_host_emptyCache", broken, raising=False)
     with pytest.warns(RuntimeWarning, match=r"failed \(cudaError 1\)"):
-        pool = _buffers.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
+        pool = _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
     with pytest.warns(RuntimeWarning, match=r"stays pinned.*freeing it on cuda:1 failed"):
         assert pool.close() is False  # warned, never raised
 
