@@ -106,7 +106,14 @@ def piece_starts(
             "No window fits inside one piece: use fewer pieces, a larger chunk_size, longer "
             "segments or a shorter window.",
         )  # fmt: skip
-    return torch.cat(ranges).to(device or "cpu")
+    starts = torch.cat(ranges)
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        # From page-locked memory, asynchronously: a pageable host-to-device copy is a
+        # synchronizing CUDA call, once per chunk in a training loop. torch's caching host
+        # allocator keeps the pinned block until the copy has run.
+        return starts.pin_memory().to(device, non_blocking=True)
+    return starts.to(device)
 
 
 def _starts_table(
