@@ -169,3 +169,58 @@ def test_the_loader_with_a_copy_stage_orders_restarts_and_is_collected():
     while any(t.name.startswith("chunkstream-") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "threads left behind"
         time.sleep(0.05)
+
+
+class _Slots:
+    """A fixed pool of ``n`` slots (as the pinned pool): ``acquire`` waits for one."""
+
+    def __init__(self, n):
+        self.free = threading.Semaphore(n)
+
+    def acquire(self, dropped):
+        while not self.free.acquire(timeout=0.01):
+            if dropped():
+                raise InterruptedError("dropped")
+
+    def release(self):
+        self.free.release()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_reads_take_slots_in_window_order_or_a_late_first_read_starves(ordered):
+    # Two readers, two slots, copies released in window order (as the pinned pool on
+    # CUDA): the first read reaches its acquire late, after the reads behind it took
+    # both slots. Unordered, their copies queue behind the first window's, which waits
+    # for a slot forever (the hang seen on an H200); in turn, every window arrives.
+    readers, copier = Executor("read", 2), Executor("transfer", 1)
+    slots = _Slots(2)
+    first_late = threading.Event()
+
+    def read(window, dropped, turn=None):
+        if window == (0, 1):
+            first_late.wait(0.3)  # the first read's thread is descheduled for a while
+
+        def take():
+            slots.acquire(dropped)
+            return window
+
+        return take() if turn is None else turn.take(take, dropped)
+
+    def copy(window, dropped):
+        slots.release()
+        return window
+
+    run = EpochRun([(k, k + 1) for k in range(8)], read=read, readers=readers, depth=2,
+                   copy=copy, copier=copier, copy_depth=2, reclaim=lambda w: slots.release(),
+                   ordered=ordered)  # fmt: skip
+    try:
+        if ordered:
+            assert [run.take().result(timeout=5) for _ in range(8)] == [(k, k + 1) for k in range(8)]
+        else:
+            with pytest.raises(TimeoutError):
+                run.take().result(timeout=1.5)
+    finally:
+        first_late.set()
+        run.drop()
+        end = time.monotonic() + 5
+        assert copier.close(end) == [] and readers.close(end) == []

@@ -30,6 +30,7 @@ from .._memory import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 from ..plans import Piece
 from ..sources import LearnsFields, Source, call_with_retries, read_window, reading
 from ..stats import COPY, READ, profiled
+from ._run import Turn
 
 __all__ = ["Delivery", "Loaded", "copy_job", "read_job", "read_to_host"]
 
@@ -68,25 +69,42 @@ class Delivery:
     transfer_thread: str | None = None
 
 
+class _NoBuffer(Exception):
+    """Taking a buffer set failed (its cause says why)."""
+
+
 def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
-             pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int) -> Loaded:  # fmt: skip
+             pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int,
+             turn: Turn | None = None) -> Loaded:  # fmt: skip
     """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
     if the read fails. A source whose ``fields`` are still ``None`` learns them from this
     chunk's first piece (:class:`~chunkstream.sources.LearnsFields`) before the
-    pool, then a :class:`LazyPool`, allocates."""
+    pool, then a :class:`LazyPool`, allocates. With a ``turn``, the set is taken in
+    window order (:class:`~chunkstream.pipeline._run.Turn`; learning happens in turn too)."""
     window = (pieces[0].start, pieces[0].stop)
-    learned = isinstance(source, LearnsFields) and source.fields is None
+    learned = False  # this job learned the source's fields (then its read must happen)
     learning_s = 0.0  # a learning read's load_fn call is part of its read time
-    if learned:
-        begin = time.perf_counter()
-        with reading(source, pieces[0]):
-            call_with_retries(partial(source.learn, *window), retries, window, dropped)
-        learning_s = time.perf_counter() - begin
+
+    def take() -> BufferSet:
+        nonlocal learned, learning_s
+        if isinstance(source, LearnsFields) and source.fields is None:
+            begin = time.perf_counter()
+            with reading(source, pieces[0]):
+                call_with_retries(partial(source.learn, *window), retries, window, dropped)
+            learning_s, learned = time.perf_counter() - begin, True
+        try:
+            return pool.acquire(dropped)
+        except BaseException as exc:
+            raise _NoBuffer() from exc
+
     try:
-        buffers = pool.acquire(dropped)
+        buffers = take() if turn is None else turn.take(take, dropped)
     except BaseException as exc:
         if learned:  # the read the learned arrays were for will not happen
             source.forget(*window)
+        if not isinstance(exc, (_NoBuffer, InterruptedError)):
+            raise  # the learning read's own error, as it is
+        exc = exc.__cause__ if isinstance(exc, _NoBuffer) else exc
         # Waiting for a pinned slot queries CUDA events, which can fail (a sticky error
         # from the user's kernels): a ChunkLoadError shuts the pipeline down.
         raise ChunkLoadError(

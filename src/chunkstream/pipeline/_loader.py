@@ -216,6 +216,7 @@ class ChunkLoader:
                 span.windows, read=self._read, readers=self._executors[0], depth=self._depth,
                 copy=self._copy, copier=copier, copy_depth=self.config.gpu_prefetch,
                 reclaim=(lambda loaded: pool.release(loaded.buffers)) if copier else None,
+                ordered=copier is not None,  # pinned slots are taken in window order (Turn)
             )  # fmt: skip
             run = self._run
         self.stats.epoch_started()

@@ -17,30 +17,66 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from itertools import takewhile
 from typing import Any
 
-from .._executor import Executor
+from .._executor import POLL_S, Executor
 from ..plans import EpochSpan
 
-__all__ = ["EpochIterator", "EpochRun", "shutdown"]
+__all__ = ["EpochIterator", "EpochRun", "Turn", "shutdown"]
+
+
+class Turn:
+    """A read's place in the line for a host buffer: reads take buffers in window order.
+
+    Pinned slots come back in window order (one copy stream), and a window's copy
+    is queued only after the windows before it. Were a later window to take the
+    last free slot while an earlier one still waited for it, the earlier would
+    wait forever: the slots are held by reads whose copies queue behind its own
+    (seen on an H200: two readers, two slots, a slowed copy). So read ``j`` takes
+    its buffer only once read ``j - 1`` has taken one, or given up.
+    """
+
+    __slots__ = ("_before", "_taken")
+
+    def __init__(self, before: Turn | None) -> None:
+        self._before = before
+        self._taken = threading.Event()
+
+    def take(self, acquire: Callable[[], Any], dropped: Callable[[], bool]) -> Any:
+        """``acquire()`` once the window before has taken its buffer; stops waiting,
+        raising ``InterruptedError``, once ``dropped()`` (a dropped run cancels the
+        reads it did not start, whose turns never come)."""
+        try:
+            before = self._before
+            while before is not None and not before._taken.wait(POLL_S):
+                if dropped():
+                    raise InterruptedError("the epoch was dropped while this read waited")
+            return acquire()
+        finally:
+            self._before = None  # no chain of turns kept alive
+            self._taken.set()
 
 
 class EpochRun:
     """One epoch's windows as bounded deques of futures (see the module docs).
 
     ``read(window, dropped)`` runs in ``readers``, then ``copy(result, dropped)`` in
-    ``copier``; ``reclaim(result)`` gives back an unconsumed result's buffer.
+    ``copier``; ``reclaim(result)`` gives back an unconsumed result's buffer. With
+    ``ordered``, each read is also passed ``turn=`` a :class:`Turn`, so reads take
+    their buffers in window order.
     """
 
     def __init__(self, windows: Sequence[Any], *, read: Callable[[Any, Callable[[], bool]], Any],
                  readers: Executor, depth: int, copy: Callable[..., Any] | None = None,
                  copier: Executor | None = None, copy_depth: int = 1,
-                 reclaim: Callable[[Any], None] | None = None) -> None:  # fmt: skip
+                 reclaim: Callable[[Any], None] | None = None, ordered: bool = False) -> None:  # fmt: skip
         self._windows = windows
         self._read, self._readers, self._depth = read, readers, depth
         self._copy, self._copier, self._copy_depth = copy, copier, copy_depth
         self._reclaim = reclaim
+        self._ordered, self._last_turn = ordered, None
         self._next = 0
         self._reads: deque[Future] = deque()
         self._copies: deque[Future] = deque()
@@ -90,7 +126,11 @@ class EpochRun:
                 while len(self._reads) < self._depth and self._next < len(self._windows):
                     job, window = self._next, self._windows[self._next]
                     self._next += 1
-                    read = self._readers.submit(self._read, window, self.dropped, what=f"job {job}")
+                    read_fn = self._read
+                    if self._ordered:
+                        self._last_turn = Turn(self._last_turn)
+                        read_fn = partial(self._read, turn=self._last_turn)
+                    read = self._readers.submit(read_fn, window, self.dropped, what=f"job {job}")
                     self._jobs[read] = job
                     if self._reclaim is not None:
                         read.add_done_callback(self._settle)
