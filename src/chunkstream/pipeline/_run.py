@@ -1,11 +1,18 @@
 """An epoch as a run of futures on long-lived executors (:mod:`chunkstream._executor`).
 
-:class:`EpochRun`: one epoch's windows as two bounded deques of futures, reads (at most ``depth``) and,
-with a copy stage, copies chained to their reads (at most ``copy_depth``); at
-most ``depth + copy_depth`` windows are in flight. When a run is dropped, reads
-not started are cancelled, a read result nobody will consume goes to
-``reclaim`` exactly once, and a copy not started sees ``dropped()`` and gives
-its buffer back itself.
+:class:`EpochRun` holds one epoch's windows as two bounded deques of futures, in
+window order, as Grain's prefetch does: reads (at most ``depth``, run by the
+readers) and, with a copy stage, copies (at most ``copy_depth``). The copy of a
+window is one job on the single transfer thread that waits for its read's future
+and then copies: copies run in window order, and no future calls back into the
+run, so it needs no callbacks and no reentrant lock.
+
+Buffer ownership: a read's buffer belongs to its reader until the read returns,
+then to the one job that follows that read on the transfer thread, the copy, or
+after a drop the reclaim (:meth:`EpochRun.drop` queues one for every read not
+yet followed by a copy). A copy that finds its run dropped gives its buffer
+back itself, so each buffer has exactly one owner, and one way back, at every
+moment. Without a copy stage (the CPU), a read's result is the user's chunk.
 """
 
 from __future__ import annotations
@@ -13,10 +20,10 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from functools import partial
 from itertools import takewhile
 from typing import Any
@@ -62,8 +69,9 @@ class Turn:
 class EpochRun:
     """One epoch's windows as bounded deques of futures (see the module docs).
 
-    ``read(window, dropped)`` runs in ``readers``, then ``copy(result, dropped)`` in
-    ``copier``; ``reclaim(result)`` gives back an unconsumed result's buffer. With
+    ``read(window, dropped)`` runs in ``readers``; with a copy stage,
+    ``copy(result, dropped)`` runs in ``copier`` (one thread) after its read, and
+    ``reclaim(result)`` gives back the buffer of a read no copy will follow. With
     ``ordered``, each read is also passed ``turn=`` a :class:`Turn`, so reads take
     their buffers in window order.
     """
@@ -78,14 +86,9 @@ class EpochRun:
         self._reclaim = reclaim
         self._ordered, self._last_turn = ordered, None
         self._next = 0
-        self._reads: deque[Future] = deque()
-        self._copies: deque[Future] = deque()
-        # Weak: a strong reference to a done read would keep the user's tensors' buffers.
-        self._jobs: weakref.WeakKeyDictionary[Future, int] = weakref.WeakKeyDictionary()
-        self._claimed: weakref.WeakSet[Future] = weakref.WeakSet()  # results with their owner
-        # Reentrant: add_done_callback runs the callback at once, under this lock, when
-        # the future is already done, and the callbacks take the lock too.
-        self._lock = threading.RLock()
+        self._reads: deque[tuple[int, Future]] = deque()  # (job, read) not yet followed
+        self._copies: deque[tuple[Future, Future]] = deque()  # (copy, its read)
+        self._lock = threading.Lock()  # take() and drop() may run in different threads
         self._dropped = False
         self.started = time.monotonic()
         self._top_up()
@@ -95,12 +98,15 @@ class EpochRun:
 
     def ready(self) -> int:
         """How many futures at the head of the delivery deque are done (the queue depth)."""
-        return sum(1 for _ in takewhile(Future.done, self._delivery()))
+        with self._lock:
+            delivery = [copy for copy, _ in self._copies] if self._copier else [
+                read for _, read in self._reads]  # fmt: skip
+        return sum(1 for _ in takewhile(Future.done, delivery))
 
     def failed(self) -> Future | None:
         """A future of a later window that already failed, if any (raised at once)."""
         with self._lock:
-            pending = [*self._copies, *self._reads]
+            pending = [f for pair in self._copies for f in pair] + [r for _, r in self._reads]
         for future in pending:
             if future.done() and not future.cancelled() and future.exception() is not None:
                 return future
@@ -108,88 +114,73 @@ class EpochRun:
 
     def take(self) -> Future:
         """The next window's future, in window order; ``IndexError`` after the last."""
-        delivery = self._delivery()
-        if not delivery:
-            raise IndexError("no window left in this epoch")
-        future = delivery.popleft()
-        self._top_up()
+        with self._lock:
+            if self._copier is not None and self._copies:
+                future = self._copies.popleft()[0]
+            elif self._copier is None and self._reads:
+                future = self._reads.popleft()[1]
+            else:
+                raise IndexError("no window left in this epoch")
+            self._top_up_locked()
         return future
-
-    def _delivery(self) -> deque[Future]:
-        return self._copies if self._copier is not None else self._reads
 
     def _top_up(self) -> None:
         with self._lock:
-            if self._dropped:
+            self._top_up_locked()
+
+    def _top_up_locked(self) -> None:
+        if self._dropped:
+            return
+        while True:
+            while len(self._reads) < self._depth and self._next < len(self._windows):
+                job, window = self._next, self._windows[self._next]
+                self._next += 1
+                read_fn = self._read
+                if self._ordered:
+                    self._last_turn = Turn(self._last_turn)
+                    read_fn = partial(self._read, turn=self._last_turn)
+                self._reads.append((job, self._readers.submit(read_fn, window, self.dropped,
+                                                              what=f"job {job}")))  # fmt: skip
+            if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
                 return
-            while True:
-                while len(self._reads) < self._depth and self._next < len(self._windows):
-                    job, window = self._next, self._windows[self._next]
-                    self._next += 1
-                    read_fn = self._read
-                    if self._ordered:
-                        self._last_turn = Turn(self._last_turn)
-                        read_fn = partial(self._read, turn=self._last_turn)
-                    read = self._readers.submit(read_fn, window, self.dropped, what=f"job {job}")
-                    self._jobs[read] = job
-                    if self._reclaim is not None:
-                        read.add_done_callback(self._settle)
-                    self._reads.append(read)
-                if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
-                    return
-                out: Future = Future()
-                self._copies.append(out)
-                self._reads.popleft().add_done_callback(
-                    lambda read, out=out: self._chain(read, out)
-                )
+            job, read = self._reads.popleft()
+            copy = self._copier.submit(self._copy_after, read, what=f"job {job}")
+            self._copies.append((copy, read))
 
-    def _claim(self, read: Future) -> bool:
-        """Whether the caller becomes the one owner of ``read``'s result (true once only)."""
-        with self._lock:
-            if read in self._claimed:
+    def _wait_for(self, read: Future) -> bool:
+        """Wait for ``read`` on the transfer thread; false once the run is dropped."""
+        while not wait_futures([read], timeout=POLL_S).done:
+            if self._dropped:
                 return False
-            self._claimed.add(read)
-            return True
+        return True
 
-    def _give_back(self, read: Future) -> None:
-        if read.cancelled() or read.exception() is not None or self._reclaim is None:
-            return
-        if self._claim(read):
-            self._reclaim(read.result())
+    def _copy_after(self, read: Future) -> Any:
+        """The transfer thread's job for one window: its read's result, copied."""
+        if not self._wait_for(read):
+            return self._follow_dropped(read)
+        result = read.result()  # a failed read's error is this window's error
+        assert self._copy is not None
+        return self._copy(result, self.dropped)  # gives the buffer back, dropped or not
 
-    def _settle(self, read: Future) -> None:
-        # A read that finishes after its run was dropped: nobody will consume it.
-        if self._dropped:
-            self._give_back(read)
-
-    def _chain(self, read: Future, out: Future) -> None:
-        """A read finished: submit its copy, or carry its error (runs in the reader thread)."""
-        if self._dropped:
-            self._give_back(read)
-            out.cancel()
-            return
-        if read.cancelled():
-            out.cancel()
-            return
-        error = read.exception()
-        if error is not None:
-            out.set_exception(error)
-            return
-        if self._claim(read):  # the copy owns the buffer now, and gives it back itself
-            assert self._copier is not None and self._copy is not None
-            self._copier.submit(self._copy, read.result(), self.dropped,
-                                what=f"job {self._jobs[read]}", future=out)  # fmt: skip
+    def _follow_dropped(self, read: Future) -> None:
+        """Give back the buffer of ``read`` once it is done (its run was dropped)."""
+        if not read.cancel():
+            wait_futures([read])  # a read stops soon after its run is dropped
+            if read.exception() is None and self._reclaim is not None:
+                self._reclaim(read.result())
+        return None
 
     def drop(self) -> None:
-        """Abandon the run: cancel reads not started; give back buffers nobody will consume."""
+        """Abandon the run: cancel reads not started; give back buffers nobody will consume
+        (a reclaim job on the transfer thread for each read no copy follows)."""
         with self._lock:
             self._dropped = True
-            reads = list(self._reads)
+            reads = [read for _, read in self._reads]
             self._reads.clear()
             self._copies.clear()
         for read in reads:
-            if not read.cancel() and read.done():
-                self._give_back(read)
+            if not read.cancel() and self._copier is not None:
+                self._copier.submit(self._follow_dropped, read, what="reclaim")
 
 
 class EpochIterator:
