@@ -7,9 +7,9 @@ The flow (see DESIGN.md)::
 
 Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
 rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
-executors, dropping the previous run. On CUDA the consumer's stream waits on
-each copy's event and ``record_stream`` tells the caching allocator where the
-tensors are used; on CPU the readers' buffers become the user's tensors.
+executors, dropping the previous run. What a read and a transfer do is the
+loader's delivery stage, chosen at construction (:mod:`._stages`: host, copy,
+resident); docs/architecture.md follows one window through it.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from ..sources import Source, check_source, describe_source, stored_time_chunk, 
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
-from ._jobs import Delivery, Loaded, copy_job, read_job, read_to_host
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, shutdown
+from ._stages import CopyStage, HostStage, ResidentStage, receive
 
 __all__ = ["ChunkLoader"]
 
@@ -176,21 +176,16 @@ class ChunkLoader:
         # Every CUDA thread binds the loader's device first (a new thread starts on device 0).
         init = device_binder(self.device) if on_cuda else None
         self._executors.append(Executor("read", c.workers, init))
-        reading = dict(source=self.source, pool=self._pool, check_finite=c.check_finite,
-                       retries=c.read_retries)  # fmt: skip
-        self._copy: Callable[..., Delivery | None] | None = None
+        reading = dict(source=self.source, check_finite=c.check_finite, retries=c.read_retries)
         if self._resident is not None:  # the readers load it once, then serve from it
-            self._read, self._depth = self._resident.serve, c.reader_capacity
-            return
-        if self.device.type == "cpu":
-            self._read: Callable[..., Delivery | Loaded] = partial(read_to_host, **reading)
-            self._depth = c.reader_capacity
-            return
-        self._executors.append(Executor("transfer", 1, init))
-        self._read = partial(read_job, **reading)
-        self._copy = partial(copy_job, pool=self._pool, device=self.device, stream=self._stream)
-        # No more reads than slots: the oldest read finds one once the copies ahead finish.
-        self._depth = min(c.reader_capacity, c.slots)
+            self._stage = ResidentStage(self._resident, c.reader_capacity)
+        elif self.device.type == "cpu":
+            self._stage = HostStage(self._pool, c.reader_capacity, **reading)
+        else:
+            self._executors.append(Executor("transfer", 1, init))
+            # No more reads than slots: the oldest read finds one once the copies ahead finish.
+            self._stage = CopyStage(self._pool, min(c.reader_capacity, c.slots),
+                                    device=self.device, stream=self._stream, **reading)  # fmt: skip
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -210,14 +205,12 @@ class ChunkLoader:
         with self._lock:
             span = self._cursor.begin(num_chunks, at)
             self._drop_run()
-            copier = self._executors[1] if self._copy is not None else None
-            pool = self._pool
+            stage = self._stage
             self._run = EpochRun(
-                span.windows, read=self._read, readers=self._executors[0], depth=self._depth,
-                copy=self._copy, copier=copier, copy_depth=self.config.gpu_prefetch,
-                reclaim=(lambda loaded: pool.release(loaded.buffers)) if copier else None,
-                ordered=copier is not None,  # pinned slots are taken in window order (Turn)
-            )  # fmt: skip
+                span.windows, read=stage.read, readers=self._executors[0], depth=stage.depth,
+                copy=stage.transfer, copier=self._executors[1] if stage.transfer else None,
+                copy_depth=self.config.gpu_prefetch, reclaim=stage.reclaim, ordered=stage.ordered,
+            )
             run = self._run
         self.stats.epoch_started()
         return EpochIterator(self, span, run)
@@ -240,13 +233,7 @@ class ChunkLoader:
             delivery = self._wait(future, (first.start, first.stop), asked, failed=run.failed,
                                   since=run.started)  # fmt: skip
         received = time.perf_counter()
-        tensors, ready = delivery.tensors, None
-        if delivery.events is not None:
-            ready = delivery.events[1]
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_event(ready)  # the consumer's stream waits, not the host
-            for tensor in tensors.values():
-                tensor.record_stream(consumer)
+        tensors, ready = receive(delivery, self.device)
         start, stop = delivery.pieces[0].start, delivery.pieces[0].stop
         chunk = Chunk(tensors, start=start, stop=stop, epoch=span.epoch, index=span.received,
                       ready=ready, pieces=delivery.pieces)  # fmt: skip
