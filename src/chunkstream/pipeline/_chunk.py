@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ..plans import Piece
 
-__all__ = ["Chunk", "Piece"]
+__all__ = ["Chunk", "Piece", "hand_over"]
+
+
+def hand_over(tensors: Iterable[torch.Tensor], ready: Any, stream: Any) -> None:
+    """Make ``tensors`` safe to use on ``stream``: it waits (on the device, not the host)
+    for the ``ready`` event, if any, and each tensor is recorded as used there, so the
+    caching allocator does not reuse its block before the stream's queued work ran."""
+    if ready is not None:
+        stream.wait_event(ready)
+    for tensor in tensors:
+        tensor.record_stream(stream)
 
 
 class Chunk(Mapping[str, torch.Tensor]):
@@ -72,12 +83,9 @@ class Chunk(Mapping[str, torch.Tensor]):
         device = tensors[0].device
         if stream is None:
             stream = torch.cuda.current_stream(device)
-        if self._ready is not None:
-            stream.wait_event(self._ready)
-        else:  # built by hand: wait for whatever the current stream has queued
+        if self._ready is None:  # built by hand: wait for whatever the current stream has queued
             stream.wait_stream(torch.cuda.current_stream(device))
-        for tensor in tensors:
-            tensor.record_stream(stream)
+        hand_over(tensors, self._ready, stream)
         return self
 
     @property

@@ -32,7 +32,7 @@ from ..sources import LearnsFields, Source, call_with_retries, read_window, read
 from ..stats import COPY, READ, profiled
 from ._run import Turn
 
-__all__ = ["Delivery", "Loaded", "copy_job", "read_job", "read_to_host"]
+__all__ = ["Delivery", "Loaded", "copy_job", "on_stream", "read_job", "read_to_host"]
 
 _log = logging.getLogger("chunkstream.pipeline")
 Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
@@ -177,19 +177,25 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: 
     assert host is not None  # CUDA always runs with pinned slots (internal invariant)
     # The thread's current device is ``device`` (set at thread start, with an index the
     # loader resolved), so no device guard is needed here.
+    # Allocated on the transfer stream; the consumer calls record_stream.
+    tensors, events = on_stream(stream, lambda: {
+        name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
+            t[:rows], non_blocking=True)
+        for name, t in host.items()
+    })  # fmt: skip
+    return done(tensors, events=events)
+
+
+def on_stream(stream: Any, work: Callable[[], Any]) -> tuple[Any, tuple[Any, Any]]:
+    """``work()`` queued on ``stream`` between two timing events: its value and the
+    events ``(begin, done)`` (the consumer's stream waits on ``done``)."""
     with torch.cuda.stream(stream):
         begin = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         begin.record(stream)
-        # Allocated on the transfer stream; the consumer calls record_stream.
-        tensors = {
-            name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
-                t[:rows], non_blocking=True
-            )
-            for name, t in host.items()
-        }
+        value = work()
         end.record(stream)
-    return done(tensors, events=(begin, end))
+    return value, (begin, end)
 
 
 def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> None:

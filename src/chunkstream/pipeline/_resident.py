@@ -15,7 +15,6 @@ the consumer's stream waits on the second and ``record_stream`` covers it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -33,7 +32,7 @@ from .._memory import resident_decision
 from ..plans import Piece
 from ..sources import FieldSpec, Source, read_window, window_nbytes
 from ..stats import COPY, profiled
-from ._jobs import Delivery
+from ._jobs import Delivery, on_stream
 
 __all__ = ["ResidentStore", "make_resident", "resident_rows"]
 
@@ -137,15 +136,15 @@ class ResidentStore:
 
     def _gather(self, pieces: tuple[Piece, ...], begin: float) -> Delivery:
         lo, stream, events = self.lo, self._stream, None
-        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context:
-            if stream is not None:
-                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                events[0].record(stream)
-            tensors = {name: torch.cat([t[p.start - lo : p.stop - lo] for p in pieces])
-                       for name, t in self.tensors.items()}  # fmt: skip
-            if events is not None:
-                events[1].record(stream)
+
+        def gather() -> dict[str, torch.Tensor]:
+            return {name: torch.cat([t[p.start - lo : p.stop - lo] for p in pieces])
+                    for name, t in self.tensors.items()}  # fmt: skip
+
+        if stream is None:
+            tensors = gather()
+        else:  # on the transfer stream, between two events
+            tensors, events = on_stream(stream, gather)
         me = threading.current_thread().name
         return Delivery(pieces, tensors, begin, time.perf_counter(), begin if events else None,
                         events, read_thread=me, transfer_thread=me if events else None)  # fmt: skip

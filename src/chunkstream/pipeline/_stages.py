@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
+from ._chunk import hand_over
 from ._jobs import Delivery, copy_job, read_job, read_to_host
 from ._resident import ResidentStore
 
@@ -46,10 +47,7 @@ def receive(delivery: Delivery, device: torch.device) -> Any:
     if delivery.events is None:
         return delivery.tensors, None
     ready = delivery.events[1]
-    consumer = torch.cuda.current_stream(device)
-    consumer.wait_event(ready)
-    for tensor in delivery.tensors.values():
-        tensor.record_stream(consumer)
+    hand_over(delivery.tensors.values(), ready, torch.cuda.current_stream(device))
     return delivery.tensors, ready
 
 
