@@ -30,7 +30,7 @@ Contract for implementations
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from .._errors import ConfigError, FieldDtypeError, FieldLengthError
 
-__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "check_source", "field_context",
+__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "check_source", "field_context", "settle",
            "stored_time_chunk", "window_nbytes"]  # fmt: skip
 
 # dtypes torch can hold without conversion.
@@ -160,6 +160,20 @@ class field_context:
             with contextlib.suppress(AttributeError):
                 exc.chunkstream_field = self.name
         return False
+
+
+def settle(waits: Iterable[Callable[[], object]]) -> None:
+    """Call every wait in turn (each blocks until its task has ended), then raise the
+    first error among them, if any: a read returns or raises only once none of its
+    tasks can still write into the caller's buffers. An interrupt is held too."""
+    error: BaseException | None = None
+    for wait in waits:
+        try:
+            wait()
+        except BaseException as exc:  # raised below, once every task has ended
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def describe_source(source: object) -> str:

@@ -50,7 +50,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -61,7 +61,7 @@ import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
-from ._base import field_context
+from ._base import field_context, settle
 from ._checked_codecs import blosc_frame_error
 from ._select import Selection, chunk_ranges, iter_chunk_coords
 from ._shards import Shard, ShardLayout, check_crc32c, corrupt_error, open_shard, shard_layout
@@ -207,11 +207,7 @@ class FastChunkReader:
             tasks[0]()
             return
         futures = [self._pool.submit(task) for task in tasks]
-        wait(futures)  # every task finishes before we return or raise: none may write later
-        for future in futures:
-            error = future.exception()
-            if error is not None:
-                raise error
+        settle(future.result for future in futures)  # none may write after we return
 
     def _plan(
         self, start: int, stop: int, out: Mapping[str, np.ndarray]

@@ -28,11 +28,12 @@ import itertools
 import math
 import threading
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
 from .._errors import ConfigError, FieldLengthError, check_int
-from ._base import FieldSpec, Source, describe_source, stored_time_chunk, window_nbytes
+from ._base import FieldSpec, Source, describe_source, settle, stored_time_chunk, window_nbytes
 
 __all__ = ["JoinSource"]
 
@@ -152,17 +153,8 @@ class JoinSource:
         pending = [
             (job, self._pool.submit(self._read_part, job, start, stop)) for job in jobs[1:]
         ]
-        error: BaseException | None = None
-        try:
-            self._read_part(jobs[0], start, stop)
-        except Exception as exc:  # raised below, once every other part has finished
-            error = exc
-        finally:  # also on KeyboardInterrupt: nothing may write into out after we return
-            cf.wait([future for _, future in pending])
-        for _, future in pending:
-            error = error or future.exception()
-        if error is not None:
-            raise error
+        # The first part in this thread; then every other part's end, errors or not.
+        settle([partial(self._read_part, jobs[0], start, stop), *(f.result for _, f in pending)])
 
     @staticmethod
     def _read_part(job: tuple, start: int, stop: int) -> None:

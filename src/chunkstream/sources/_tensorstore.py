@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
-from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
+from ._base import FieldSpec, check_dtype, check_lengths, field_context, settle, window_nbytes
 from ._select import Selection, normalize_selection
 
 __all__ = ["TensorStoreSource"]
@@ -113,15 +114,13 @@ class TensorStoreSource:
             with field_context(name):
                 target = self._ts.array(out[name][: stop - start], copy=False, write=True)
                 pending.append((name, target.write(self.store[sel.as_index(start, stop)])))
-        error: BaseException | None = None
-        for name, future in pending:  # wait for all, so nothing writes into out after we return
-            try:
-                with field_context(name):
-                    future.result()
-            except Exception as exc:  # handed on below, once every write has finished
-                error = error or exc
-        if error is not None:
-            raise error
+        settle(partial(_result_of, name, future) for name, future in pending)
 
     def close(self) -> None:
         """Nothing to release beyond the handle, which tensorstore frees; idempotent."""
+
+
+def _result_of(name: str, future: Any) -> None:
+    """Wait for one field's write; its error is tagged with the field."""
+    with field_context(name):
+        future.result()
