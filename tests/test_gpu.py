@@ -162,14 +162,18 @@ def _expected_sums(arrays, windows, name="voltage"):
     return np.array([arrays[name][a:b].astype(np.float64).sum() for a, b in windows])
 
 
-def test_slots_are_reused_only_after_their_copy_under_a_slowed_copy(slow_copies):
+@pytest.mark.parametrize("rep", range(3))
+def test_slots_are_reused_only_after_their_copy_under_a_slowed_copy(slow_copies, rep):
     # Two slots for two readers, each copy delayed 20 ms on the device: readers wait for
     # slots all the time; one handed out before its copy finished gets overwritten by the
     # next window, and the device-side checksums then disagree with the stored bytes.
+    # Three times (different seeds): before reads took slots in window order, one run in
+    # four hung here on an H200 (a later read held the slot an earlier one waited for).
     arrays = make_arrays(12000, neurons=256, seed=3)
     sums, windows = [], []
     with cs.ChunkLoader(
-        ArraySource(arrays), 500, device="cuda", workers=2, host_slots=2, gpu_prefetch=2, seed=4
+        ArraySource(arrays), 500, device="cuda", workers=2, host_slots=2, gpu_prefetch=2,
+        seed=4 + rep,
     ) as loader:
         for _ in range(2):
             for chunk in loader.epoch(12):
