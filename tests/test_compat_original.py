@@ -17,8 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from chunkstream.compat import GuideRandomChunkLoader
-from chunkstream.compat import RandomChunkLoader  # was: from LatentEvolution.chunk_loader import
+from chunkstream.compat import (
+    GuideRandomChunkLoader,
+    RandomChunkLoader,  # was: from LatentEvolution.chunk_loader import
+)
 
 
 class FakeDisk:
