@@ -104,11 +104,11 @@ def _big_endian_complex_on_zarrs(tmp: Path):
 
 
 def _unreadable_shard_index(tmp: Path):
-    from zarr.codecs import BytesCodec, ShardingCodec
+    from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
     path = tmp / "s.zarr"
     sharding = ShardingCodec(chunk_shape=(5, 2), codecs=[BytesCodec()],
-                             index_codecs=[BytesCodec(endian="big")])  # fmt: skip
+                             index_codecs=[BytesCodec(), GzipCodec()])  # fmt: skip
     zarr.create_array(path, shape=(20, 2), chunks=(10, 2), dtype="f4", serializer=sharding,
                       compressors=None)[...] = 1  # fmt: skip
     cs.ZarrSource(path, check_missing="open")
