@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -716,6 +719,38 @@ def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
             loader.start_epoch(2)
             assert loader.get_next_chunk()[0].shape == (64, N)
     shared.source.close()
+
+
+# Run in a fresh interpreter: this one has zarr's loop up from writing test stores.
+_FIVE_LOADERS = """
+import sys, threading
+from chunkstream.compat import RandomChunkLoader, create_zarr_loader
+baseline = sorted(t.name for t in threading.enumerate())
+for i in range(5):
+    load_fn = create_zarr_loader(sys.argv[1], 3, 4, 8)
+    loader = RandomChunkLoader(load_fn, 600, 64, device="cpu", prefetch=2, seed=i,
+                               time_units=4)
+    for _ in range(2):
+        loader.start_epoch(3)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+    loader.cleanup()
+    left = sorted(t.name for t in threading.enumerate())
+    assert left == baseline, f"loader {i} left threads: {left} (before: {baseline})"
+print("ok", baseline)
+"""
+
+
+def test_five_loaders_in_a_row_leave_no_thread_of_ours_or_zarrs(tmp_path):
+    # Neither chunkstream's threads nor zarr-python's event loop (zarr_io, asyncio_<n>):
+    # the local fast path opens the array without that loop (sources/_zarr.py, "Threads").
+    make_flyvis(tmp_path / "run", 600, N, chunks=(64, 8, 1))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.path.join(root, "src")}
+    result = subprocess.run([sys.executable, "-c", _FIVE_LOADERS, str(tmp_path / "run")],
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok ['MainThread']"), result.stdout
 
 
 def test_the_amplification_warning_comes_once_per_store(tmp_path):
