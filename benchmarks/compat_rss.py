@@ -111,9 +111,11 @@ def main() -> None:
               f"(+{over:.0f} = {over / chunk_mib:.2f} chunks), epoch ends [{ends}] MiB")  # fmt: skip
     assert results["original"]["checksum"] == results["compat"]["checksum"]  # same windows
     o, c = results["original"], results["compat"]
-    print(f"compat peak over original: {c['peak'] - o['peak']:+.0f} MiB "
-          f"({(c['peak'] - c['base'] - (o['peak'] - o['base'])) / chunk_mib:+.2f} chunks "
-          "over each arm's import baseline)")
+    print(
+        f"compat peak over original: {c['peak'] - o['peak']:+.0f} MiB "
+        f"({(c['peak'] - c['base'] - (o['peak'] - o['base'])) / chunk_mib:+.2f} chunks "
+        "over each arm's import baseline)"
+    )
 
 
 if __name__ == "__main__":

@@ -367,7 +367,9 @@ def test_bad_arguments_are_refused_at_construction():
     for kwargs in ({"chunk_size": 0}, {"prefetch": 0}, {"device": "tpu:0"}):
         args = {"chunk_size": 100, **kwargs}
         with pytest.raises(cs.ConfigError):
-            GuideRandomChunkLoader(load_fn, 3000, args.pop("chunk_size"), **{"device": "cpu", **args})
+            GuideRandomChunkLoader(
+                load_fn, 3000, args.pop("chunk_size"), **{"device": "cpu", **args}
+            )
     with pytest.raises(cs.ConfigError, match="load_fn"):
         GuideRandomChunkLoader(3, 3000, 100, device="cpu")
     assert load_fn.calls == []
@@ -719,6 +721,26 @@ def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
             loader.start_epoch(2)
             assert loader.get_next_chunk()[0].shape == (64, N)
     shared.source.close()
+
+
+@pytest.mark.parametrize("cls", [GuideRandomChunkLoader, RandomChunkLoader, PipelineChunkLoader])
+def test_on_the_cpu_a_chunk_is_load_fns_arrays_without_a_copy(cls):
+    # As the original's torch.from_numpy: no host arena, so no chunk copies beyond its own.
+    returned = []
+
+    def load_fn(start, end):
+        arrays = np.random.default_rng(start).standard_normal((2, end - start, 3))
+        returned.append(arrays.astype(np.float32))
+        return returned[-1][0], returned[-1][1]
+
+    with cls(load_fn, 1000, 100, device="cpu", seed=0) as loader:
+        loader.start_epoch(3)
+        delivered = [loader.get_next_chunk()[-2:] for _ in range(3)]
+        assert loader._loader._pool.pool is None  # the host arena was never made
+    for (data, stim), arrays in zip(delivered, returned, strict=False):
+        assert data.data_ptr() == arrays[0].ctypes.data
+        assert torch.equal(data, torch.from_numpy(arrays[0]))
+        assert stim.data_ptr() == arrays[1].ctypes.data
 
 
 # Run in a fresh interpreter: this one has zarr's loop up from writing test stores.

@@ -74,8 +74,9 @@ class GuideRandomChunkLoader:
         self._depth = prefetch + 1
         self._stats = LatencyStats()
         self._claims = Claims()
+        # load_fn's arrays become the chunk's tensors on the CPU, as the original's did.
         self.source = CallableSource(self._call, total_timesteps, names=("data", "stim"),
-                                     specs="first")  # fmt: skip
+                                     specs="first", _hand_over=True)  # fmt: skip
         self._loader: ChunkLoader | None = None  # built by the first start_epoch
         self._loader_epochs = 0  # epoch() calls made on it
         self._iterator: object = iter(())
