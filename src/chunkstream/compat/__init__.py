@@ -1,24 +1,17 @@
 """Drop-in replacements for the original implementation's API (change one import).
 
-Which loader is which of the original's APIs:
-
-- :class:`RandomChunkLoader`: the merged code's (NeuralGraph chunk_loader.py as of
-  commit 3701037, called by the merged training script ``latent.py``): ``time_units``,
-  ``get_next_chunk() -> (start, data, stim)``, ``(None, None, None)`` at the end;
-- :class:`PipelineChunkLoader`: the same, with ``gpu_prefetch`` chunks on the device;
-- :class:`GuideRandomChunkLoader`: the integration guide's earlier form (commit
-  b4c18b94): no ``time_units``, ``get_next_chunk() -> (data, stim)``, ``(None, None)``.
-
-Signatures and return values match the original (DESIGN.md, "Drop-in
-compatibility"); underneath is the public :class:`~chunkstream.ChunkLoader`
-over a :class:`~chunkstream.CallableSource` of ``load_fn``. Each loader keeps
-one ``random.Random(seed)`` and takes one draw per chunk the original loaded,
-across epochs (``randint(0, n_valid - 1) * time_units``; the guide's
-``randint(0, max(0, T - chunk_size))`` is the same draw with ``time_units=1``), so
-the same seed gives the same ``load_fn`` calls in the same order, each
-``chunk_size`` long (``(0, T)`` when ``chunk_size > T``). Where compat
-deliberately differs (errors raise instead of hanging, restarts, counts) is
-listed in the migration guide (docs/guide/migrate.md, "chunkstream.compat").
+:class:`RandomChunkLoader` is the merged code's loader (NeuralGraph chunk_loader.py as
+of commit 3701037: ``time_units``, ``(start, data, stim)``), :class:`PipelineChunkLoader`
+the same with ``gpu_prefetch``, :class:`GuideRandomChunkLoader` the integration guide's
+earlier form (commit b4c18b94: ``(data, stim)``). Underneath is the public
+:class:`~chunkstream.ChunkLoader` over a :class:`~chunkstream.CallableSource` of
+``load_fn``. Each loader keeps one ``random.Random(seed)`` and takes one draw per chunk
+the original loaded, across epochs: ``randint(0, n_valid - 1) * time_units`` with
+``max_start = (max(0, T - chunk_size) // time_units) * time_units`` and
+``n_valid = max_start // time_units + 1`` (the guide's ``randint(0, max(0, T -
+chunk_size))`` with ``time_units=1``), so the same seed gives the same ``load_fn`` calls
+in the same order, each ``chunk_size`` long (``(0, T)`` when ``chunk_size > T``). Where
+compat deliberately differs is listed in the migration guide (docs/guide/migrate.md).
 """
 
 from ..consumer import sample_batch_within_chunk

@@ -199,15 +199,8 @@ class GuideRandomChunkLoader:
 
 class RandomChunkLoader(GuideRandomChunkLoader):
     """The merged code's loader (NeuralGraph chunk_loader.py as of commit 3701037, which
-    the merged training script calls): :class:`GuideRandomChunkLoader` with starts a
-    multiple of ``time_units``, and ``get_next_chunk()`` returning ``(start, data, stim)``,
-    then ``(None, None, None)``.
-
-    Start ``k`` is ``rng.randint(0, n_valid - 1) * time_units`` with
-    ``max_start = (max(0, T - chunk_size) // time_units) * time_units`` and
-    ``n_valid = max_start // time_units + 1``, ``rng`` one ``random.Random(seed)`` per
-    loader, one draw per chunk loaded across epochs (as :class:`PipelineChunkLoader`).
-    """
+    its training script calls): starts a multiple of ``time_units`` (drawn as the package
+    docs say), ``get_next_chunk()`` gives ``(start, data, stim)``, then three ``None``."""
 
     def __init__(
         self,

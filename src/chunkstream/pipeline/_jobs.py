@@ -117,16 +117,12 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
 def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool,
                  **read: Any) -> Delivery:  # fmt: skip
     """The CPU path: read ``pieces``, then hand the set over as the user's tensors
-    (zero-copy views; the pool reuses the set once no tensor refers to it). A one-piece
-    chunk of a source that hands its arrays over (:class:`~chunkstream.sources.HandsOver`)
-    becomes tensors of those arrays: no set is taken, so the arena is never allocated."""
-    source = read["source"]
-    if len(pieces) == 1 and isinstance(source, HandsOver) and source.hands_over:
-        window = (pieces[0].start, pieces[0].stop)
+    (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
+    chunk of a :class:`~chunkstream.sources.HandsOver` source takes no set at all."""
+    if len(pieces) == 1 and isinstance(read["source"], HandsOver) and read["source"].hands_over:
         begin = time.perf_counter()
-        with profiled(READ, window):
-            arrays = read_owned_window(source, pieces[0], check_finite=read["check_finite"],
-                                       retries=read["retries"], cancelled=dropped)  # fmt: skip
+        with profiled(READ, (pieces[0].start, pieces[0].stop)):
+            arrays = read_owned_window(pieces[0], cancelled=dropped, **read)
         tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}
         return Delivery(tuple(pieces), tensors, begin, time.perf_counter(),
                         read_thread=threading.current_thread().name)  # fmt: skip

@@ -66,7 +66,7 @@ def read_window(source: Source, pieces: Sequence[Any], out: Mapping[str, np.ndar
                 _check_finite(rows, *window)
 
 
-def read_owned_window(source: Any, piece: Any, *, check_finite: bool, retries: int,
+def read_owned_window(piece: Any, *, source: Any, check_finite: bool, retries: int,
                       cancelled: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:  # fmt: skip
     """``source.read_owned`` of ``piece``'s window (a :class:`~._base.HandsOver` source),
     retried and checked as :func:`read_window` reads."""

@@ -39,11 +39,9 @@ open with a ``ConfigError`` saying why):
 * **Byte order.** Big-endian arrays (v2 ``'>f4'``, v3 ``bytes`` codec with
   ``endian="big"``) arrive in native order.
 
-**Threads.** zarr-python runs every store operation on one process-wide event loop,
-its ``zarr_io`` thread and the loop's ``asyncio_<n>`` executor threads, started on
-first use and stopped only at interpreter exit (``zarr.core.sync``, by design). A
-local array is therefore opened from its metadata file alone (:func:`_local_array`),
-so the fast path never starts that loop; the general path reads through it.
+**Threads.** zarr-python runs store operations on one process-wide event loop (threads
+``zarr_io``, ``asyncio_<n>``) from first use to exit, by design; a local array is opened
+from its metadata file (:func:`_local_array`), so the fast path never starts it.
 """
 
 from __future__ import annotations
