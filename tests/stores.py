@@ -49,9 +49,12 @@ def make_sharded(
     index_location: str = "end",
     checksum: bool = True,
     write_empty_chunks: bool = True,
+    index_endian: str = "little",
 ) -> np.ndarray:
     """Write ``data`` as a sharded zarr v3 array (inner ``chunks``, ``shards``); return ``data``.
 
+    ``index_endian="big"`` stores the shard index's uint64 pairs big-endian
+    (``BytesCodec(endian="big")``, a valid array zarr reads).
     ``checksum=False`` writes the shard index without zarr's default crc32c;
     ``write_empty_chunks=False`` (zarr's default) leaves out inner chunks that
     equal the fill value (0), so their index entries read as empty.
@@ -61,7 +64,7 @@ def make_sharded(
 
     inner = [BytesCodec()] + ([] if codec is None else [flyvis._compressors(codec, 3)])
     sharding = ShardingCodec(chunk_shape=chunks, codecs=inner, index_location=index_location,
-                             index_codecs=[BytesCodec()] + [Crc32cCodec()] * checksum)  # fmt: skip
+                             index_codecs=[BytesCodec(endian=index_endian)] + [Crc32cCodec()] * checksum)  # fmt: skip
     arr = zarr.create_array(
         str(path), shape=data.shape, dtype=data.dtype, chunks=shards, serializer=sharding,
         compressors=None, config={"write_empty_chunks": write_empty_chunks},

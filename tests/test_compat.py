@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -16,6 +19,7 @@ import torch
 import chunkstream as cs
 from chunkstream.compat import (
     ChunkLatencyStats,
+    GuideRandomChunkLoader,
     PipelineChunkLoader,
     RandomChunkLoader,
     calculate_chunk_params,
@@ -47,7 +51,7 @@ def recording(load_fn):
 def test_random_loader_streams_the_store(flyvis_store):
     path, data = flyvis_store
     load_fn = create_zarr_loader(str(path), 3, 4, STIM)
-    loader = RandomChunkLoader(load_fn, T, 200, device="cpu", prefetch=1, seed=5)
+    loader = GuideRandomChunkLoader(load_fn, T, 200, device="cpu", prefetch=1, seed=5)
     try:
         loader.start_epoch(4)
         chunks = []
@@ -80,7 +84,7 @@ def test_same_seed_same_calls_and_starts_in_range(flyvis_store):
     sequences = []
     for _ in range(2):
         load_fn, calls = recording(base)
-        loader = RandomChunkLoader(load_fn, T, 100, device="cpu", prefetch=2, seed=42)
+        loader = GuideRandomChunkLoader(load_fn, T, 100, device="cpu", prefetch=2, seed=42)
         for _epoch in range(3):
             loader.start_epoch(5)
             while loader.get_next_chunk()[0] is not None:
@@ -135,7 +139,7 @@ def test_restarting_mid_epoch_neither_stalls_nor_loses_chunks():
         time.sleep(0.02)
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0)
     try:
         loader.start_epoch(10)
         loader.get_next_chunk()
@@ -155,7 +159,7 @@ def test_reader_exception_raises_instead_of_hanging():
     def load_fn(start, end):
         raise PermissionError("disk on fire")  # not transient: no retry
 
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     loader.start_epoch(3)
     outcome = {}
 
@@ -183,7 +187,7 @@ def test_a_failure_after_the_first_chunk_raises_too():
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
     load_fn.calls = 0
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     loader.start_epoch(3)
     with pytest.raises(cs.ChunkLoadError) as info:  # at the first chunk or the second
         for _ in range(3):
@@ -199,7 +203,7 @@ def test_a_window_of_another_shape_than_the_first_raises():
         return np.zeros((end - start, width), np.float32), np.zeros((end - start, 2), np.float32)
 
     load_fn.calls = 0
-    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0) as loader:
+    with GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0) as loader:
         loader.start_epoch(3)
         with pytest.raises(cs.ChunkLoadError) as info:  # at the first chunk or the second
             for _ in range(3):
@@ -247,7 +251,7 @@ def _drain_random(loader, load_fn, delivered):
 
 def test_random_loader_calls_load_fn_only_for_delivered_windows():
     load_fn = CountingLoadFn(chunk_size=200)
-    loader = RandomChunkLoader(load_fn, 3000, 200, device="cpu", prefetch=2, seed=7)
+    loader = GuideRandomChunkLoader(load_fn, 3000, 200, device="cpu", prefetch=2, seed=7)
     try:
         assert load_fn.calls == []  # construction calls nothing (the original neither)
         loader.start_epoch(0)
@@ -333,7 +337,7 @@ def test_a_restart_before_the_first_chunk_reads_at_most_the_abandoned_first_wind
     # abandoned before its first chunk consumed prefetch + 1 = 2 draws (the original's
     # reader, once ahead, had loaded that many).
     other = CountingLoadFn(chunk_size=100)
-    loader = RandomChunkLoader(other, 3000, 100, device="cpu", seed=2)
+    loader = GuideRandomChunkLoader(other, 3000, 100, device="cpu", seed=2)
     try:
         for num_chunks in (2, 1):
             loader.start_epoch(num_chunks)
@@ -344,7 +348,7 @@ def test_a_restart_before_the_first_chunk_reads_at_most_the_abandoned_first_wind
     epoch0_first, epoch1_first = other.calls[0], other.calls[2]
 
     load_fn = CountingLoadFn(chunk_size=100)
-    loader = RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
+    loader = GuideRandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=2)
     try:
         loader.start_epoch(5)  # starts reading epoch 0's first window in the background
         loader.start_epoch(5)  # abandons it: a read begun runs to its end, is not delivered
@@ -363,9 +367,11 @@ def test_bad_arguments_are_refused_at_construction():
     for kwargs in ({"chunk_size": 0}, {"prefetch": 0}, {"device": "tpu:0"}):
         args = {"chunk_size": 100, **kwargs}
         with pytest.raises(cs.ConfigError):
-            RandomChunkLoader(load_fn, 3000, args.pop("chunk_size"), **{"device": "cpu", **args})
+            GuideRandomChunkLoader(
+                load_fn, 3000, args.pop("chunk_size"), **{"device": "cpu", **args}
+            )
     with pytest.raises(cs.ConfigError, match="load_fn"):
-        RandomChunkLoader(3, 3000, 100, device="cpu")
+        GuideRandomChunkLoader(3, 3000, 100, device="cpu")
     assert load_fn.calls == []
 
 
@@ -441,7 +447,7 @@ def test_a_hung_first_read_raises_stalled_with_its_stack_instead_of_hanging():
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
     stall = 0.3
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=stall)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=stall)
     outcome = {}
 
     def consume():
@@ -476,7 +482,7 @@ def test_a_stall_behind_an_abandoned_first_read_shows_the_stuck_read():
         release.wait(60)  # every read hangs: the abandoned epoch's blocks the next one
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=0.3)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0, _stall_timeout=0.3)
     try:
         loader.start_epoch(3)
         time.sleep(0.05)  # epoch 0's first read has begun
@@ -499,7 +505,7 @@ def test_cleanup_while_the_first_read_hangs_returns():
         release.wait(60)
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     loader.start_epoch(3)
     assert entered.wait(10)  # the first read is inside load_fn
     done, warned = threading.Event(), []
@@ -530,7 +536,7 @@ def test_the_first_chunks_wait_is_in_the_stats():
             gate.set()
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
-    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
+    with GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
         loader.start_epoch(3)
         while loader.get_next_chunk()[0] is not None:
             pass
@@ -545,7 +551,7 @@ def test_under_a_process_group_every_rank_reads_the_unsharded_sequence(monkeypat
     # The original did not shard: rank 1 of 2 reads what a single process reads, and
     # load_fn is called only for the windows it delivers.
     reference = CountingLoadFn(chunk_size=100)
-    with RandomChunkLoader(reference, 3000, 100, device="cpu", seed=4) as loader:
+    with GuideRandomChunkLoader(reference, 3000, 100, device="cpu", seed=4) as loader:
         loader.start_epoch(4)
         _drain_random(loader, reference, [])
     monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
@@ -554,7 +560,7 @@ def test_under_a_process_group_every_rank_reads_the_unsharded_sequence(monkeypat
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
     load_fn = CountingLoadFn(chunk_size=100)
     delivered = []
-    with RandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=4) as loader:
+    with GuideRandomChunkLoader(load_fn, 3000, 100, device="cpu", seed=4) as loader:
         loader.start_epoch(4)
         _drain_random(loader, load_fn, delivered)
         assert (loader._loader.rank, loader._loader.world_size) == (0, 1)
@@ -579,11 +585,11 @@ def _starts(loader, num_chunks, take=None):
         out = loader.get_next_chunk()
         if out[0] is None:
             break
-        starts.append(int(out[0]) if isinstance(loader, PipelineChunkLoader) else None)
+        starts.append(int(out[0]) if isinstance(loader, RandomChunkLoader) else None)
     return starts
 
 
-@pytest.mark.parametrize("cls", [RandomChunkLoader, PipelineChunkLoader])
+@pytest.mark.parametrize("cls", [GuideRandomChunkLoader, RandomChunkLoader, PipelineChunkLoader])
 def test_seed_42_gives_the_originals_load_fn_calls(cls):
     # The issue's example: the original asks load_fn for these starts, with both loaders.
     load_fn = CountingLoadFn(chunk_size=5000, T=30000)
@@ -596,8 +602,10 @@ def test_seed_42_gives_the_originals_load_fn_calls(cls):
 @pytest.mark.parametrize(
     ("cls", "kwargs", "depth"),
     [
-        (RandomChunkLoader, {"prefetch": 1}, 1 + 1),
-        (RandomChunkLoader, {"prefetch": 3}, 3 + 1),
+        (GuideRandomChunkLoader, {"prefetch": 1}, 1 + 1),
+        (GuideRandomChunkLoader, {"prefetch": 3}, 3 + 1),
+        (RandomChunkLoader, {"prefetch": 2, "time_units": 16}, 2 + 1),
+        (RandomChunkLoader, {"prefetch": 1, "time_units": 7}, 1 + 1),
         (PipelineChunkLoader, {"prefetch": 2, "time_units": 16}, 2 + 1 + 2),
         (PipelineChunkLoader, {"prefetch": 1, "gpu_prefetch": 2, "time_units": 7}, 1 + 2 + 2),
     ],
@@ -675,7 +683,7 @@ def test_sample_batch_draws_neurons_as_the_original(k):
 
 
 def test_device_is_a_torch_device_and_latency_stats_is_the_originals_dataclass():
-    loader = RandomChunkLoader(CountingLoadFn(100), 3000, 100, device="cpu")
+    loader = GuideRandomChunkLoader(CountingLoadFn(100), 3000, 100, device="cpu")
     assert isinstance(loader.device, torch.device) and loader.device == torch.device("cpu")
     loader.cleanup()
     assert [f.name for f in dataclasses.fields(ChunkLatencyStats)] == [
@@ -696,7 +704,7 @@ def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
     for i in range(5):
         # As the integration guide: load_fn wrapped in a lambda that offsets the split.
         zarr_load_fn = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
-        loader = RandomChunkLoader(
+        loader = GuideRandomChunkLoader(
             lambda start, end, f=zarr_load_fn: f(100 + start, 100 + end), 500, 64,
             device="cpu", seed=i,
         )  # fmt: skip
@@ -709,10 +717,62 @@ def test_cleanup_closes_the_store_create_zarr_loader_opened(tmp_path):
     # A load_fn shared by loaders in turn reopens its store when called again.
     shared = create_zarr_loader(str(tmp_path / "run"), 3, 4, N)
     for _ in range(2):
-        with RandomChunkLoader(shared, 600, 64, device="cpu", seed=0) as loader:
+        with GuideRandomChunkLoader(shared, 600, 64, device="cpu", seed=0) as loader:
             loader.start_epoch(2)
             assert loader.get_next_chunk()[0].shape == (64, N)
     shared.source.close()
+
+
+@pytest.mark.parametrize("cls", [GuideRandomChunkLoader, RandomChunkLoader, PipelineChunkLoader])
+def test_on_the_cpu_a_chunk_is_load_fns_arrays_without_a_copy(cls):
+    # As the original's torch.from_numpy: no host arena, so no chunk copies beyond its own.
+    returned = []
+
+    def load_fn(start, end):
+        arrays = np.random.default_rng(start).standard_normal((2, end - start, 3))
+        returned.append(arrays.astype(np.float32))
+        return returned[-1][0], returned[-1][1]
+
+    with cls(load_fn, 1000, 100, device="cpu", seed=0) as loader:
+        loader.start_epoch(3)
+        delivered = [loader.get_next_chunk()[-2:] for _ in range(3)]
+        assert loader._loader._pool.pool is None  # the host arena was never made
+    for (data, stim), arrays in zip(delivered, returned, strict=False):
+        assert data.data_ptr() == arrays[0].ctypes.data
+        assert torch.equal(data, torch.from_numpy(arrays[0]))
+        assert stim.data_ptr() == arrays[1].ctypes.data
+
+
+# Run in a fresh interpreter: this one has zarr's loop up from writing test stores.
+_FIVE_LOADERS = """
+import sys, threading
+from chunkstream.compat import RandomChunkLoader, create_zarr_loader
+baseline = sorted(t.name for t in threading.enumerate())
+for i in range(5):
+    load_fn = create_zarr_loader(sys.argv[1], 3, 4, 8)
+    loader = RandomChunkLoader(load_fn, 600, 64, device="cpu", prefetch=2, seed=i,
+                               time_units=4)
+    for _ in range(2):
+        loader.start_epoch(3)
+        while loader.get_next_chunk()[0] is not None:
+            pass
+    loader.cleanup()
+    left = sorted(t.name for t in threading.enumerate())
+    assert left == baseline, f"loader {i} left threads: {left} (before: {baseline})"
+print("ok", baseline)
+"""
+
+
+def test_five_loaders_in_a_row_leave_no_thread_of_ours_or_zarrs(tmp_path):
+    # Neither chunkstream's threads nor zarr-python's event loop (zarr_io, asyncio_<n>):
+    # the local fast path opens the array without that loop (sources/_zarr.py, "Threads").
+    make_flyvis(tmp_path / "run", 600, N, chunks=(64, 8, 1))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.path.join(root, "src")}
+    result = subprocess.run([sys.executable, "-c", _FIVE_LOADERS, str(tmp_path / "run")],
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok ['MainThread']"), result.stdout
 
 
 def test_the_amplification_warning_comes_once_per_store(tmp_path):
@@ -735,7 +795,7 @@ def test_a_read_in_flight_at_a_restart_counts_for_its_own_epoch():
         time.sleep(0.3)
         return np.zeros((end - start, 4), np.float32), np.zeros((end - start, 2), np.float32)
 
-    with RandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
+    with GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", prefetch=1, seed=0) as loader:
         loader.start_epoch(3)
         assert entered.wait(10)  # epoch 0's first read is inside load_fn
         loader.start_epoch(2)
@@ -748,7 +808,7 @@ def test_calls_after_a_failed_read_say_the_loader_shut_down():
     def load_fn(start, end):
         raise FileNotFoundError("gone")
 
-    loader = RandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
+    loader = GuideRandomChunkLoader(load_fn, 1000, 100, device="cpu", seed=0)
     try:
         loader.start_epoch(2)
         with pytest.raises(cs.ChunkLoadError):
@@ -763,7 +823,8 @@ def test_calls_after_a_failed_read_say_the_loader_shut_down():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("cls", "kwargs"),
-                         [(RandomChunkLoader, {}), (PipelineChunkLoader, {"gpu_prefetch": 3})])  # fmt: skip
+                         [(GuideRandomChunkLoader, {}), (RandomChunkLoader, {"time_units": 4}),
+                          (PipelineChunkLoader, {"gpu_prefetch": 3})])  # fmt: skip
 def test_on_cuda_a_restart_never_reads_a_window_twice(cls, kwargs):
     # Reads plus copies in flight stay within the draws an abandoned epoch consumes
     # (prefetch + 1, or prefetch + gpu_prefetch + 2), so the next epoch's first draw was

@@ -1,8 +1,9 @@
 """Differential test: every engine reads what zarr-python reads, or raises the documented error.
 
 Random small zarr stores (formats 2 and 3; every numcodecs compressor on v2, with or without
-a filter, either memory order; blosc, zstd, gzip and crc32c on v3, with or without a
-transpose; sharded with the index at either end, with or without its checksum; every
+a filter, either memory order; blosc, zstd, gzip and crc32c on v3, alone or chained under
+a second zstd or gzip (``[bytes, gzip, zstd]``), with or without a transpose; sharded with
+the index at either end, little- or big-endian, with or without its checksum; every
 streamable dtype in both byte orders; chunks that overhang the array) are read through
 every engine and compared element for element with ``zarr.open_array(...)[...]``. Damaged
 stores (a chunk or shard file truncated, overwritten with random bytes or deleted, an inner
@@ -98,6 +99,10 @@ def _case(draw, sharded_only: bool = False) -> dict:
         # where a truncated shard with its index at the start ends (module docs)
         "cut": sharded and draw(st.sampled_from(["index", "chunk-start", "chunk-middle"])),
     }  # fmt: skip
+    # drawn last, so the cases drawn before these two existed stay as they were
+    case["index_big"] = sharded and draw(st.booleans())  # BytesCodec(endian="big") index
+    chained = fmt == 3 and case["compressor"] is not None
+    case["chain"] = draw(st.sampled_from([None, "zstd", "gzip"])) if chained else None
     if case["damage"] == "garbage" and case["compressor"] is None and not case["crc32c"]:
         case["damage"] = "truncate"  # raw bytes of the right size cannot be told from data
     # a truncated shard that keeps its index at the start: the index is whole, crc or not
@@ -141,7 +146,8 @@ def _write(path: Path, case: dict, data: np.ndarray) -> None:
         )  # fmt: skip
     else:
         serializer = BytesCodec(endian="big" if big else "little")
-        compressors = _v3_compressor(case["compressor"]) + [Crc32cCodec()] * case["crc32c"]
+        compressors = (_v3_compressor(case["compressor"]) + _v3_compressor(case["chain"])
+                       + [Crc32cCodec()] * case["crc32c"])  # fmt: skip
         filters = [TransposeCodec(order=tuple(reversed(range(data.ndim))))]
         kwargs = {"filters": filters if case["transpose"] else None,
                   "serializer": serializer, "compressors": compressors}  # fmt: skip
@@ -150,7 +156,8 @@ def _write(path: Path, case: dict, data: np.ndarray) -> None:
             sharding = ShardingCodec(
                 chunk_shape=case["chunks"], codecs=[serializer, *compressors],
                 index_location=case["index_at"],
-                index_codecs=[BytesCodec()] + [Crc32cCodec()] * case["index_crc"],
+                index_codecs=[BytesCodec(endian="big" if case["index_big"] else "little")]
+                + [Crc32cCodec()] * case["index_crc"],
             )  # fmt: skip
             kwargs = {"serializer": sharding, "compressors": None}
             chunks = case["shards"]
@@ -205,7 +212,7 @@ def _inner_chunk_end(raw: bytes, case: dict) -> int | None:
     position = tuple(e // c % n for e, c, n in zip(_first_element(case), case["chunks"],
                                                    per_shard, strict=True))  # fmt: skip
     entry = int(np.ravel_multi_index(position, per_shard))
-    offset, nbytes = struct.unpack_from("<QQ", raw, 16 * entry)
+    offset, nbytes = struct.unpack_from(">QQ" if case["index_big"] else "<QQ", raw, 16 * entry)
     return offset + (nbytes // 2 if case["cut"] == "chunk-middle" else 0)
 
 
@@ -233,8 +240,8 @@ def _read(source, start: int, stop: int) -> np.ndarray:
 
 def _refusal_is_documented(engine: str, case: dict, error: cs.ConfigError) -> bool:
     message = str(error)
-    if engine == "chunkstream":
-        return case["transpose"] and "no transpose" in message
+    if engine == "chunkstream":  # its reader takes one compressor and no transpose
+        return (case["transpose"] or case["chain"] is not None) and "no transpose" in message
     if engine == "zarrs":
         return "zarrs" in message  # its defects, or a codec it cannot read (strict pipeline)
     return False
@@ -408,3 +415,40 @@ def test_the_remote_path_reads_sharded_stores_as_zarr_or_raises_the_documented_e
     # a shard is read whole or by range, each request checked (one in five random stores
     # above is sharded: too few for the ways a shard read can go)
     _run_remote(case, *served)
+
+
+# -- two layouts once refused falsely, each also among the random stores above ---------------
+
+
+def _fixed_case(**changes) -> dict:
+    case = {
+        "shape": (30, 4), "chunks": (4, 2), "fmt": 3, "dtype": "float32", "big": False,
+        "sharded": False, "seed": 1, "compressor": "zstd", "order": "C", "delta": False,
+        "crc32c": False, "transpose": False, "shards": None, "index_at": "end",
+        "index_crc": True, "damage": "none", "cut": False, "index_big": False, "chain": None,
+        "index": (), "window": (3, 21),
+    }  # fmt: skip
+    return {**case, **changes}
+
+
+@pytest.mark.parametrize("damage", ["none", "left-out", "garbage", "truncate"])
+@pytest.mark.parametrize("index_at", ["end", "start"])
+def test_a_big_endian_shard_index_is_read_and_checked_as_a_little_endian_one(damage, index_at):
+    # Opened with the default check_missing (it once refused: "expected False").
+    case = _fixed_case(sharded=True, shards=(8, 4), index_big=True, index_at=index_at,
+                       damage=damage, cut="chunk-middle")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(case, Path(tmp))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize(("compressor", "chain"), [("gzip", "zstd"), ("zstd", "zstd"),
+                                                   ("blosc", "zstd"), ("zstd", "gzip")])  # fmt: skip
+@pytest.mark.parametrize("damage", ["none", "garbage"])
+def test_chained_compressors_read_on_every_engine(compressor, chain, sharded, damage):
+    # zarrs once held [bytes, gzip, zstd] chunks corrupt: its zstd frame, gzip's output,
+    # declares more than the chunk's bytes. Tiny chunks, where that always happens.
+    case = _fixed_case(compressor=compressor, chain=chain, chunks=(1, 1), damage=damage,
+                       sharded=sharded, shards=(2, 2) if sharded else None)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(case, Path(tmp))

@@ -1,5 +1,7 @@
 """The public surface is exactly this list; changing it is a decision, not an accident."""
 
+import inspect
+
 import chunkstream as cs
 
 PUBLIC = [
@@ -21,6 +23,18 @@ def test_all_is_pinned_and_sorted():
     assert sorted(PUBLIC) == cs.__all__
     for name in cs.__all__:
         assert getattr(cs, name) is not None
+
+
+def test_compat_names_the_originals_api_and_the_guides():
+    from chunkstream import compat
+
+    assert compat.__all__ == [
+        "ChunkLatencyStats", "GuideRandomChunkLoader", "PipelineChunkLoader", "RandomChunkLoader",
+        "calculate_chunk_params", "create_zarr_loader", "sample_batch_within_chunk",
+    ]  # fmt: skip
+    # The merged code's loader takes time_units; the guide's form does not.
+    assert "time_units" in inspect.signature(compat.RandomChunkLoader).parameters
+    assert "time_units" not in inspect.signature(compat.GuideRandomChunkLoader).parameters
 
 
 def test_errors_inherit_the_builtins_callers_catch():

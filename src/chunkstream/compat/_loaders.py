@@ -23,21 +23,24 @@ from ..stats import LatencyStats
 from ._draws import Epoch, OriginalDraws
 from ._helpers import CALLER, Claims
 
-__all__ = ["PipelineChunkLoader", "RandomChunkLoader"]
+__all__ = ["GuideRandomChunkLoader", "PipelineChunkLoader", "RandomChunkLoader"]
 
 _CLOSE_S = 2.0  # how long cleanup() waits for a load_fn call in flight, as the original's join
 _CLOSED = "the loader was cleaned up (or a read failed); create a new one"
 
 
-class RandomChunkLoader:
-    """Uniform random windows ``[start, start + chunk_size)`` read ahead in a background thread.
+class GuideRandomChunkLoader:
+    """The integration guide's loader (NeuralGraph commit b4c18b94): random windows
+    ``[start, start + chunk_size)`` read ahead in a background thread.
 
     ``get_next_chunk()`` returns ``(data, stim)`` tensors on ``device``, then
-    ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered; windows
-    and ``load_fn`` calls follow the original's draws (see the package docs).
-    ``device`` is a :class:`torch.device`; ``source`` is the
-    :class:`~chunkstream.CallableSource` the loader reads (its ``fields`` are
-    ``None`` until the first window was read).
+    ``(None, None)`` once the epoch's ``num_chunks`` chunks were delivered; starts are
+    ``randint(0, max(0, T - chunk_size))`` of one ``random.Random(seed)``, and
+    ``load_fn`` calls follow those draws (see the package docs). ``device`` is a
+    :class:`torch.device`; ``source`` is the :class:`~chunkstream.CallableSource` the
+    loader reads (its ``fields`` are ``None`` until the first window was read).
+    The loaders of the merged code, :class:`RandomChunkLoader` and
+    :class:`PipelineChunkLoader`, share all of this and return the start too.
     """
 
     def __init__(
@@ -71,8 +74,9 @@ class RandomChunkLoader:
         self._depth = prefetch + 1
         self._stats = LatencyStats()
         self._claims = Claims()
+        # load_fn's arrays become the chunk's tensors on the CPU, as the original's did.
         self.source = CallableSource(self._call, total_timesteps, names=("data", "stim"),
-                                     specs="first")  # fmt: skip
+                                     specs="first", _hand_over=True)  # fmt: skip
         self._loader: ChunkLoader | None = None  # built by the first start_epoch
         self._loader_epochs = 0  # epoch() calls made on it
         self._iterator: object = iter(())
@@ -193,9 +197,40 @@ class RandomChunkLoader:
         self.cleanup()
 
 
+class RandomChunkLoader(GuideRandomChunkLoader):
+    """The merged code's loader (NeuralGraph chunk_loader.py as of commit 3701037, which
+    its training script calls): starts a multiple of ``time_units`` (drawn as the package
+    docs say), ``get_next_chunk()`` gives ``(start, data, stim)``, then three ``None``."""
+
+    def __init__(
+        self,
+        load_fn: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+        total_timesteps: int,
+        chunk_size: int,
+        device: str | torch.device = "cuda",
+        prefetch: int = 1,
+        seed: int | None = None,
+        time_units: int = 1,
+        *,
+        _gpu_prefetch: int = 1,
+        _stall_timeout: float | None = 300.0,
+    ) -> None:
+        self.time_units = time_units
+        super().__init__(load_fn, total_timesteps, chunk_size, device=device, prefetch=prefetch,
+                         seed=seed, _gpu_prefetch=_gpu_prefetch, _align=time_units,
+                         _stall_timeout=_stall_timeout)  # fmt: skip
+
+    def get_next_chunk(self):  # type: ignore[override]
+        """The next chunk as ``(start, data, stim)``; ``(None, None, None)`` after the epoch's last."""
+        chunk = self._next()
+        if chunk is None:
+            return None, None, None
+        return chunk.start, chunk["data"], chunk["stim"]
+
+
 class PipelineChunkLoader(RandomChunkLoader):
-    """As :class:`RandomChunkLoader`, with starts a multiple of ``time_units``;
-    ``get_next_chunk()`` returns ``(start, data, stim)``, then ``(None, None, None)``."""
+    """As :class:`RandomChunkLoader`, with a second stage of ``gpu_prefetch`` chunks on
+    the device (NeuralGraph pipeline_chunk_loader.py)."""
 
     def __init__(
         self,
@@ -210,16 +245,9 @@ class PipelineChunkLoader(RandomChunkLoader):
         *,
         _stall_timeout: float | None = 300.0,
     ) -> None:
-        self.time_units, self.gpu_prefetch = time_units, gpu_prefetch
+        self.gpu_prefetch = gpu_prefetch
         super().__init__(load_fn, total_timesteps, chunk_size, device=device, prefetch=prefetch,
-                         seed=seed, _gpu_prefetch=gpu_prefetch, _align=time_units,
+                         seed=seed, time_units=time_units, _gpu_prefetch=gpu_prefetch,
                          _stall_timeout=_stall_timeout)  # fmt: skip
         # The original's reader and transfer threads each held a chunk beyond their queues.
         self._depth = prefetch + gpu_prefetch + 2
-
-    def get_next_chunk(self):  # type: ignore[override]
-        """The next chunk as ``(start, data, stim)``; ``(None, None, None)`` after the epoch's last."""
-        chunk = self._next()
-        if chunk is None:
-            return None, None, None
-        return chunk.start, chunk["data"], chunk["stim"]

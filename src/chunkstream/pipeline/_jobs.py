@@ -28,7 +28,15 @@ import torch
 from .._errors import ChunkLoadError
 from .._memory import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
 from ..plans import Piece
-from ..sources import LearnsFields, Source, call_with_retries, read_window, reading
+from ..sources import (
+    HandsOver,
+    LearnsFields,
+    Source,
+    call_with_retries,
+    read_owned_window,
+    read_window,
+    reading,
+)
 from ..stats import COPY, READ, profiled
 from ._run import Turn
 
@@ -127,7 +135,15 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
 def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool,
                  **read: Any) -> Delivery:  # fmt: skip
     """The CPU path: read ``pieces``, then hand the set over as the user's tensors
-    (zero-copy views; the pool reuses the set once no tensor refers to it)."""
+    (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
+    chunk of a :class:`~chunkstream.sources.HandsOver` source takes no set at all."""
+    if len(pieces) == 1 and isinstance(read["source"], HandsOver) and read["source"].hands_over:
+        begin = time.perf_counter()
+        with profiled(READ, (pieces[0].start, pieces[0].stop)):
+            arrays = read_owned_window(pieces[0], cancelled=dropped, **read)
+        tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}
+        return Delivery(tuple(pieces), tensors, begin, time.perf_counter(),
+                        read_thread=threading.current_thread().name)  # fmt: skip
     loaded = read_job(pieces, dropped, pool=pool, **read)
     views = loaded.buffers.views(chunk_rows(loaded.pieces))
     tensors = {name: torch.from_numpy(a) for name, a in views.items()}

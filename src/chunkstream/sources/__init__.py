@@ -12,11 +12,13 @@ from ._zarr import ZarrSource
 # The package's internal face for the rest of chunkstream (not public API).
 from ._base import check_lengths as check_lengths  # isort: skip
 from ._base import check_source as check_source  # isort: skip
+from ._base import HandsOver as HandsOver  # isort: skip
 from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
 from ._read import call_with_retries as call_with_retries  # isort: skip
+from ._read import read_owned_window as read_owned_window  # isort: skip
 from ._read import read_window as read_window  # isort: skip
 from ._read import reading as reading  # isort: skip
 from ._remote import close_store as close_store  # isort: skip

@@ -83,6 +83,21 @@ class Source(Protocol):
 
 
 @runtime_checkable
+class HandsOver(Protocol):
+    """A source that can return a window as fresh arrays the caller then owns.
+
+    Where ``hands_over`` is true, the CPU pipeline delivers a one-piece chunk as
+    zero-copy tensors of ``read_owned(start, stop)`` (field name -> array of
+    ``stop - start`` rows, checked as ``read_into`` checks) instead of copying it into
+    its host arena, which it then never allocates. Thread-safe.
+    """
+
+    hands_over: bool
+
+    def read_owned(self, start: int, stop: int) -> dict[str, np.ndarray]: ...
+
+
+@runtime_checkable
 class LearnsFields(Protocol):
     """A source whose ``fields`` are ``None`` until its first read
     (``CallableSource(..., specs="first")``).

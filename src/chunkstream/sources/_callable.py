@@ -35,6 +35,12 @@ class CallableSource:
     (``chunkstream.compat`` runs this way). Every result is checked against the
     specs: a wrong count, shape or dtype raises ``ValueError`` naming the field,
     what came back and what was expected.
+
+    ``_hand_over=True`` (``chunkstream.compat``, whose ``load_fn`` returns fresh arrays as
+    the original's did) lets the CPU pipeline deliver ``load_fn``'s arrays themselves as
+    the chunk's tensors (:class:`~._base.HandsOver`), as the original loader did, instead
+    of copying them into its host arena; a ``load_fn`` that reuses its output arrays
+    must leave it ``False``.
     """
 
     #: No stored chunk grid along time: pieces may start anywhere.
@@ -47,6 +53,7 @@ class CallableSource:
         names: Sequence[str] = ("data", "stim"),
         *,
         specs: Mapping[str, FieldSpec] | str | None = None,
+        _hand_over: bool = False,
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, stop)")
@@ -56,6 +63,7 @@ class CallableSource:
         if not names or len(set(names)) != len(names):
             raise ConfigError.bad("names", names, "a non-empty sequence of distinct names")
         self._load_fn = load_fn
+        self.hands_over = bool(_hand_over)
         self._len = int(total_timesteps)
         self._names = self.names = names  # the fields' names, known before their specs
         self._fields: dict[str, FieldSpec] | None = None
@@ -130,10 +138,37 @@ class CallableSource:
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Call ``load_fn(start, stop)`` and copy each array into ``out[name][: stop - start]``."""
         arrays = self._take((start, stop))
-        fields = self._fields
-        if fields is None:
+        if self._fields is None:
             raise RuntimeError("CallableSource(specs='first'): call learn() before read_into()")
-        for name, value in zip(self._names, arrays if arrays is not None else self._call(start, stop), strict=True):
+        for name, arr in self._checked(start, stop, arrays).items():
+            np.copyto(out[name][: stop - start], arr)
+
+    def read_owned(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """``load_fn(start, stop)``'s arrays themselves, checked (the specs learned from
+        them if unknown); copied only where torch could not share them (another byte
+        order, read-only, not C-contiguous)."""
+        arrays = self._take((start, stop))
+        if arrays is None:
+            arrays = self._call(start, stop)
+        with self._lock:
+            if self._fields is None:
+                self._learn_from(arrays)
+        owned = {}
+        for name, arr in self._checked(start, stop, arrays).items():
+            if not (arr.dtype.isnative and arr.flags.writeable and arr.flags.c_contiguous):
+                arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+            owned[name] = arr
+        return owned
+
+    def _checked(
+        self, start: int, stop: int, arrays: tuple[np.ndarray, ...] | None
+    ) -> dict[str, np.ndarray]:
+        """The window's ``arrays`` (``None``: call ``load_fn``), each checked against its spec."""
+        fields = self._fields
+        assert fields is not None  # callers learned the specs first
+        values = arrays if arrays is not None else self._call(start, stop)
+        checked = {}
+        for name, value in zip(self._names, values, strict=True):
             with field_context(name):
                 spec = fields[name]
                 arr = np.asarray(value)
@@ -144,7 +179,8 @@ class CallableSource:
                         f"{arr.shape} and dtype {arr.dtype}; expected shape {expected} and "
                         f"dtype {spec.dtype}. Return exactly stop - start rows of a fixed dtype."
                     )
-                np.copyto(out[name][: stop - start], arr)
+                checked[name] = arr
+        return checked
 
     def close(self) -> None:
         """Nothing to release; idempotent."""

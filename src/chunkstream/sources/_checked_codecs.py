@@ -294,7 +294,7 @@ def _check_index(
         if problem is not None:
             raise FrameError(f"{label} {problem}")
         raw = raw[:-4]
-    index = np.frombuffer(raw, "<u8").reshape(-1, 2)
+    index = np.frombuffer(raw, layout.index_dtype).reshape(-1, 2).astype("=u8", copy=False)
     offset, nbytes = index[:, 0], index[:, 1]
     lo, hi = np.uint64(bounds[0]), np.uint64(bounds[1])
     # in uint64 without overflow: nbytes must fit between the offset and hi

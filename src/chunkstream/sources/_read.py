@@ -21,7 +21,7 @@ import numpy as np
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ._base import Source, describe_source
 
-__all__ = ["call_with_retries", "read_window", "reading"]
+__all__ = ["call_with_retries", "read_owned_window", "read_window", "reading"]
 
 _T = TypeVar("_T")
 # The loader's logger: a user's logging set-up for the pipeline covers its retries.
@@ -64,6 +64,19 @@ def read_window(source: Source, pieces: Sequence[Any], out: Mapping[str, np.ndar
             call_with_retries(partial(source.read_into, *window, rows), retries, window, cancelled)
             if check_finite:
                 _check_finite(rows, *window)
+
+
+def read_owned_window(piece: Any, *, source: Any, check_finite: bool, retries: int,
+                      cancelled: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:  # fmt: skip
+    """``source.read_owned`` of ``piece``'s window (a :class:`~._base.HandsOver` source),
+    retried and checked as :func:`read_window` reads."""
+    window = (piece.start, piece.stop)
+    with reading(source, piece):
+        arrays = call_with_retries(partial(source.read_owned, *window), retries, window,
+                                   cancelled)  # fmt: skip
+        if check_finite:
+            _check_finite(arrays, *window)
+    return arrays
 
 
 def call_with_retries(call: Callable[[], _T], retries: int, window: tuple[int, int],

@@ -122,7 +122,7 @@ def shard_index_layout(arr: zarr.Array, path: str, check_missing: object) -> Sha
         )  # fmt: skip
     raise ConfigError.bad(
         "check_missing", check_missing, "False for this array",
-        "Its shard index is not little-endian bytes (+ crc32c), which chunkstream reads, so "
+        "Its shard index is not bytes (+ crc32c), which chunkstream reads, so "
         "inner chunks left out of a shard could not be told from fill values. Rewrite the "
         "array with zarr's default index codecs, or pass check_missing=False if absent "
         "chunks are meant to be fill values.",
@@ -267,7 +267,7 @@ class ReadChecks:
                              else f"the inner chunk at byte {offset} of zarr shard file {path}")  # fmt: skip
                     raise corrupt_error(
                         where, f"holds a zstd frame declaring {declared} bytes, more than the "
-                        f"chunk's {self._zstd_bound}", window,
+                        f"{self._zstd_bound} its content can hold", window,
                     )  # fmt: skip
         finally:
             os.close(fd)

@@ -3,12 +3,14 @@
 A shard file holds its inner chunks' encoded bytes back to back (zarr writes them
 in Morton order; the index says where each one is, so the order does not matter
 here) and an index, at the end (zarr's default) or at the start: per inner chunk,
-in C order of its position inside the shard, a little-endian uint64 pair
-``(offset, nbytes)``, both ``2**64 - 1`` for an inner chunk that was not written;
-then, with zarr's default ``index_codecs`` (``bytes`` + ``crc32c``), the crc32c
-of those pairs as 4 little-endian bytes. With the index at the start the offsets
-count from the file's first byte, index included. This is zarr 3.1's
-``zarr/codecs/sharding.py`` (``_ShardIndex``, ``_encode_shard_dict``).
+in C order of its position inside the shard, a uint64 pair ``(offset, nbytes)``
+(little-endian with zarr's default ``bytes`` index codec, big-endian with
+``BytesCodec(endian="big")``), both ``2**64 - 1`` for an inner chunk that was not
+written; then, with zarr's default ``index_codecs`` (``bytes`` + ``crc32c``), the
+crc32c of those pairs as 4 little-endian bytes (the crc32c codec's own order).
+With the index at the start the offsets count from the file's first byte, index
+included. This is zarr 3.1's ``zarr/codecs/sharding.py`` (``_ShardIndex``,
+``_encode_shard_dict``).
 
 :func:`shard_layout` says whether an array's sharding suits the fast reader;
 :func:`open_shard` maps one shard file once and checks its index, after which
@@ -63,6 +65,11 @@ class ShardLayout:
     chunks_per_shard: tuple[int, ...]
     index_at_start: bool
     checksum: bool
+    big_endian: bool = False  # the index's uint64 pairs
+
+    @property
+    def index_dtype(self) -> str:
+        return ">u8" if self.big_endian else "<u8"
 
     @property
     def index_nbytes(self) -> int:
@@ -77,8 +84,8 @@ class ShardLayout:
 def shard_layout(codec: object, shard_shape: tuple[int, ...]) -> tuple[ShardLayout, tuple] | None:
     """``(layout, inner codecs)`` if ``codec`` is a ``ShardingCodec`` we read, else ``None``.
 
-    We read ``index_codecs`` of ``bytes`` (little endian) with or without ``crc32c``
-    after it, the index at either end; the caller checks the inner codecs.
+    We read ``index_codecs`` of ``bytes`` (either byte order) with or without
+    ``crc32c`` after it, the index at either end; the caller checks the inner codecs.
     """
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 
@@ -87,13 +94,12 @@ def shard_layout(codec: object, shard_shape: tuple[int, ...]) -> tuple[ShardLayo
     index = list(codec.index_codecs)
     if not index or not isinstance(index[0], BytesCodec):
         return None
-    if index[0].endian is not None and index[0].endian.value != "little":
-        return None
     if len(index) > 2 or (len(index) == 2 and not isinstance(index[1], Crc32cCodec)):
         return None
     # zarr validates that the inner chunks tile the shard exactly
     cps = tuple(s // c for s, c in zip(shard_shape, codec.chunk_shape, strict=True))
-    layout = ShardLayout(cps, codec.index_location.value == "start", len(index) == 2)
+    big = index[0].endian is not None and index[0].endian.value == "big"
+    layout = ShardLayout(cps, codec.index_location.value == "start", len(index) == 2, big)
     return layout, tuple(codec.codecs)
 
 
@@ -165,7 +171,7 @@ def parse_index(
         raise corrupt_error(label, f"has a {len(raw)}-byte shard index, expected {need}", window)
     if layout.checksum:
         raw = check_crc32c(raw, label, window, INDEX_CRC_FAILS)
-    return np.frombuffer(raw[:pairs], "<u8").reshape(-1, 2).copy()
+    return np.frombuffer(raw[:pairs], layout.index_dtype).reshape(-1, 2).astype("=u8")
 
 
 INDEX_CRC_FAILS = "has a shard index whose crc32c checksum fails"

@@ -38,10 +38,15 @@ open with a ``ConfigError`` saying why):
   not a network error.
 * **Byte order.** Big-endian arrays (v2 ``'>f4'``, v3 ``bytes`` codec with
   ``endian="big"``) arrive in native order.
+
+**Threads.** zarr-python runs store operations on one process-wide event loop (threads
+``zarr_io``, ``asyncio_<n>``) from first use to exit, by design; a local array is opened
+from its metadata file (:func:`_local_array`), so the fast path never starts it.
 """
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
 import warnings
@@ -143,7 +148,7 @@ def _open_local(text: str) -> zarr.Array | zarr.Group:
             ".zgroup. Point at the .zarr folder itself, or convert the data to zarr."
         )
     try:
-        node = zarr.open(local, mode="r")
+        node = _local_array(local) or zarr.open(local, mode="r")
     except (ValueError, KeyError, TypeError) as exc:  # unreadable or incomplete metadata
         raise NotZarrError(
             f"the zarr metadata of {str(local)!r} is unreadable "
@@ -151,6 +156,28 @@ def _open_local(text: str) -> zarr.Array | zarr.Group:
             "incomplete. Restore the metadata file or rewrite the array."
         ) from exc
     return node
+
+
+def _local_array(local: Path) -> zarr.Array | None:
+    """The array at ``local`` built from its metadata file as zarr builds it, without
+    zarr's event loop (module docs, "Threads"); ``None`` for a group or both formats'
+    metadata, which ``zarr.open`` resolves."""
+    from zarr.core.array import AsyncArray, parse_array_metadata
+    from zarr.storage import LocalStore, StorePath
+
+    v3, v2 = local / "zarr.json", local / ".zarray"
+    if v3.exists() == v2.exists():
+        return None
+    if v3.exists():
+        document = json.loads(v3.read_bytes())
+        if document.get("node_type") != "array":
+            return None
+    else:  # zarr v2: .zarray, its attributes in .zattrs
+        document = json.loads(v2.read_bytes())
+        attrs = local / ".zattrs"
+        document["attributes"] = json.loads(attrs.read_bytes()) if attrs.exists() else {}
+    store_path = StorePath(LocalStore(local, read_only=True), "")
+    return zarr.Array(AsyncArray(metadata=parse_array_metadata(document), store_path=store_path))
 
 
 def _select_array(node: zarr.Array | zarr.Group, array: str | None, text: str) -> zarr.Array:

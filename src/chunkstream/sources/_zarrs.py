@@ -123,7 +123,10 @@ def zstd_frame_bound(arr: zarr.Array) -> int | None:
     outermost codec (its frame starts the chunk's bytes); ``None`` without zstd there.
 
     A frame declaring more is damaged: zarrs would try to allocate it and abort the
-    process, so ``ZarrSource`` raises ``CorruptChunkError`` before zarrs reads it.
+    process, so ``ZarrSource`` raises ``CorruptChunkError`` before zarrs reads it. Where
+    zstd compresses the chunk's bytes the bound is exact (the chunk's size); where it
+    compresses another codec's output (``[bytes, gzip, zstd]``) that output may exceed
+    the chunk, so the bound is the most each codec inside may produce (:func:`_grown`).
     """
     from zarr.codecs import Crc32cCodec, ShardingCodec, ZstdCodec
 
@@ -136,7 +139,27 @@ def zstd_frame_bound(arr: zarr.Array) -> int | None:
         return nbytes * (8 if meta.filters else 1)
     codecs = list(meta.codecs)
     if codecs and isinstance(codecs[0], ShardingCodec):
+        nbytes = math.prod(codecs[0].chunk_shape) * np.dtype(arr.dtype).itemsize
         codecs = list(codecs[0].codecs)
     while codecs and isinstance(codecs[-1], Crc32cCodec):
         codecs.pop()
-    return nbytes if codecs and isinstance(codecs[-1], ZstdCodec) else None
+    if not codecs or not isinstance(codecs[-1], ZstdCodec):
+        return None
+    bound = nbytes
+    for codec in codecs[:-1]:  # array -> array codecs keep the size, the serializer too
+        if _is_bytes_to_bytes(codec):
+            bound = bound + 4 if isinstance(codec, Crc32cCodec) else _grown(bound)
+    return bound
+
+
+def _is_bytes_to_bytes(codec: object) -> bool:
+    from zarr.abc.codec import BytesBytesCodec
+
+    return isinstance(codec, BytesBytesCodec)
+
+
+def _grown(nbytes: int) -> int:
+    """The most a compressor's output of ``nbytes`` bytes may hold, generously: gzip's
+    stored blocks add 5 bytes per 64 KiB and an 18-byte frame, zstd's bound is
+    ``n + n / 256 + 64``, blosc adds at most 32 header bytes plus a few per block."""
+    return nbytes + nbytes // 8 + 1024
