@@ -68,7 +68,9 @@ def test_pieces_and_windows_never_cross_a_segment_or_piece(
             return
     pieces = plan.chunk(3, index)
     assert pieces == plan.chunk(3, index)  # pure
-    assert 1 <= len(pieces) <= k
+    assert len(pieces) >= 1
+    if sampling != "sequential":  # k tiles; a tile of the short segments' pool spans several
+        assert sum(len(segs[p.segment]) >= piece for p in pieces) <= k
     offset = 0
     for p in pieces:
         assert p.offset == offset
