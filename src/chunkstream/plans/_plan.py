@@ -7,7 +7,7 @@ A :class:`Plan` is three parts, each written once:
   coordinates: *time order* (for ``sequential``) and *tile order*, where each
   segment at least a piece long is a line of its own, tiled with pieces after a
   phase, and the segments shorter than a piece are pooled into one last line
-  tiled from its start (so a chunk longer than a segment holds pieces of several
+  cut into the fewest equal tiles (so a chunk longer than a segment holds pieces of several
   segments, and every segment is visited every pass);
 * a **sampling mode** (:class:`~chunkstream.plans._sampling.Sampling`): which
   virtual stretches chunk ``i`` of epoch ``e`` holds;
@@ -131,7 +131,7 @@ class Layout:
     inside a segment at least a piece long. Lines: each such segment (its first
     aligned start that leaves room for a piece, else its own start; ``phases``
     places its tiles), then the pool of the shorter segments (tiled from its start,
-    the last tile shorter, one phase). Sampling modes use :meth:`start_draw`,
+    the fewest tiles of equal length, one phase). Sampling modes use :meth:`start_draw`,
     :meth:`tile_draw` and :meth:`time_draw`.
     """
 
@@ -153,12 +153,19 @@ class Layout:
         self._hi = self.tiles.v0[: la.size] + lb - la
         self.phases = (lb - first - n_tiles * piece) // step + 1
         starts = (lb - first - piece) // step + 1
+        last = starts - 1
+        self._pool_tiles = -(-pool // piece)
         if pool:
             self._lo = np.append(self._lo, self.length - pool)
             self._hi = np.append(self._hi, self.length)
-            n_tiles = np.append(n_tiles, -(-pool // piece))
+            n_tiles = np.append(n_tiles, self._pool_tiles)
             self.phases = np.append(self.phases, 1)
-            starts = np.append(starts, max(pool - piece, 0) // step + 1)
+            last = np.append(last, max(pool - piece, 0) // step)
+            # A pool shorter than a piece is one piece, all of it; among longer segments it
+            # weighs as a piece's worth of starts, so random visits it in proportion.
+            weight = int(last[-1]) + 1 if pool >= piece or not la.size else max(1, piece // step)
+            starts = np.append(starts, weight)
+        self._last = last
         self._tiles_cum, self._starts_cum = np.cumsum(n_tiles), np.cumsum(starts)
         self.n_tiles, self.n_starts = int(self._tiles_cum[-1]), int(self._starts_cum[-1])
         self.pooled = frozenset(ids[~long].tolist())
@@ -166,15 +173,15 @@ class Layout:
     def starts_per_segment(self) -> dict[int, int]:
         """Per segment id, the random starts whose piece holds some of it."""
         table, n_long = self.tiles, self._lo.size - (1 if self.pooled else 0)
-        counts = np.diff(np.concatenate(([0], self._starts_cum)))
-        out = dict(zip(table.ids[:n_long].tolist(), counts[:n_long].tolist(), strict=True))
-        if self.pooled:  # start u covers pool [u * step, u * step + piece)
-            last = int(counts[-1]) - 1
-            for j in range(n_long, table.ids.size):
-                lo = int(table.v0[j]) - int(self._lo[-1])
-                hi = lo + int(table.stop[j] - table.start[j])
-                first = max(0, -(-(lo - self.piece + 1) // self.step))
-                out[int(table.ids[j])] = max(0, min(last, (hi - 1) // self.step) - first + 1)
+        counts = np.diff(np.concatenate(([0], self._starts_cum))).tolist()
+        out = dict(zip(table.ids[:n_long].tolist(), counts[:n_long], strict=True))
+        last = int(self._last[-1])
+        for j in range(n_long, table.ids.size):  # the pool: start u holds [u, u + piece) * step
+            lo = int(table.v0[j] - self._lo[-1])
+            hi = lo + int(table.stop[j] - table.start[j])
+            first = max(0, -(-(lo - self.piece + 1) // self.step))
+            covered = max(0, min(last, (hi - 1) // self.step) - first + 1)
+            out[int(table.ids[j])] = counts[-1] if last == 0 else covered
         return out
 
     def tile_line(self, tile: np.ndarray) -> np.ndarray:
@@ -185,7 +192,7 @@ class Layout:
         """Piece start number ``u`` (``0 <= u < n_starts``, lines weighed by their starts)."""
         line = np.searchsorted(self._starts_cum, u, side="right")
         local = u - np.concatenate(([0], self._starts_cum))[line]
-        v0 = self._lo[line] + local * self.step
+        v0 = self._lo[line] + np.minimum(local, self._last[line]) * self.step
         return Draw(owner, v0, np.minimum(v0 + self.piece, self._hi[line]), self.tiles)
 
     def tile_draw(self, owner: np.ndarray, tile: np.ndarray, phase: np.ndarray | int) -> Draw:
@@ -194,7 +201,13 @@ class Layout:
         line = self.tile_line(tile)
         local = tile - np.concatenate(([0], self._tiles_cum))[line]
         v0 = self._lo[line] + np.asarray(phase, dtype=np.int64) * self.step + local * self.piece
-        return Draw(owner, v0, np.minimum(v0 + self.piece, self._hi[line]), self.tiles)
+        v1 = v0 + self.piece
+        if self.pooled:  # the pool's n tiles are of equal length (> piece / 2 when n > 1)
+            size, n = int(self._hi[-1] - self._lo[-1]), self._pool_tiles
+            pool = line == self._lo.size - 1
+            v0 = np.where(pool, self._lo[-1] + local * size // n, v0)
+            v1 = np.where(pool, self._lo[-1] + (local + 1) * size // n, v1)
+        return Draw(owner, v0, v1, self.tiles)
 
     def time_draw(self, owner: np.ndarray, v0: np.ndarray, v1: np.ndarray) -> Draw:
         """Virtual ``[v0, v1)`` of the segments in time order (``0 <= v0 < length``)."""
