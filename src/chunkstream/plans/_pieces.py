@@ -11,8 +11,10 @@ for a stored time chunk of ``c``).
 
 :class:`PiecePlan` answers ``chunk(epoch, index)`` -> a tuple of :class:`Piece`,
 a pure function of ``(seed, epoch, index)`` and its sizes, like the window
-plans (so resume and sharding work the same way). Pieces lie inside
-:class:`~chunkstream.Segments` when given (one segment ``[0, T)`` otherwise):
+plans (it is the same :class:`~chunkstream.plans._plan.Plan`, so resume and
+sharding work the same way). Pieces lie inside :class:`~chunkstream.Segments`
+when given (one segment ``[0, T)`` otherwise); the sampling modes are in
+:mod:`~chunkstream.plans._sampling`:
 
 * ``random`` -- each piece start uniform over all valid piece starts of all
   segments (multiples of the alignment), drawn independently, with
@@ -21,12 +23,16 @@ plans (so resume and sharding work the same way). Pieces lie inside
   phase per pass and segment; a pass visits all tiles of all segments in one
   random order, ``k`` to a chunk (the last chunk of a pass may hold fewer), so
   every tiled timestep is delivered exactly once per pass.
-* ``sequential`` -- the segments' tiles in order, consecutive tiles of one
-  segment merged into one piece: contiguous chunks that never cross a
-  segment's end (the chunk goes on with the next segment as a new piece).
+* ``sequential`` -- the segments in time order, ``chunk_size`` timesteps a
+  chunk: contiguous pieces that never cross a segment's end (the chunk goes on
+  with the next segment as a new piece).
 
-A segment shorter than a piece is one shorter piece; a segment shorter than
-``batch_window`` is skipped, with one warning naming it.
+Every pass visits every segment in proportion to its length: the segments
+shorter than a piece are pooled, laid end to end and cut into the fewest tiles
+of equal length (at most ``P``), so a pool tile is several pieces, one in each
+segment it holds; ``random`` weighs a pool shorter than a piece as ``P //
+step`` starts. A segment shorter than ``batch_window`` is skipped, with one
+warning naming it.
 """
 
 from __future__ import annotations
