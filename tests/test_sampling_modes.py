@@ -170,3 +170,33 @@ def test_short_segments_share_a_chunk_and_random_weighs_them_by_length(sampling)
         assert plan.valid_starts() == {"long": 401, "a": 100, "b": 100}
     pooled = [c for c in chunks if any(p.segment != 0 for p in c)]
     assert pooled and all([p.segment for p in c] == [1, 2] for c in pooled)
+
+
+def test_the_pool_turns_between_passes_so_every_window_start_is_reachable():
+    segs = [(i * 50, i * 50 + 30, f"s{i}") for i in range(20)]  # 600 pooled steps, 64-step pieces
+    window = 8
+    plan = cs.PiecePlan(total_timesteps=T, chunk_size=128, pieces=2, segments=segs, seed=2,
+                        batch_window=window)  # fmt: skip
+    n = plan.windows_per_pass
+    assert n == 5  # 10 tiles of 60 steps, 2 a chunk
+    valid = {t for a, b, _ in segs for t in range(a, b - window + 1)}
+    seen: set[int] = set()
+    for epoch in range(20):
+        hits = np.zeros(T, dtype=int)
+        for pieces in plan.chunks(epoch, range(n)):
+            for p in pieces:
+                hits[p.start : p.stop] += 1
+                seen.update(range(p.start, p.stop - window + 1))
+        assert all((hits[a:b] == 1).all() for a, b, _ in segs) and hits.sum() == 600
+    assert seen == valid  # a cut between two tiles moves from pass to pass
+    # random: start numbers go round the pool; valid_starts counts those touching a segment
+    rnd = cs.PiecePlan(total_timesteps=T, chunk_size=64, segments=segs, sampling="random",
+                       batch_window=window)  # fmt: skip
+    touched = {name: 0 for *_, name in segs}
+    for u in range(rnd.layout.n_starts):
+        draw = rnd.layout.start_draw(np.array([0]), np.array([u]))
+        _, _, _, ids = draw.table.cut(draw.owner, draw.v0, draw.v1)
+        for i in set(ids.tolist()):
+            touched[segs[i][2]] += 1
+    assert rnd.valid_starts() == touched and rnd.layout.n_starts == 600
+    assert set(touched.values()) == {93}  # 30 + 64 - 1: every segment alike

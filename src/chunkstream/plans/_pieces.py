@@ -28,10 +28,11 @@ when given (one segment ``[0, T)`` otherwise); the sampling modes are in
   with the next segment as a new piece).
 
 Every pass visits every segment in proportion to its length: the segments
-shorter than a piece are pooled, laid end to end and cut into the fewest tiles
-of equal length (at most ``P``), so a pool tile is several pieces, one in each
-segment it holds; ``random`` weighs a pool shorter than a piece as ``P //
-step`` starts. A segment shorter than ``batch_window`` is skipped, with one
+shorter than a piece are pooled, laid end to end as a ring and cut into the
+fewest tiles of equal length (at most ``P``), turned by a random phase per
+pass, so a pool tile is several pieces, one in each segment it holds;
+``random``'s starts go round the ring, and a pool shorter than a piece weighs
+as ``P // step`` starts. A segment shorter than ``batch_window`` is skipped, with one
 warning naming it.
 """
 

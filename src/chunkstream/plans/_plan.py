@@ -6,9 +6,10 @@ A :class:`Plan` is three parts, each written once:
   segment ``[0, T)`` without them) are laid end to end in two virtual
   coordinates: *time order* (for ``sequential``) and *tile order*, where each
   segment at least a piece long is a line of its own, tiled with pieces after a
-  phase, and the segments shorter than a piece are pooled into one last line
-  cut into the fewest equal tiles (so a chunk longer than a segment holds pieces of several
-  segments, and every segment is visited every pass);
+  phase, and the segments shorter than a piece are pooled into one last line,
+  a ring cut into the fewest equal tiles that turn between passes (so a chunk
+  longer than a segment holds pieces of several segments, and every segment is
+  visited every pass);
 * a **sampling mode** (:class:`~chunkstream.plans._sampling.Sampling`): which
   virtual stretches chunk ``i`` of epoch ``e`` holds;
 * a **stream**: the hash words (or, for the drop-in, the original's draws) the
@@ -130,8 +131,8 @@ class Layout:
     ``piece``: the piece length; ``step``: the multiple piece starts are aligned to
     inside a segment at least a piece long. Lines: each such segment (its first
     aligned start that leaves room for a piece, else its own start; ``phases``
-    places its tiles), then the pool of the shorter segments (tiled from its start,
-    the fewest tiles of equal length, one phase). Sampling modes use :meth:`start_draw`,
+    places its tiles), then the pool of the shorter segments laid end to end, a ring
+    cut into the fewest tiles of equal length. Sampling modes use :meth:`start_draw`,
     :meth:`tile_draw` and :meth:`time_draw`.
     """
 
@@ -155,15 +156,20 @@ class Layout:
         starts = (lb - first - piece) // step + 1
         last = starts - 1
         self._pool_tiles = -(-pool // piece)
+        self._ring = np.zeros(la.size, dtype=bool)
         if pool:
+            # The pool is a ring: its tiles turn by a phase of any timestep and its random
+            # starts go round, so no cut between two tiles stays put from pass to pass. A
+            # pool shorter than a piece is one piece, all of it; among longer segments it
+            # weighs as a piece's worth of starts, so random visits it in proportion.
             self._lo = np.append(self._lo, self.length - pool)
             self._hi = np.append(self._hi, self.length)
             n_tiles = np.append(n_tiles, self._pool_tiles)
-            self.phases = np.append(self.phases, 1)
-            last = np.append(last, max(pool - piece, 0) // step)
-            # A pool shorter than a piece is one piece, all of it; among longer segments it
-            # weighs as a piece's worth of starts, so random visits it in proportion.
-            weight = int(last[-1]) + 1 if pool >= piece or not la.size else max(1, piece // step)
+            self.phases = np.append(self.phases, pool if self._pool_tiles > 1 else 1)
+            self._ring = np.append(self._ring, pool >= piece)
+            ring_starts = -(-pool // step)
+            last = np.append(last, ring_starts - 1 if pool >= piece else 0)
+            weight = ring_starts if pool >= piece else (max(1, piece // step) if la.size else 1)
             starts = np.append(starts, weight)
         self._last = last
         self._tiles_cum, self._starts_cum = np.cumsum(n_tiles), np.cumsum(starts)
@@ -175,14 +181,37 @@ class Layout:
         table, n_long = self.tiles, self._lo.size - (1 if self.pooled else 0)
         counts = np.diff(np.concatenate(([0], self._starts_cum))).tolist()
         out = dict(zip(table.ids[:n_long].tolist(), counts[:n_long], strict=True))
-        last = int(self._last[-1])
-        for j in range(n_long, table.ids.size):  # the pool: start u holds [u, u + piece) * step
+        pool, step = int(self._hi[-1] - self._lo[-1]), self.step
+
+        def multiples(x: int, y: int) -> int:  # of step in [x, y)
+            return -(-y // step) - -(-x // step)
+
+        for j in range(n_long, table.ids.size):  # start x holds [x, x + piece) round the ring
             lo = int(table.v0[j] - self._lo[-1])
-            hi = lo + int(table.stop[j] - table.start[j])
-            first = max(0, -(-(lo - self.piece + 1) // self.step))
-            covered = max(0, min(last, (hi - 1) // self.step) - first + 1)
-            out[int(table.ids[j])] = counts[-1] if last == 0 else covered
+            span = int(table.stop[j] - table.start[j]) + self.piece - 1
+            if not self._ring[-1] or span >= pool:
+                out[int(table.ids[j])] = counts[-1]
+                continue
+            first = (lo - self.piece + 1) % pool
+            end = first + span
+            n = multiples(first, min(end, pool)) + multiples(0, max(0, end - pool))
+            out[int(table.ids[j])] = n
         return out
+
+    def _wrap(self, owner: np.ndarray, line: np.ndarray, v0: np.ndarray, v1: np.ndarray) -> Draw:
+        """Stretches past the ring's end go on at its start (two pieces)."""
+        over = v1 > self._hi[line]
+        if over.any():
+            counts = 1 + over
+            rep = np.repeat(np.arange(owner.size), counts)
+            second = np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts) == 1
+            lo, hi = self._lo[line][rep], self._hi[line][rep]
+            owner, v0, v1 = (
+                owner[rep],
+                np.where(second, lo, v0[rep]),
+                np.where(second, lo + v1[rep] - hi, np.minimum(v1[rep], hi)),
+            )
+        return Draw(owner, v0, v1, self.tiles)
 
     def tile_line(self, tile: np.ndarray) -> np.ndarray:
         """The line of each tile (``0 <= tile < n_tiles``): the index into :attr:`phases`."""
@@ -193,21 +222,27 @@ class Layout:
         line = np.searchsorted(self._starts_cum, u, side="right")
         local = u - np.concatenate(([0], self._starts_cum))[line]
         v0 = self._lo[line] + np.minimum(local, self._last[line]) * self.step
-        return Draw(owner, v0, np.minimum(v0 + self.piece, self._hi[line]), self.tiles)
+        v1 = v0 + self.piece
+        return self._wrap(
+            owner, line, v0, np.where(self._ring[line], v1, np.minimum(v1, self._hi[line]))
+        )
 
     def tile_draw(self, owner: np.ndarray, tile: np.ndarray, phase: np.ndarray | int) -> Draw:
         """Tile ``tile`` (``0 <= tile < n_tiles``) of its line placed by ``phase``
-        (``0 <= phase < phases[line]``)."""
+        (``0 <= phase < phases[line]``): a line's tiles move by ``phase * step``, the
+        pool's (the fewest of equal length, over half a piece) turn by ``phase``."""
         line = self.tile_line(tile)
         local = tile - np.concatenate(([0], self._tiles_cum))[line]
-        v0 = self._lo[line] + np.asarray(phase, dtype=np.int64) * self.step + local * self.piece
+        phase = np.broadcast_to(np.asarray(phase, dtype=np.int64), tile.shape)
+        v0 = self._lo[line] + phase * self.step + local * self.piece
         v1 = v0 + self.piece
-        if self.pooled:  # the pool's n tiles are of equal length (> piece / 2 when n > 1)
+        if self.pooled:
             size, n = int(self._hi[-1] - self._lo[-1]), self._pool_tiles
             pool = line == self._lo.size - 1
-            v0 = np.where(pool, self._lo[-1] + local * size // n, v0)
-            v1 = np.where(pool, self._lo[-1] + (local + 1) * size // n, v1)
-        return Draw(owner, v0, v1, self.tiles)
+            begin, end = local * size // n, (local + 1) * size // n
+            v0 = np.where(pool, self._lo[-1] + (begin + phase) % size, v0)
+            v1 = np.where(pool, v0 + end - begin, v1)
+        return self._wrap(owner, line, v0, v1)
 
     def time_draw(self, owner: np.ndarray, v0: np.ndarray, v1: np.ndarray) -> Draw:
         """Virtual ``[v0, v1)`` of the segments in time order (``0 <= v0 < length``)."""
