@@ -8,9 +8,11 @@ integers) and sharding (rank ``r`` of ``W`` takes the indices ``step * W + r``)
 all follow from the function itself.
 
 Randomness comes from a counter-based hash (the splitmix64 finaliser chained
-over ``seed, tag, epoch, index``), written once with operators that behave the
-same on Python ints and on ``uint64`` numpy arrays, so the scalar path (a few
-µs, called per chunk) and the vectorised path agree bit for bit.
+over ``seed, tag, epoch, index``). A window plan is a
+:class:`~chunkstream.plans._plan.Plan` of one piece a chunk: its modes are the
+piece plans' (:mod:`~chunkstream.plans._sampling`), computed for many indices
+at once; ``window(epoch, index)`` is the one-index case (a few hundred µs: the
+loader draws an epoch's windows in one call).
 
 The three plans and their trade-offs:
 
