@@ -64,7 +64,8 @@ def test_pieces_and_windows_never_cross_a_segment_or_piece(
                                 sampling=sampling, segments=segs, seed=seed, grid=GRID,
                                 batch_window=window)  # fmt: skip
         except cs.ConfigError as exc:
-            assert all(len(s) < window for s in segs), exc
+            # no segment holds a window, or the pooled short ones leave a chunk none
+            assert all(len(s) < window for s in segs) or "2 * window - 1" in str(exc), exc
             return
     pieces = plan.chunk(3, index)
     assert pieces == plan.chunk(3, index)  # pure

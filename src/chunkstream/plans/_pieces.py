@@ -146,6 +146,7 @@ class PiecePlan(Plan):
         ):
             object.__setattr__(self, name, value)
         layout = Layout(_used(segs, window), piece=piece, step=step)
+        _check_pool(layout, self.sampling, k, window, segs)
         self._set_parts(layout, as_mode(self.sampling), PIECE_STREAM)
 
     @property
@@ -159,6 +160,34 @@ class PiecePlan(Plan):
         segs = self.segments or Segments([(0, self.total_timesteps, "all")])
         counts = self.layout.starts_per_segment()
         return {segs[i].name: n for i, n in sorted(counts.items())}
+
+
+def _check_pool(layout: Layout, sampling: object, k: int, window: int, segs: Segments) -> None:
+    """Refuse pieces that could leave a chunk with no window: a stretch of the pooled
+    segments over two of them holds a window only when it is at least ``2 * window - 1``
+    long (``random``: a piece; ``shuffled``: a pool tile, when a chunk may hold only
+    pool tiles)."""
+    if not layout.ring_stretch:
+        return
+    if sampling == "random":
+        stretch = layout.piece
+    elif sampling == "shuffled":
+        last = layout.n_tiles - (-(-layout.n_tiles // k) - 1) * k  # tiles of a pass's last chunk
+        # some chunk may hold pool tiles only (a pass's last chunk holds the fewest)
+        stretch = layout.ring_stretch if layout.ring_tiles >= last else 2 * window
+    else:
+        return
+    if stretch >= 2 * window - 1:
+        return
+    short = sum(len(s) for s in segs if window <= len(s) < layout.piece)
+    raise ConfigError.bad(
+        "pieces",
+        k,
+        f"pieces that leave the segments shorter than a piece ({short} timesteps, pooled) "
+        f"stretches of at least 2 * window - 1 = {2 * window - 1} (they get {stretch})",
+        f"Use fewer pieces or a larger chunk_size (chunk_size // pieces >= "
+        f"{2 * (2 * window - 1)}), a shorter window, or merge the short segments.",
+    )
 
 
 def _used(segs: Segments, window: int) -> list[tuple[int, int, int]]:

@@ -175,6 +175,9 @@ class Layout:
         self._tiles_cum, self._starts_cum = np.cumsum(n_tiles), np.cumsum(starts)
         self.n_tiles, self.n_starts = int(self._tiles_cum[-1]), int(self._starts_cum[-1])
         self.pooled = frozenset(ids[~long].tolist())
+        #: The shortest stretch a ring's tile or random piece holds (0: no ring).
+        self.ring_stretch = pool // self._pool_tiles if pool >= piece else 0
+        self.ring_tiles = self._pool_tiles if pool >= piece else 0
 
     def starts_per_segment(self) -> dict[int, int]:
         """Per segment id, the random starts whose piece holds some of it."""
