@@ -64,11 +64,14 @@ def test_pieces_and_windows_never_cross_a_segment_or_piece(
                                 sampling=sampling, segments=segs, seed=seed, grid=GRID,
                                 batch_window=window)  # fmt: skip
         except cs.ConfigError as exc:
-            assert all(len(s) < window for s in segs), exc
+            # no segment holds a window, or the pooled short ones leave a chunk none
+            assert all(len(s) < window for s in segs) or "2 * window - 1" in str(exc), exc
             return
     pieces = plan.chunk(3, index)
     assert pieces == plan.chunk(3, index)  # pure
-    assert 1 <= len(pieces) <= k
+    assert len(pieces) >= 1
+    if sampling != "sequential":  # k tiles; a tile of the short segments' pool spans several
+        assert sum(len(segs[p.segment]) >= piece for p in pieces) <= k
     offset = 0
     for p in pieces:
         assert p.offset == offset

@@ -123,15 +123,21 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
         align=args.align, grid=layout.time_chunk, batch_window=args.window,
     )  # fmt: skip
     size, grid = plan.piece_size, layout.time_chunk
-    epoch = plan_epoch(split.train_len, args.chunk_size, args.batch_size, args.passes,
-                       world_size=args.world_size)  # fmt: skip
+    if segments is None:
+        epoch = plan_epoch(split.train_len, args.chunk_size, args.batch_size, args.passes,
+                           world_size=args.world_size)  # fmt: skip
+    else:  # as the trainer: a chunk is at most the source, a pass whole tiles and the pool
+        total = layout.total_timesteps
+        epoch = plan_epoch(total, min(args.chunk_size, total), args.batch_size, args.passes,
+                           world_size=args.world_size, segments=split.train_segments,
+                           pieces=args.pieces)  # fmt: skip
     # Unaligned, a piece touches up to ceil((size - 1) / grid) + 1 stored chunks.
     touched = 1 + -(-(size - 1) // grid) if size % grid else size // grid
     return {
         "pieces": plan.pieces, "piece_size": size, "piece_align": plan.piece_align,
         "time_chunk": grid, "sampling": plan.sampling, "chunks_per_pass": plan.windows_per_pass,
         "valid_starts": plan.valid_starts(), "read_amplification": touched * grid / size,
-        "chunks_per_epoch": epoch.chunks_per_epoch, "timesteps": epoch.total_timesteps,
+        "chunks_per_epoch": epoch.chunks_per_epoch, "timesteps": split.train_len,
     }  # fmt: skip
 
 
@@ -151,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction, device=args.device, align=args.align,
         gpu_mem=None if args.gpu_mem is None else parse_bytes(args.gpu_mem, "--gpu-mem"),
         host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
-        segments=segments,
+        segments=segments, pieces=args.pieces,
     )  # fmt: skip
     pieces = piece_summary(args, layout)
     if args.json:

@@ -38,7 +38,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
-from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
+from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
 from ._mixing import ChunkMixer, check_mix
 from ._sampling import _compute_dtype, check_align
@@ -172,7 +172,7 @@ class BatchStream:
         self.fields: tuple[str, ...] = _choose_fields(loader, fields)
         self._single = isinstance(fields, str)
         if seed is None:
-            seed = int(getattr(loader.plan, "seed", 0))
+            seed = loader.plan.seed
         self.seed = check_int(
             "seed", seed, minimum=0, fix="Pass a non-negative seed, or None for the loader's."
         )
@@ -384,7 +384,7 @@ def _check_window(loader: ChunkLoader, window: object) -> int:
             "window", window, f"at most the chunk length {length}",
             "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
         )  # fmt: skip
-    if isinstance(loader.plan, PiecePlan) and window > loader.plan.piece_size:
+    if window > loader.plan.piece_size:
         raise ConfigError.bad(
             "window", window,
             f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",

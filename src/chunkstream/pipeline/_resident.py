@@ -29,7 +29,7 @@ import torch
 from .._errors import ConfigError
 from .._executor import Executor
 from .._memory import resident_decision
-from ..plans import Piece
+from ..plans import Piece, Plan
 from ..sources import FieldSpec, Source, read_window, window_nbytes
 from ..stats import COPY, profiled
 from ._jobs import Delivery, on_stream
@@ -39,16 +39,16 @@ __all__ = ["ResidentStore", "make_resident", "resident_rows"]
 _log = logging.getLogger("chunkstream.pipeline")
 
 
-def resident_rows(plan: object, total: int) -> tuple[int, int]:
+def resident_rows(plan: Plan, total: int) -> tuple[int, int]:
     """``[lo, hi)``: the timesteps the plan can reach (the segments' hull, else all)."""
-    segments = getattr(plan, "segments", None)
+    segments = plan.segments
     if not segments:
         return 0, total
     return min(s.start for s in segments), min(total, max(s.stop for s in segments))
 
 
 def make_resident(
-    plan: object, source: Source, device: torch.device, stream: Any, resident: object,
+    plan: Plan, source: Source, device: torch.device, stream: Any, resident: object,
     host_memory: int | None, device_memory: int | None,
 ) -> tuple[ResidentStore | None, str]:  # fmt: skip
     """A loader's resident store (``None``: it streams) and the reason, logged once."""

@@ -13,9 +13,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from .._errors import ConfigError, check_int
-from ._pieces import Piece, PiecePlan, epoch_pieces
-from ._windows import WindowPlan, remaining_indices
+from ._plan import Piece, Plan
+from ._windows import remaining_indices
 
 __all__ = ["EpochCursor", "EpochShare", "EpochSpan", "Uneven", "epoch_share"]
 
@@ -115,7 +117,7 @@ class EpochCursor:
     :meth:`begin` runs epoch :attr:`epoch`; after :meth:`load_state` it yields the
     interrupted epoch's remaining windows (re-split over this world size if needed)."""
 
-    def __init__(self, plan: WindowPlan | PiecePlan, *, rank: int, world_size: int) -> None:
+    def __init__(self, plan: Plan, *, rank: int, world_size: int) -> None:
         self.plan = plan
         self.rank, self.world_size = rank, world_size
         self.epoch = 0  # the epoch the next begin() runs
@@ -166,7 +168,7 @@ class EpochCursor:
         self._resume_step, self._resume_global = 0, None
         share = epoch_share(epoch=self.epoch, consumed=consumed, total=total, rank=self.rank,
                             world_size=world, uneven=self._uneven)  # fmt: skip
-        windows = epoch_pieces(self.plan, self.epoch, share.indices)
+        windows = self.plan.chunks(self.epoch, np.asarray(share.indices, dtype=np.int64))
         first = share.first_step
         span = EpochSpan(self.epoch, share, windows, first, first + len(windows), first)
         self.epoch += 1
@@ -177,7 +179,7 @@ class EpochCursor:
         """The epoch and how many of its chunks the consumer received: ``step`` and
         ``num_chunks`` count this rank's chunks; ``consumed`` and ``total`` the epoch's
         global windows delivered and in all, assuming every rank received as many."""
-        seed = int(getattr(self.plan, "seed", 0))
+        seed = self.plan.seed
         span = self.active
         if span is not None and not span.finished and not span.dropped:
             return {"epoch": span.epoch, "step": span.received, "num_chunks": span.stop,
@@ -213,7 +215,7 @@ class EpochCursor:
                 "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."
             )
         seed = state.get("seed")
-        if seed is not None and seed != getattr(self.plan, "seed", seed):
+        if seed is not None and seed != self.plan.seed:
             warnings.warn(
                 f"resuming a state saved with seed={seed} on a loader with seed="
                 f"{self.plan.seed}: the remaining windows will differ from the interrupted run",

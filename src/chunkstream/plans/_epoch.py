@@ -74,23 +74,40 @@ def plan_epoch(
     *,
     world_size: int = 1,
     segments: object = None,
+    pieces: int = 1,
 ) -> EpochPlan:
     """Chunks per epoch (per rank), batches per chunk and batches per epoch.
 
     See the module docstring for the rule. With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path), checked against
-    ``[0, total_timesteps)``, the rule counts only the timesteps inside them
-    (the plan's ``total_timesteps``). Raises :class:`ConfigError` (a
+    ``[0, total_timesteps)``, an epoch is ``passes_per_epoch`` passes of a
+    loader with these ``segments`` and ``pieces`` (``align=1``, no skipped
+    segments): ``chunks_per_epoch`` counts the chunks a pass reads, every chunk
+    feeds ``batches_per_chunk`` batches, and ``total_timesteps`` is what a pass
+    reads: the whole tiles of ``chunk_size // pieces`` in each segment at least
+    that long, and all of every shorter one (they are pooled, so a chunk holds
+    pieces of several of them). Raises :class:`ConfigError` (a
     ``ValueError``) naming the input to change when any count would be zero.
     """
     total = check_int(
         "total_timesteps", total_timesteps, 1, "Pass a positive total_timesteps.", numpy=True
     )
+    chunk = check_int("chunk_size", chunk_size, 1, "Pass a positive chunk_size.", numpy=True)
+    k = check_int("pieces", pieces, 1, "Pass the loader's pieces (1: contiguous).", numpy=True)
+    if chunk % k:
+        raise ConfigError.bad(
+            "pieces", k, f"a divisor of chunk_size={chunk}", "Pass the loader's pieces."
+        )
+    pass_chunks = None  # with segments: the chunks of one pass of the plan
     if segments is not None:
         from ._segments import as_segments
 
-        total = as_segments(segments, total).timesteps
-    chunk = check_int("chunk_size", chunk_size, 1, "Pass a positive chunk_size.", numpy=True)
+        piece = chunk // k
+        lengths = [len(s) for s in as_segments(segments, total)]
+        pool = sum(n for n in lengths if n < piece)
+        total = sum(n // piece * piece for n in lengths if n >= piece) + pool
+        tiles = sum(n // piece for n in lengths if n >= piece) + -(-pool // piece)
+        pass_chunks = -(-tiles // k)
     batch = check_int("batch_size", batch_size, 1, "Pass a positive batch_size.", numpy=True)
     passes = check_int(
         "passes_per_epoch", passes_per_epoch, 1, "Pass a positive passes_per_epoch.", numpy=True
@@ -118,6 +135,9 @@ def plan_epoch(
                 "Raise chunk_size or lower batch_size: not one batch fits in a chunk.",
             )
         chunks_total = batches_per_epoch // batches_per_chunk
+    if pass_chunks is not None:  # whole passes, the last chunk of each (maybe part full) too
+        chunks_total = pass_chunks * passes
+        batches_per_epoch = chunks_total * batches_per_chunk
     if chunks_total == 0:  # unreachable for valid ints; kept so the rule is total
         raise ConfigError.bad(
             "passes_per_epoch", passes, "enough passes for one chunk", "Raise passes_per_epoch."

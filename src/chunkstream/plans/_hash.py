@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 __all__ = [
     "FEISTEL_ROUNDS",
     "GOLDEN",
@@ -18,6 +20,7 @@ __all__ = [
     "half_bits",
     "hash_words",
     "mix",
+    "permute",
     "round_keys",
     "seed_key",
 ]
@@ -70,3 +73,21 @@ def half_bits(n: int) -> int:
 def round_keys(base):
     # The offsets are reduced first: a Python int above 2**64 cannot meet a uint64 array.
     return [mix((base + ((r + 1) * GOLDEN & M64)) & M64) for r in range(FEISTEL_ROUNDS)]
+
+
+def permute(x, n: int, base):
+    """A keyed permutation of ``[0, n)``: a Feistel pass on the next power of four, cycle
+    walking (at most a few steps on average, < 4) until the value lies below ``n``.
+
+    ``x``: uint64 values in ``[0, n)``; ``base``: a uint64 key per value (same shape).
+    O(1) per value and no table, so ``n`` may be in the millions.
+    """
+    if n <= 1:
+        return x
+    bits, keys = half_bits(n), round_keys(base)
+    y = x.copy()
+    todo = np.arange(y.size)
+    while todo.size:
+        y[todo] = feistel(y[todo], bits, [key[todo] for key in keys])
+        todo = todo[y[todo] >= n]
+    return y

@@ -38,7 +38,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from .._memory import LOOP_HELD, resident_decision, streaming_bytes
-from ..plans import EpochPlan, held_out_split, plan_epoch
+from ..plans import EpochPlan, Segments, held_out_split, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
     DataLayout,
@@ -288,9 +288,10 @@ def fit_budget(
 
 def _check_plan_args(
     layout: DataLayout, ints: dict[str, int], device: str, val_fraction: float, segments: object
-) -> tuple[int, int]:
-    """``(validation timesteps, training timesteps)`` once every setting can run: the
-    trainer's split (``plans.held_out_split``), per segment with ``segments``.
+) -> tuple[int, int, Segments | None]:
+    """``(validation timesteps, training timesteps, training segments)`` once every
+    setting can run: the trainer's split (``plans.held_out_split``), per segment with
+    ``segments``.
 
     ``ints`` maps each integer flag (``--chunk-size``, ``--batch-size``,
     ``--window``, ``--align`` and the depths) to its value; raises
@@ -322,7 +323,7 @@ def _check_plan_args(
         )  # fmt: skip
     if chunk_size % align:
         raise ConfigError.bad("--chunk-size", chunk_size, f"a multiple of --align={align}")
-    return val_steps, train
+    return val_steps, train, split.train_segments
 
 
 def _memory_rows(
@@ -370,12 +371,14 @@ def plan_memory(
     host_mem: int | None = None,
     decode_threads: int | None = None,
     segments: object = None,
+    pieces: int = 1,
 ) -> PlanReport:
     """The epoch arithmetic and the memory table for one configuration (module docs).
 
     With ``segments`` (anything :class:`~chunkstream.Segments` takes, or a path)
     the training and held-out timesteps are the trainer's for them: the last
-    ``val_fraction`` of every segment held out.
+    ``val_fraction`` of every segment held out, and the epoch is the trainer's:
+    the chunks one pass of ``pieces`` pieces a chunk reads (``plan_epoch``).
 
     Raises :class:`ConfigError` for settings that cannot run: a window longer
     than the chunk or the data, a batch larger than the data, budgets too small
@@ -384,8 +387,15 @@ def plan_memory(
     ints = {"--chunk-size": chunk_size, "--batch-size": batch_size, "--window": window,
             "--prefetch": prefetch, "--gpu-prefetch": gpu_prefetch, "--workers": workers,
             "--passes": passes, "--world-size": world_size, "--align": align}  # fmt: skip
-    val_steps, train = _check_plan_args(layout, ints, device, val_fraction, segments)
-    epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
+    val_steps, train, train_segments = _check_plan_args(
+        layout, ints, device, val_fraction, segments
+    )
+    if train_segments is None:
+        epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
+    else:  # as the trainer: a chunk is at most the source, a pass whole tiles and the pool
+        total = layout.total_timesteps
+        epoch = plan_epoch(total, min(chunk_size, total), batch_size, passes,
+                           world_size=world_size, segments=train_segments, pieces=pieces)  # fmt: skip
     on_cuda = device == "cuda"
     slots = host_slots if host_slots is not None else prefetch + workers
     if on_cuda and slots < workers:

@@ -114,10 +114,12 @@ class Trainer:
         #: (:func:`~chunkstream.train.resolve_mix`: bounded by the device's memory).
         self.mix, why = resolve_mix(c.mix, self._mixer_chunk_bytes(), device_memory(self.device))
         _log.info("chunk shuffle buffer: %s", why)
+        # With segments an epoch is the chunks a pass reads (plan_epoch's segments rule).
         self.plan = plan_epoch(
-            total_timesteps=self.train_len, chunk_size=self.chunk_size,
-            batch_size=c.batch_size, passes_per_epoch=c.passes_per_epoch,
-            world_size=self.world_size,
+            total_timesteps=self.train_len if self.train_segments is None else len(source),
+            chunk_size=self.chunk_size, batch_size=c.batch_size,
+            passes_per_epoch=c.passes_per_epoch, world_size=self.world_size,
+            segments=self.train_segments, pieces=self.pieces,
         )  # fmt: skip
         # Held-out ranges, kept on the device; each rank validates its share of the windows.
         self.val_parts: list[HeldOut] = held_out_parts(source, split, c, self.device,
