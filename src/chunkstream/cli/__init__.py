@@ -5,6 +5,8 @@ Each subcommand lives in ``chunkstream/cli/_<name>.py`` and exposes
 ``func(args) -> int``. Errors the user can fix (a bad path, an impossible
 setting) are ``ChunkstreamError``/``OSError``/``ValueError``; they print one
 line naming the problem and the fix and exit with status 2, never a traceback.
+Options are checked (``_checks``) before anything is written, and an option
+that has no effect in the given combination is refused or noted, never ignored.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ _COMMANDS = ("demo", "synth", "inspect", "convert", "plan", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from ._checks import Parser
+
+    parser = Parser(
         prog="chunkstream",
         description="Stream windows of huge zarr time series to the GPU while the model trains.",
     )

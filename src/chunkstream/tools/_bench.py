@@ -146,7 +146,7 @@ def _bench_selection(
 ) -> tuple[str, Any, dict[str, Any]]:
     """``(store root, zarr array, {field: index})`` of the fields bench streams."""
     from ._fieldspec import FieldRequest, parse_fields
-    from ._layout import flyvis_requests
+    from ._layout import check_flyvis_stim_dims, flyvis_requests
     from ._stores import open_arrays, resolve_field
 
     if flyvis:
@@ -155,6 +155,7 @@ def _bench_selection(
         requests = flyvis_requests(column, stim_dims)
         root = f"{str(path).rstrip('/')}/timeseries.zarr"
         arrays = open_arrays(root)
+        check_flyvis_stim_dims({"timeseries": next(iter(arrays.values()))}, stim_dims, root)
         requests = [FieldRequest(name=r.name, array=None, index=r.index) for r in requests]
     else:
         root = str(path)
