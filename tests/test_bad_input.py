@@ -218,7 +218,7 @@ CASES = [
     ("ChunkLoader.pieces", lambda t: _loader(pieces=0),
      cs.ConfigError, ValueError, ["pieces=0", ">= 1", "pieces=1"]),
     ("ChunkLoader.pieces", lambda t: _loader(pieces=3),
-     cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2]"]),
+     cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2, 5, 10, 25, 50]"]),
     ("ChunkLoader.pieces", lambda t: _loader(pieces=10, window=8),
      cs.ConfigError, ValueError, ["pieces=10", "batch window 8", "pieces <= 6"]),
     ("ChunkLoader.pieces", lambda t: _loader(chunk_size=800, pieces=4),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from .._errors import ConfigError
 
 __all__ = [
     "Parser",
+    "as_options",
     "float_above",
     "int_at_least",
     "new_file",
@@ -132,3 +134,14 @@ def writable_dir(option: str, path: str | os.PathLike) -> Path:
         raise refuse(option, str(path), f"a folder under a writable one ({str(probe)!r} is not)",
                      "Pick a folder you can write to.")  # fmt: skip
     return out
+
+
+def as_options(exc: ConfigError, options: dict[str, str]) -> ConfigError:
+    """``exc`` with the library's parameter names (``world_size``) written as the options
+    the user typed (``--world-size``). Names with an underscore are never prose and are
+    replaced anywhere; the others only as ``name=value``."""
+    words = "|".join(
+        re.escape(n) + ("\\b" if "_" in n else "(?==)") for n in sorted(options, key=len, reverse=True)
+    )
+    pattern = re.compile(rf"(?<![\w-])({words})")
+    return ConfigError(pattern.sub(lambda m: options[m.group(1)], str(exc)))

@@ -5,25 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-import re
-
 from .._errors import ConfigError
-from ._checks import float_above, int_at_least, note, refuse, unused
+from ._checks import as_options, float_above, int_at_least, note, refuse, unused
 
 __all__ = ["register"]
 
 #: The library's parameter names in a refusal, and the options a plan user typed.
-_OPTIONS = {"world_size": "--world-size", "chunk_size": "--chunk-size",
-            "batch_size": "--batch-size", "passes_per_epoch": "--passes", "pieces": "--pieces",
-            "align": "--align", "batch_window": "--window"}  # fmt: skip
-# Names with an underscore are never prose; "pieces" and "align" only as ``name=value``.
-_PARAM = re.compile(r"(?<![\w-])(\w+_\w+\b|pieces(?==)|align(?==))")
-
-
-def as_options(exc: ConfigError) -> ConfigError:
-    """``exc`` with the library's parameter names (``world_size``) as the options the user
-    typed (``--world-size``)."""
-    return ConfigError(_PARAM.sub(lambda m: _OPTIONS.get(m.group(1), m.group(1)), str(exc)))
+OPTIONS = {"world_size": "--world-size", "chunk_size": "--chunk-size",
+           "batch_size": "--batch-size", "passes_per_epoch": "--passes", "pieces": "--pieces",
+           "align": "--align", "batch_window": "--window"}  # fmt: skip
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -197,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except ConfigError as exc:
-        raise as_options(exc) from exc
+        raise as_options(exc, OPTIONS) from exc
 
 
 def _run(args: argparse.Namespace) -> int:

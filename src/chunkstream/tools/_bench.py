@@ -317,6 +317,7 @@ def plot_bench(
     state = "keeping up" if s.keeping_up else "NOT keeping up"
     title = (
         f"{report.path}: {s.label}, train {report.train}: {state}, "
-        f"stall {s.stall_fraction:.0%}, epoch {s.overlap:.2f}x ideal"
+        f"stall {s.stall_fraction:.0%}, epoch "
+        + (f"{s.overlap:.2f}x the ideal bound" if s.overlap >= 1 else "under the ideal estimate")
     )
     return str(plot_timeline(s.stats, out, title=title))
