@@ -50,12 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
-    from .._errors import ChunkstreamError
+    from .._errors import ChunkstreamError, FieldSelectionError
 
     try:
         return int(args.func(args) or 0)
     except (ChunkstreamError, OSError, ValueError) as exc:
-        print(f"chunkstream {args.command}: error: {exc}", file=sys.stderr)
+        # A selection error names the field; the user typed it in --fields.
+        where = "--fields: " if isinstance(exc, FieldSelectionError) else ""
+        print(f"chunkstream {args.command}: error: {where}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"chunkstream {args.command}: interrupted", file=sys.stderr)

@@ -6,10 +6,15 @@ import argparse
 import json
 import sys
 
-from ._checks import float_above, int_at_least, new_file, note, refuse, unused
+from .._errors import ConfigError
+from ._checks import as_options, float_above, int_at_least, new_file, note, refuse, unused
 from ._plan import add_data_arguments
 
 __all__ = ["register"]
+
+#: The library's parameter names in a refusal, and the options a bench user typed.
+OPTIONS = {"device": "--device", "gpu_prefetch": "--gpu-prefetch", "chunk_size": "--chunk-size",
+           "column": "--column", "stim_dims": "--stim-dims"}  # fmt: skip
 
 
 def _ints(text: str) -> list[int]:
@@ -118,6 +123,13 @@ def _on_cpu(device: str | None) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        raise as_options(exc, OPTIONS) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..tools import compare_local, open_bench_source, plot_bench, run_bench
 
     check(args)

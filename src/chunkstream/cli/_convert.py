@@ -6,9 +6,13 @@ import argparse
 import json
 
 from .._errors import ConfigError
-from ._checks import float_above, int_at_least, unused, writable_dir
+from ._checks import as_options, float_above, int_at_least, unused, writable_dir
 
 __all__ = ["register"]
+
+#: ``convert_store``'s parameter names in a refusal, and the options a user typed.
+OPTIONS = {"column": "--column", "stim_dims": "--stim-dims", "chunk_mb": "--chunk-mb",
+           "dtype": "--dtype", "workers": "--workers", "fields": "--fields"}  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,6 +74,13 @@ def _stim_dims(path: str, stim_dims: int | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        raise as_options(exc, OPTIONS) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..tools import convert_store, flyvis_fields
 
     writable_dir("OUT", args.out)

@@ -13,7 +13,8 @@ __all__ = ["register"]
 #: The library's parameter names in a refusal, and the options a plan user typed.
 OPTIONS = {"world_size": "--world-size", "chunk_size": "--chunk-size",
            "batch_size": "--batch-size", "passes_per_epoch": "--passes", "pieces": "--pieces",
-           "align": "--align", "batch_window": "--window"}  # fmt: skip
+           "align": "--align", "batch_window": "--window", "segments": "--segments",
+           "column": "--column"}  # fmt: skip
 
 
 def _shape(text: str) -> tuple[int, ...]:
