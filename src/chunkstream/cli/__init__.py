@@ -46,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error, printed in one line: its status, as a run's
+        if exc.code in (0, None):  # --help, --version
+            raise
+        return int(exc.code) if isinstance(exc.code, int) else 2
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0

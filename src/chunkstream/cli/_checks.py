@@ -37,10 +37,18 @@ __all__ = [
 ]
 
 
+_TYPE_ERROR = re.compile(r"argument (?P<option>[^/:\s]+)\S*: '(?P<value>[^']*)' is invalid: (?P<rest>.*)", re.S)
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line, with the help to read."""
 
     def error(self, message: str) -> NoReturn:
+        # argparse writes "argument --seed/-s: '-1' is invalid: ..."; the run's refusals
+        # read "--seed -1 is invalid: ...", and so does this.
+        match = _TYPE_ERROR.match(message)
+        if match:
+            message = f"{match['option']} {match['value']} is invalid: {match['rest']}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
