@@ -126,6 +126,9 @@ GOOD: dict[str, list[Good]] = {
         Good("--timesteps", synth("-T", "40"), lambda j, t: j["shapes"]["timeseries"][0] == 40),
         Good("--neurons", synth("-N", "6"), lambda j, t: j["shapes"]["timeseries"][1] == 6),
         Good("--stim-dims", synth("--stim-dims", "3"), lambda j, t: j["stim_dims"] == 3),
+        # left out with -N below its default of 64: every neuron gets a channel, no refusal
+        Good("--stim-dims", ["synth", "{tmp}/s", "-T", "64", "-N", "8", "--no-progress", "--json"],
+             lambda j, t: j["stim_dims"] == 8),
         Good("--dtype", synth("--dtype", "float16"),
              lambda j, t: zarr.open_array(str(t / "s/timeseries.zarr")).dtype == np.float16),
         Good("--zarr-format", synth("--zarr-format", "2"), lambda j, t: (t / "s/timeseries.zarr/.zarray").is_file()),
@@ -496,3 +499,27 @@ def test_demo_options_take_effect(stores, tmp_path, capsys):
     # --segments: validation is reported per held-out segment
     assert re.search(r"^\s+a/val\s+\d", out, re.MULTILINE), out
     assert re.search(r"^\s+b/val\s+\d", out, re.MULTILINE), out
+
+
+def test_figures_are_worded_for_what_happened(stores, capsys):
+    from chunkstream.tools._diagnosis import versus_bound
+
+    # a chunk longer than the data: streaming takes more device memory, said as such
+    rc, out, err = _cli(["plan", "--shape", "8192,64", "--batch-size", "32", "--chunk-size",
+                         "100000"], capsys)  # fmt: skip
+    assert rc == 0, err
+    assert "less device memory" not in out and "100% MORE device memory" in out
+    # a run under the ideal bound (an estimate from mean times) is not "0.89x" a floor
+    assert versus_bound(2.0, 1.0) == "epoch 2.00x the ideal bound"
+    under = versus_bound(0.89, 1.0)
+    assert "0.89x" not in under and "11% under the ideal bound's estimate" in under
+    # bench's table says what a figure below 1 in its "x ideal" column means
+    rc, out, err = _cli(_fill(["bench", "{arr}", "--chunks", "2", "--prefetch", "1", "--workers",
+                               "1", "--train-ms", "0", "--device", "cpu", "--no-progress"],
+                              stores, stores), capsys)  # fmt: skip
+    assert rc == 0, err
+    ratio = float(out.splitlines()[2].split()[11])  # the one setting's "x ideal", rounded
+    if ratio < 0.995:
+        assert "x ideal below 1: the run beat the ideal bound" in out, out
+    if "x ideal below 1" in out:
+        assert ratio <= 1.0, out
