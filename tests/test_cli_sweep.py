@@ -119,6 +119,8 @@ def _field(report: dict, name: str) -> dict:
     return next(f for f in report["fields"] if f["name"] == name)
 
 
+# The tables read better one row per line.
+# fmt: off
 GOOD: dict[str, list[Good]] = {
     "synth": [
         Good("OUT", synth(), lambda j, t: j["out"] == str(t / "s") and (t / "s/timeseries.zarr").is_dir()),
@@ -378,6 +380,8 @@ BAD: dict[str, list[Bad]] = {
     ],
 }
 
+# fmt: on
+
 #: Flags with no value to get wrong; what takes their place is said here.
 NO_BAD = {
     ("synth", "--overwrite"): "OUT's row: an existing dataset without it is refused",
@@ -416,6 +420,14 @@ def test_the_sweep_lists_every_option_of_every_subcommand():
         assert options - good == set(), f"{name}: options without a sensible-value row"
         assert options - bad == set(), f"{name}: options without a bad-value row"
         assert (good | bad) - options == set(), f"{name}: rows for options the parser lacks"
+
+
+def test_every_documented_cli_row_has_a_bad_case():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "parameters.md").read_text()
+    rows = re.findall(r"^\| `chunkstream (\w+) (\S+)` \|", text, flags=re.MULTILINE)
+    assert len(rows) > 10, "no CLI rows found in docs/parameters.md"
+    missing = [(c, o) for c, o in rows if o not in {b.option for b in BAD.get(c, [])}]
+    assert missing == [], "documented CLI refusals without a case here"
 
 
 @pytest.mark.parametrize(
@@ -486,7 +498,7 @@ def test_demo_options_take_effect(stores, tmp_path, capsys):
     assert "chunk_size=64, batch_size=8" in out  # --chunk-size, --batch-size
     assert (tmp_path / "d/checkpoint.pt").is_file()  # --out
     # run 2: --resume continues the checkpoint to --epochs 2: only epoch 2 runs
-    rc, out, err = _cli(argv[:-1] + ["--epochs", "2", "--resume"], capsys)
+    rc, out, err = _cli([*argv[:-1], "--epochs", "2", "--resume"], capsys)
     assert rc == 0, err
     assert re.findall(r"epoch (\d+)/2", out) == ["2"], out
     # run 3: --data on the module's run, --stim-dims picks its stimulus, --segments

@@ -42,7 +42,7 @@ def check_loader_state(state: object) -> None:
         )  # fmt: skip
 
 
-def check_stream_state(state: object, *, batches_per_chunk: int, mix: int) -> None:
+def check_stream_state(state: object, *, batches_per_chunk: int) -> None:
     """Refuse a ``BatchStream`` state saved under another configuration, naming the
     setting that differs, before its own range checks would blame the value."""
     if not isinstance(state, Mapping):
@@ -53,17 +53,19 @@ def check_stream_state(state: object, *, batches_per_chunk: int, mix: int) -> No
             "This is a ChunkLoader state: pass it to loader.load_state_dict, or save the "
             "stream's own state with BatchStream.state_dict().",
         )  # fmt: skip
-    for name, own in (("batches_per_chunk", batches_per_chunk), ("mix", mix)):
-        saved = state.get(name)
-        if saved is not None and saved != own:
-            raise ConfigError(
-                f"state saved with {name}={saved} cannot resume a BatchStream with "
-                f"{name}={own}: its batches are counted per chunk of that run. Resume with "
-                f"{name}={saved} (the interrupted run's settings), or start the epoch afresh."
-            )
+    saved = state.get("batches_per_chunk")
+    if saved is not None and saved != batches_per_chunk:
+        raise ConfigError(
+            f"state saved with batches_per_chunk={saved} cannot resume a BatchStream with "
+            f"batches_per_chunk={batches_per_chunk}: its 'batch' counts batches of a chunk of "
+            f"that run. Resume with batches_per_chunk={saved} (the interrupted run's "
+            "settings), or start the epoch afresh."
+        )
 
 
-def check_checkpoint_config(saved: Mapping[str, object] | None, config: Mapping[str, object]) -> None:
+def check_checkpoint_config(
+    saved: Mapping[str, object] | None, config: Mapping[str, object]
+) -> None:
     """Refuse a trainer checkpoint written under other :data:`RESUME_SETTINGS`."""
     if not saved:
         return

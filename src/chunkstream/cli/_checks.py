@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 
-_TYPE_ERROR = re.compile(r"argument (?P<option>[^/:\s]+)\S*: '(?P<value>[^']*)' is invalid: (?P<rest>.*)", re.S)
+_TYPE_ERROR = re.compile(
+    r"argument (?P<option>[^/:\s]+)\S*: '(?P<value>[^']*)' is invalid: (?P<rest>.*)", re.S
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,7 +79,9 @@ def int_at_least(minimum: int, fix: str = "") -> Callable[[str], int]:
     return parse
 
 
-def float_above(minimum: float, fix: str = "", *, inclusive: bool = False) -> Callable[[str], float]:
+def float_above(
+    minimum: float, fix: str = "", *, inclusive: bool = False
+) -> Callable[[str], float]:
     """An argparse ``type=``: a finite float > ``minimum`` (>= with ``inclusive``)."""
 
     def parse(text: str) -> float:
@@ -149,7 +153,8 @@ def as_options(exc: ConfigError, options: dict[str, str]) -> ConfigError:
     the user typed (``--world-size``). Names with an underscore are never prose and are
     replaced anywhere; the others only as ``name=value``."""
     words = "|".join(
-        re.escape(n) + ("\\b" if "_" in n else "(?==)") for n in sorted(options, key=len, reverse=True)
+        re.escape(n) + ("\\b" if "_" in n else "(?==)")
+        for n in sorted(options, key=len, reverse=True)
     )
     pattern = re.compile(rf"(?<![\w-])({words})")
     return ConfigError(pattern.sub(lambda m: options[m.group(1)], str(exc)))

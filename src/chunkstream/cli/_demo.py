@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .._errors import ConfigError
-from ._checks import as_options, int_at_least, note, refuse, unused, writable_dir
+from ._checks import as_options, int_at_least, note, refuse, writable_dir
 
 __all__ = ["register"]
 

@@ -251,8 +251,8 @@ def _run(args: argparse.Namespace) -> int:
     if report.device == "cuda":
         print(f"  {saving_words(report.saving)}")
     print(f"mode with resident='auto': {report.mode}")
-    for note in report.notes:
-        print(f"note: {note}")
+    for text in report.notes:
+        print(f"note: {text}")
     b = report.budget
     if b is not None:
         budgets = ", ".join(f"{k} {format_bytes(v)}" for k, v in

@@ -301,14 +301,13 @@ class BatchStream:
             "batch": batch,
             "refill": refill,
             "batches_per_chunk": self.batches_per_chunk,
-            "mix": self.mix,
             "seed": self.seed,
             "align": self.align,
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches."""
-        check_stream_state(state, batches_per_chunk=self.batches_per_chunk, mix=self.mix)
+        check_stream_state(state, batches_per_chunk=self.batches_per_chunk)
         try:
             loader_state = state["loader"]
             batch = state["batch"]

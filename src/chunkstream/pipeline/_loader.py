@@ -28,9 +28,9 @@ import torch
 
 from .._device import device_binder
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
-from .._resume import check_loader_state
 from .._executor import POLL_S, Executor
 from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
+from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
 from ..plans import EpochCursor, EpochSpan, Segments, Uneven, WindowPlan, loader_plan
 from ..sources import Source, check_source, describe_source, stored_time_chunk, window_nbytes
