@@ -115,6 +115,15 @@ def demo(*extra: str) -> list[str]:
             "--no-progress", *extra]  # fmt: skip
 
 
+def _starts(seed: int) -> list[int]:
+    """The first two window starts of a loader over the module's T steps (bench's plan)."""
+    import chunkstream as cs
+
+    source = cs.NumpySource({"x": np.zeros((T, 1), np.float32)})
+    with cs.ChunkLoader(source, 32, device="cpu", seed=seed, sampling="random") as loader:
+        return [chunk.start for chunk in loader.epoch(2)]
+
+
 def _field(report: dict, name: str) -> dict:
     return next(f for f in report["fields"] if f["name"] == name)
 
@@ -193,7 +202,7 @@ GOOD: dict[str, list[Good]] = {
         Good("--host-slots", plan("--host-slots", "6"), lambda j, t: j["streaming"]["pinned_bytes"] == 6 * j["chunk_bytes"]),
         Good("--passes", plan("--passes", "2"), lambda j, t: j["epoch"]["chunks_per_epoch"] == 16),
         Good("--world-size", plan("--world-size", "2"), lambda j, t: j["epoch"]["chunks_per_epoch"] == 4),
-        Good("--align", plan("--align", "4"), lambda j, t: j["chunk_size"] == 128),
+        Good("--align", plan("--align", "4", "--pieces", "2"), lambda j, t: j["pieces"]["piece_align"] == 4),
         Good("--pieces", plan("--pieces", "4"), lambda j, t: j["pieces"]["piece_size"] == 32),
         Good("--segments", plan("--segments", "{seg}", data=("{arr}",)),
              lambda j, t: set(j["pieces"]["valid_starts"]) == {"a", "b"}),
@@ -224,7 +233,8 @@ GOOD: dict[str, list[Good]] = {
         Good("--train-steps", bench("--train", "matmul", "--train-ms", "50", "--train-steps", "2"),
              lambda j, t: j["train"].startswith("matmul x2")),
         Good("--device", bench(), lambda j, t: j["device"] == "cpu"),
-        Good("--seed", bench("--seed", "3", "--chunk-size", "32"), lambda j, t: j["settings"][0]["chunks"][0]["start"] % 1 == 0),
+        Good("--seed", bench("--seed", "3", "--chunk-size", "32"),
+             lambda j, t: [c["start"] for c in j["settings"][0]["chunks"]] == _starts(seed=3) != _starts(seed=0)),
         Good("--plot", bench("--plot", "{tmp}/t.png"), lambda j, t: (t / "t.png").is_file()),
         Good("--plot-setting", bench("--prefetch", "1,2", "--plot", "{tmp}/t.png", "--plot-setting", "2,1"),
              lambda j, t: (t / "t.png").is_file()),
