@@ -56,8 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="synthetic timesteps (default %(default)s)")  # fmt: skip
     p.add_argument("--neurons", type=int_at_least(1), default=DEFAULTS["neurons"],
                    help="synthetic neurons (default %(default)s)")  # fmt: skip
-    p.add_argument("--stim-dims", type=int_at_least(1), default=DEFAULTS["stim_dims"],
-                   help="stimulus channels (default %(default)s)")  # fmt: skip
+    p.add_argument("--stim-dims", type=int_at_least(1), default=None,
+                   help=f"stimulus channels (default {DEFAULTS['stim_dims']}, or the neurons "
+                        "when fewer)")  # fmt: skip
     p.add_argument("--epochs", type=int_at_least(1), default=DEFAULTS["epochs"],
                    help="epochs (default %(default)s)")  # fmt: skip
     p.add_argument("--chunk-size", type=int_at_least(1), default=DEFAULTS["chunk_size"],
@@ -83,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _open(path: Path, stim_dims: int):
+def _open(path: Path, stim_dims: int | None):
     """The FlyVis fields ``voltage`` and ``stimulus`` of ``path/timeseries.zarr``."""
     from ..sources import ZarrSource
 
@@ -98,7 +99,11 @@ def _open(path: Path, stim_dims: int):
     from ..tools._layout import check_flyvis_stim_dims
     from ..tools._stores import open_arrays
 
-    check_flyvis_stim_dims(open_arrays(path), stim_dims, f"--data {str(path)!r}")
+    arrays = open_arrays(path)
+    if stim_dims is None:  # the default, or every neuron when there are fewer
+        neurons = getattr(arrays.get("timeseries"), "shape", (0, DEFAULTS["stim_dims"]))[1]
+        stim_dims = min(DEFAULTS["stim_dims"], int(neurons))
+    check_flyvis_stim_dims(arrays, stim_dims, f"--data {str(path)!r}")
     return ZarrSource(
         str(store), fields={"voltage": (slice(None), 0), "stimulus": (slice(0, stim_dims), 1)}
     )
@@ -116,6 +121,8 @@ def check(args: argparse.Namespace) -> None:
             if value != DEFAULTS[key]:
                 raise ConfigError(f"{option} {value} has no effect with --data (it sizes the "
                                   f"synthetic dataset): drop {option}, or drop --data.")  # fmt: skip
+    elif args.stim_dims is None:
+        args.stim_dims = min(DEFAULTS["stim_dims"], args.neurons)
     elif args.stim_dims > args.neurons:
         raise refuse("--stim-dims", args.stim_dims, f"at most --neurons={args.neurons}",
                      f"Pass --stim-dims {args.neurons} or fewer, or raise --neurons.")  # fmt: skip
