@@ -129,10 +129,13 @@ def check(args: argparse.Namespace) -> None:
     if args.chunk_size < args.batch_size:
         raise refuse("--chunk-size", args.chunk_size, f"at least --batch-size={args.batch_size}",
                      "Not one batch fits in a chunk: raise --chunk-size or lower --batch-size.")  # fmt: skip
-    if args.segments is not None:
-        from ..plans import Segments
+    if args.segments is not None:  # a missing or malformed file, before any write
+        from ..plans import Segments, as_segments
 
-        Segments.read(args.segments)  # a missing or malformed file, before any write
+        if args.data is None:
+            as_segments(args.segments, args.timesteps)  # and inside the synthetic data
+        else:
+            Segments.read(args.segments)
     if args.device is not None:
         from ..pipeline import resolve_device
 
