@@ -8,8 +8,10 @@ messages of one form: ``--option VALUE is invalid: expected ...; the fix``.
   argument) as one line, ``chunkstream CMD: error: ...``, like the run errors.
 * :func:`int_at_least` / :func:`float_above` are argparse ``type=`` functions:
   a zero, negative or non-numeric value is refused while parsing.
-* :func:`refuse`, :func:`unused` and :func:`new_file` are for the checks that
-  need more than one option (a missing dependency option, a conflict, a path).
+* :func:`refuse`, :func:`unused`, :func:`new_file` and :func:`writable_dir` are for
+  the checks that need more than one option (a missing dependency option, a
+  conflict, a path); :func:`note` names an option that changes nothing in this run.
+* :func:`as_options` rewrites a library refusal's parameter names as options.
 """
 
 from __future__ import annotations
