@@ -198,6 +198,36 @@ def _stream_state(state):
         cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2).load_state_dict(state)
 
 
+def _stream_state_from(batches_per_chunk, **kwargs):
+    """A BatchStream state saved mid-epoch by a stream with ``batches_per_chunk``."""
+    with _loader() as loader:
+        stream = cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=batches_per_chunk)
+        iterator = iter(stream)
+        next(iterator)
+        state = stream.state_dict()
+        iterator.close()
+    return state
+
+
+def _loader_state_past_its_end():
+    with _loader() as loader:
+        next(iter(loader.epoch(8)))
+        state = loader.state_dict()
+    return {**state, "step": 500}
+
+
+def _resume_trainer(tmp: Path, **saved):
+    """Resume a trainer from a checkpoint whose config differs in ``saved``."""
+    from chunkstream.train import TrainConfig, Trainer
+
+    source = cs.NumpySource({"voltage": np.zeros((600, 6), np.float32),
+                             "stimulus": np.zeros((600, 2), np.float32)})  # fmt: skip
+    config = TrainConfig(chunk_size=64, batch_size=8, epochs=1, device="cpu", progress=False,
+                         tensorboard=False, mix=1, pieces=1)  # fmt: skip
+    torch.save({"config": {**config.to_dict(), **saved}}, tmp / "checkpoint.pt")
+    Trainer(source, config, out_dir=None).fit(resume=tmp / "checkpoint.pt")
+
+
 def _compat_epoch(num_chunks):
     with compat.RandomChunkLoader(_load, 500, 50, device="cpu") as loader:
         loader.start_epoch(num_chunks)
@@ -218,7 +248,7 @@ CASES = [
     ("ChunkLoader.pieces", lambda t: _loader(pieces=0),
      cs.ConfigError, ValueError, ["pieces=0", ">= 1", "pieces=1"]),
     ("ChunkLoader.pieces", lambda t: _loader(pieces=3),
-     cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2]"]),
+     cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2, 5, 10, 25, 50]"]),
     ("ChunkLoader.pieces", lambda t: _loader(pieces=10, window=8),
      cs.ConfigError, ValueError, ["pieces=10", "batch window 8", "pieces <= 6"]),
     ("ChunkLoader.pieces", lambda t: _loader(chunk_size=800, pieces=4),
@@ -319,6 +349,10 @@ CASES = [
      cs.ConfigError, ValueError, ["state={}", "state_dict()"]),
     ("ChunkLoader.load_state_dict.state", lambda t: _state({"epoch": -1, "step": 0}),
      cs.ConfigError, ValueError, ["state=", "'epoch': -1", "non-negative"]),
+    ("ChunkLoader.load_state_dict.state", lambda t: _state(_loader_state_past_its_end()),
+     cs.ConfigError, ValueError, ["'step'=500 at most 'num_chunks'=8", "ChunkLoader.state_dict()"]),
+    ("ChunkLoader.load_state_dict.state", lambda t: _state(_stream_state_from(2)),
+     cs.ConfigError, ValueError, ["BatchStream state", "pass state['loader']"]),
     ("ZarrSource.path.missing", lambda t: cs.ZarrSource(t / "nope.zarr"),
      cs.SourceNotFoundError, FileNotFoundError, ["path", "nope.zarr", "Check the path"]),
     ("ZarrSource.path.not_zarr", lambda t: (t / "plain").mkdir() or cs.ZarrSource(t / "plain"),
@@ -467,6 +501,13 @@ CASES = [
     ("BatchStream.load_state_dict.state",
      lambda t: _stream_state({"loader": {"epoch": 0, "step": 0}, "batch": 2}),
      cs.ConfigError, ValueError, ["state=", "'batch' in [0, batches_per_chunk=2)"]),
+    ("BatchStream.load_state_dict.state", lambda t: _stream_state(_stream_state_from(16)),
+     cs.ConfigError, ValueError, ["saved with batches_per_chunk=16", "with batches_per_chunk=2",
+                                  "Resume with batches_per_chunk=16"]),
+    ("BatchStream.load_state_dict.state", lambda t: _stream_state({"epoch": 0, "step": 1}),
+     cs.ConfigError, ValueError, ["ChunkLoader state", "loader.load_state_dict"]),
+    ("Trainer.fit.resume", lambda t: _resume_trainer(t, chunk_size=128),
+     cs.ConfigError, ValueError, ["chunk_size=128 (now 64)", "Resume with the checkpoint's"]),
     ("BatchStream.dtype", lambda t: _stream(dtype=torch.int64),
      cs.ConfigError, ValueError, ["dtype=torch.int64", "torch.float32", "floating torch dtype"]),
     ("BatchStream.mix", lambda t: _stream(mix=0),
@@ -592,6 +633,7 @@ def test_check_int_is_the_one_integer_rule():
 
 def test_every_documented_row_has_a_case_and_every_case_a_row():
     rows = set(re.findall(r"^\| `([^`]+)` \|", DOC.read_text(), flags=re.MULTILINE))
+    rows = {r for r in rows if not r.startswith("chunkstream ")}  # tests/test_cli_sweep.py
     cases = {case[0] for case in CASES}
     assert rows, "no rows found in docs/parameters.md"
     assert rows - cases == set(), "documented rows without a test"

@@ -131,7 +131,7 @@ def test_parse_bytes():
     (["--chunk-size", "64", "--batch-size", "5000"], "--batch-size=5000"),
     (["--chunk-size", "64", "--batch-size", "8", "--gpu-mem", "100B"], "--gpu-mem"),
     (["--chunk-size", "64", "--batch-size", "8", "--host-mem", "lots"], "--host-mem"),
-    (["--chunk-size", "0", "--batch-size", "8"], "--chunk-size=0"),
+    (["--chunk-size", "0", "--batch-size", "8"], "--chunk-size 0 is invalid"),
     (["--chunk-size", "64", "--batch-size", "8", "--val-fraction", "1.5"], "--val-fraction"),
 ])  # fmt: skip
 def test_refusals_exit_2_with_one_line(capsys, argv, words):

@@ -5,6 +5,8 @@ Each subcommand lives in ``chunkstream/cli/_<name>.py`` and exposes
 ``func(args) -> int``. Errors the user can fix (a bad path, an impossible
 setting) are ``ChunkstreamError``/``OSError``/``ValueError``; they print one
 line naming the problem and the fix and exit with status 2, never a traceback.
+Options are checked (``_checks``) before anything is written, and an option
+that has no effect in the given combination is refused or noted, never ignored.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ _COMMANDS = ("demo", "synth", "inspect", "convert", "plan", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from ._checks import Parser
+
+    parser = Parser(
         prog="chunkstream",
         description="Stream windows of huge zarr time series to the GPU while the model trains.",
     )
@@ -42,16 +46,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error, printed in one line: its status, as a run's
+        if exc.code in (0, None):  # --help, --version
+            raise
+        return int(exc.code) if isinstance(exc.code, int) else 2
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
-    from .._errors import ChunkstreamError
+    from .._errors import ChunkstreamError, FieldSelectionError
 
     try:
         return int(args.func(args) or 0)
     except (ChunkstreamError, OSError, ValueError) as exc:
-        print(f"chunkstream {args.command}: error: {exc}", file=sys.stderr)
+        # A selection error names the field; the user typed it in --fields.
+        where = "--fields: " if isinstance(exc, FieldSelectionError) else ""
+        print(f"chunkstream {args.command}: error: {where}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"chunkstream {args.command}: interrupted", file=sys.stderr)

@@ -6,8 +6,13 @@ import argparse
 import json
 
 from .._errors import ConfigError
+from ._checks import as_options, float_above, int_at_least, unused, writable_dir
 
 __all__ = ["register"]
+
+#: ``convert_store``'s parameter names in a refusal, and the options a user typed.
+OPTIONS = {"column": "--column", "stim_dims": "--stim-dims", "chunk_mb": "--chunk-mb",
+           "dtype": "--dtype", "workers": "--workers", "fields": "--fields"}  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="fill --fields for the FlyVis layout from --column and --stim-dims")  # fmt: skip
     p.add_argument("--column", default="voltage",
                    help="with --flyvis: voltage, calcium, fluorescence or stimulus, or id 3/4/7/8")  # fmt: skip
-    p.add_argument("--stim-dims", type=int, default=1736,
-                   help="with --flyvis: stimulus neurons (default 1736)")  # fmt: skip
-    p.add_argument("--chunk-mb", type=float, default=32.0,
+    p.add_argument("--stim-dims", type=int_at_least(1), default=None,
+                   help="with --flyvis: stimulus neurons (default 1736, or N when fewer)")  # fmt: skip
+    p.add_argument("--chunk-mb", type=float_above(0.0), default=32.0,
                    help="target decoded MiB per output chunk (default 32)")  # fmt: skip
     p.add_argument("--codec", choices=CODECS, default="blosc-zstd",
                    help="output compression (default blosc-zstd)")  # fmt: skip
@@ -45,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=OUT_DTYPES, default=None,
                    help="write every field in this dtype (e.g. float16: half the bytes to "
                         "read and stream); reports the max abs rounding error on a sample")  # fmt: skip
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=int_at_least(1), default=None,
                    help="parallel slab copies (default min(4, cores))")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="delete an existing OUT first")
     p.add_argument("--no-verify", action="store_true", help="skip the final checksum pass")
@@ -54,14 +59,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _stim_dims(path: str, stim_dims: int | None) -> int:
+    """``--stim-dims``, or its default (1736, or the neurons of ``path/timeseries`` when
+    fewer); one beyond the neurons is refused, never cut to them."""
+    from ..tools._layout import check_flyvis_stim_dims
+    from ..tools._stores import open_arrays
+
+    arrays = open_arrays(path)
+    if stim_dims is None:
+        neurons = getattr(arrays.get("timeseries"), "shape", (0, 1736))[1:2] or (1736,)
+        return min(1736, int(neurons[0]))
+    check_flyvis_stim_dims(arrays, stim_dims, f"{path!r}")
+    return stim_dims
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        raise as_options(exc, OPTIONS) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..tools import convert_store, flyvis_fields
 
+    writable_dir("OUT", args.out)
     if args.flyvis:
         if args.fields:
             raise ConfigError("--flyvis fills --fields itself: pass one or the other.")
         column = int(args.column) if args.column.isdigit() else args.column
-        fields = flyvis_fields(column, args.stim_dims)
+        fields = flyvis_fields(column, _stim_dims(args.input, args.stim_dims))
+    elif args.column != "voltage":
+        raise unused("--column", args.column, "--flyvis", "it picks a FlyVis column")
+    elif args.stim_dims is not None:
+        raise unused("--stim-dims", args.stim_dims, "--flyvis", "--fields says what to read")
     elif args.fields:
         fields = args.fields
     else:

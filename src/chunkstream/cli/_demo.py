@@ -14,7 +14,15 @@ import json
 import time
 from pathlib import Path
 
+from .._errors import ConfigError
+from ._checks import as_options, int_at_least, note, refuse, writable_dir
+
 __all__ = ["register"]
+
+#: TrainConfig's parameter names in a refusal, and the demo's options.
+OPTIONS = {"chunk_size": "--chunk-size", "batch_size": "--batch-size", "pieces": "--pieces",
+           "mix": "--mix", "epochs": "--epochs", "segments": "--segments",
+           "device": "--device", "seed": "--seed"}  # fmt: skip
 
 DEFAULTS = {
     "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
@@ -44,15 +52,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None,
                    help="a FlyVis-layout directory (timeseries.zarr); default: write a synthetic "
                         "one under OUT/data (cached)")  # fmt: skip
-    p.add_argument("--timesteps", type=int, default=DEFAULTS["timesteps"],
+    p.add_argument("--timesteps", type=int_at_least(1), default=DEFAULTS["timesteps"],
                    help="synthetic timesteps (default %(default)s)")  # fmt: skip
-    p.add_argument("--neurons", type=int, default=DEFAULTS["neurons"],
+    p.add_argument("--neurons", type=int_at_least(1), default=DEFAULTS["neurons"],
                    help="synthetic neurons (default %(default)s)")  # fmt: skip
-    p.add_argument("--stim-dims", type=int, default=DEFAULTS["stim_dims"],
-                   help="stimulus channels (default %(default)s)")  # fmt: skip
-    p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"],
+    p.add_argument("--stim-dims", type=int_at_least(1), default=None,
+                   help=f"stimulus channels (default {DEFAULTS['stim_dims']}, or the neurons "
+                        "when fewer)")  # fmt: skip
+    p.add_argument("--epochs", type=int_at_least(1), default=DEFAULTS["epochs"],
                    help="epochs (default %(default)s)")  # fmt: skip
-    p.add_argument("--chunk-size", type=int, default=DEFAULTS["chunk_size"],
+    p.add_argument("--chunk-size", type=int_at_least(1), default=DEFAULTS["chunk_size"],
                    help="timesteps per streamed chunk (default %(default)s)")  # fmt: skip
     p.add_argument("--pieces", type=_auto_int, default=DEFAULTS["pieces"],
                    help="pieces per chunk, from independent places (default %(default)s: up to "
@@ -64,18 +73,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--segments", default=None,
                    help="a CSV or JSON file of (start, stop, name) segments: no window crosses "
                         "one, the end of each is held out, validation is reported per segment")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=32, help="windows per batch (default 32)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=32, help="windows per batch (default 32)")
     p.add_argument("--device", default=None, help="cuda, cuda:k or cpu (default: cuda if present)")
     p.add_argument("--out", default="chunkstream-demo",
                    help="output folder (default ./chunkstream-demo)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="also write OUT/result.json")
     p.set_defaults(func=run)
 
 
-def _open(path: Path, stim_dims: int):
+def _open(path: Path, stim_dims: int | None):
     """The FlyVis fields ``voltage`` and ``stimulus`` of ``path/timeseries.zarr``."""
     from ..sources import ZarrSource
 
@@ -87,6 +96,14 @@ def _open(path: Path, stim_dims: int):
             f"--data {str(path)!r} has no timeseries.zarr: pass a FlyVis-layout directory, "
             "or leave --data out to use a synthetic dataset."
         )
+    from ..tools._layout import check_flyvis_stim_dims
+    from ..tools._stores import open_arrays
+
+    arrays = open_arrays(path)
+    if stim_dims is None:  # the default, or every neuron when there are fewer
+        neurons = getattr(arrays.get("timeseries"), "shape", (0, DEFAULTS["stim_dims"]))[1]
+        stim_dims = min(DEFAULTS["stim_dims"], int(neurons))
+    check_flyvis_stim_dims(arrays, stim_dims, f"--data {str(path)!r}")
     return ZarrSource(
         str(store), fields={"voltage": (slice(None), 0), "stimulus": (slice(0, stim_dims), 1)}
     )
@@ -96,11 +113,57 @@ def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:,.1f} MB"
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse, before anything is written, what cannot run or has no effect."""
+    synthetic = ("--timesteps", args.timesteps, "timesteps"), ("--neurons", args.neurons, "neurons")
+    if args.data is not None:
+        for option, value, key in synthetic:
+            if value != DEFAULTS[key]:
+                raise ConfigError(f"{option} {value} has no effect with --data (it sizes the "
+                                  f"synthetic dataset): drop {option}, or drop --data.")  # fmt: skip
+    elif args.stim_dims is None:
+        args.stim_dims = min(DEFAULTS["stim_dims"], args.neurons)
+    elif args.stim_dims > args.neurons:
+        raise refuse("--stim-dims", args.stim_dims, f"at most --neurons={args.neurons}",
+                     f"Pass --stim-dims {args.neurons} or fewer, or raise --neurons.")  # fmt: skip
+    if args.chunk_size < args.batch_size:
+        raise refuse("--chunk-size", args.chunk_size, f"at least --batch-size={args.batch_size}",
+                     "Not one batch fits in a chunk: raise --chunk-size or lower --batch-size.")  # fmt: skip
+    if args.segments is not None:  # a missing or malformed file, before any write
+        from ..plans import Segments, as_segments
+
+        if args.data is None:
+            as_segments(args.segments, args.timesteps)  # and inside the synthetic data
+        else:
+            Segments.read(args.segments)
+    if args.device is not None:
+        from ..pipeline import resolve_device
+
+        resolve_device(args.device)
+    if args.resume and not (Path(args.out) / "checkpoint.pt").is_file():
+        note("demo", f"--resume: no checkpoint in {args.out}, so the run starts from scratch")
+    writable_dir("--out", args.out)
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        raise as_options(exc, OPTIONS) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..stats import plot_timeline
     from ..tools import ensure_synthetic
     from ..train import TrainConfig, Trainer
 
+    check(args)
+    # Checked before the dataset is written: a bad --pieces, --mix or --segments costs nothing.
+    config = TrainConfig(
+        chunk_size=args.chunk_size, batch_size=args.batch_size, epochs=args.epochs,
+        device=args.device, seed=args.seed, progress=not args.no_progress, pieces=args.pieces,
+        mix=args.mix, segments=args.segments,
+    )  # fmt: skip
     out = Path(args.out)
     began = time.perf_counter()
     if args.data is None:
@@ -118,11 +181,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         data = Path(args.data)
     source = _open(data, args.stim_dims)
-    config = TrainConfig(
-        chunk_size=args.chunk_size, batch_size=args.batch_size, epochs=args.epochs,
-        device=args.device, seed=args.seed, progress=not args.no_progress, pieces=args.pieces,
-        mix=args.mix, segments=args.segments,
-    )  # fmt: skip
 
     def on_epoch(trainer: Trainer, record) -> None:
         parts = ", ".join(f"{k} {v:.4f}" for k, v in record.losses.items() if k != "loss")
@@ -133,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         trainer = Trainer(source, config, out_dir=out, on_epoch=on_epoch)
+        if isinstance(args.pieces, int) and trainer.pieces != args.pieces:
+            note("demo", f"--pieces {args.pieces}: using {trainer.pieces}, the most up to "
+                         f"{args.pieces} that divide --chunk-size {args.chunk_size} into pieces "
+                         f"of at least the {config.window}-step window")  # fmt: skip
         print(f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
               f"pieces/chunk, batches mixed over {trainer.mix} chunks; window {config.window} timesteps "
               f"({config.evolve_multiple_steps} rollout steps)")  # fmt: skip

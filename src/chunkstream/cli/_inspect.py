@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._checks import int_at_least, refuse, unused
+
 __all__ = ["register"]
 
 
@@ -26,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fields as NAME=INDEX on the non-time axes (e.g. 'voltage=:,0' "
              "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays",
     )  # fmt: skip
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=int_at_least(1), default=None,
                    help="also report amplification for random windows of this many timesteps")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
@@ -39,7 +41,15 @@ def _mb(n: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..tools import inspect_store
 
+    if args.window is not None and not args.fields:
+        raise unused("--window", args.window, "--fields", "it sizes the fields' windows")
     report = inspect_store(args.path, args.fields, window=args.window)
+    timesteps = {a.name: a.shape[0] for a in report.arrays}
+    for f in report.fields:
+        if args.window is not None and args.window > timesteps[f.array]:
+            raise refuse("--window", args.window,
+                         f"at most the {timesteps[f.array]} timesteps of {f.array!r}",
+                         "Pass a window no longer than the data.")  # fmt: skip
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

@@ -6,8 +6,15 @@ import argparse
 import json
 
 from .._errors import ConfigError
+from ._checks import as_options, float_above, int_at_least, note, refuse, unused
 
 __all__ = ["register"]
+
+#: The library's parameter names in a refusal, and the options a plan user typed.
+OPTIONS = {"world_size": "--world-size", "chunk_size": "--chunk-size",
+           "batch_size": "--batch-size", "passes_per_epoch": "--passes", "pieces": "--pieces",
+           "align": "--align", "batch_window": "--window", "segments": "--segments",
+           "column": "--column"}  # fmt: skip
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -35,7 +42,7 @@ def add_data_arguments(p: argparse.ArgumentParser, *, shape: bool) -> None:
                         "(default voltage)")  # fmt: skip
     help_stim = "stimulus channels (FlyVis: the first N neurons of column 4"
     help_stim += "; with --shape: adds a (T, N) stimulus field)" if shape else ")"
-    p.add_argument("--stim-dims", type=int, default=None, help=help_stim)
+    p.add_argument("--stim-dims", type=int_at_least(1), default=None, help=help_stim)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,20 +67,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="plan for an array of this shape instead of a store")  # fmt: skip
     p.add_argument("--dtype", default="float32", help="dtype with --shape (default float32)")
     add_data_arguments(p, shape=True)
-    p.add_argument("--chunk-size", type=int, required=True, help="timesteps per chunk")
-    p.add_argument("--batch-size", type=int, required=True, help="batch size")
-    p.add_argument("--window", type=int, default=1,
+    p.add_argument("--chunk-size", type=int_at_least(1), required=True, help="timesteps per chunk")
+    p.add_argument("--batch-size", type=int_at_least(1), required=True, help="batch size")
+    p.add_argument("--window", type=int_at_least(1), default=1,
                    help="timesteps of one training window (default 1)")  # fmt: skip
-    p.add_argument("--prefetch", type=int, default=2, help="chunks read ahead (default 2)")
-    p.add_argument("--gpu-prefetch", type=int, default=1,
+    p.add_argument("--prefetch", type=int_at_least(1), default=2, help="chunks read ahead (default 2)")
+    p.add_argument("--gpu-prefetch", type=int_at_least(1), default=1,
                    help="chunks kept ready on the device (default 1)")  # fmt: skip
-    p.add_argument("--workers", type=int, default=2, help="reader threads (default 2)")
-    p.add_argument("--host-slots", type=int, default=None,
+    p.add_argument("--workers", type=int_at_least(1), default=2, help="reader threads (default 2)")
+    p.add_argument("--host-slots", type=int_at_least(1), default=None,
                    help="pinned host slots (default prefetch + workers)")  # fmt: skip
-    p.add_argument("--passes", type=int, default=1, help="data passes per epoch (default 1)")
-    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
-    p.add_argument("--align", type=int, default=1, help="window starts multiple of (default 1)")
-    p.add_argument("--pieces", type=int, default=1,
+    p.add_argument("--passes", type=int_at_least(1), default=1, help="data passes per epoch (default 1)")
+    p.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks (default 1)")
+    p.add_argument("--align", type=int_at_least(1), default=1, help="window starts multiple of (default 1)")
+    p.add_argument("--pieces", type=int_at_least(1), default=1,
                    help="pieces per chunk (chunk_size // pieces timesteps each, from "
                         "independent places; default 1: contiguous)")  # fmt: skip
     p.add_argument("--segments", default=None,
@@ -81,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "prints the valid piece starts per segment")  # fmt: skip
     p.add_argument("--sampling", choices=("random", "shuffled", "sequential"),
                    default="shuffled", help="the plan, for chunks per pass (default shuffled)")  # fmt: skip
-    p.add_argument("--val-fraction", type=float, default=0.0,
+    p.add_argument("--val-fraction", type=float_above(0.0, inclusive=True), default=0.0,
                    help="fraction of timesteps held out and kept on the device (default 0)")  # fmt: skip
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="where training runs (default cuda)")  # fmt: skip
@@ -92,20 +99,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def layout_from_args(args: argparse.Namespace):
-    """The data layout the arguments describe (a store, or --shape)."""
+    """The data layout the arguments describe (a store, or --shape); an option that has
+    no effect on it is refused."""
     from ..tools import layout_from_shape, layout_from_store
 
-    if args.path is None and getattr(args, "shape", None) is None:
+    shape = getattr(args, "shape", None)
+    if args.path is None and shape is None:
         raise ConfigError("give a store PATH or --shape T,N[,...]: nothing to plan for.")
-    if args.path is not None and getattr(args, "shape", None) is not None:
+    if args.path is not None and shape is not None:
         raise ConfigError("give either a store PATH or --shape, not both.")
-    if args.path is None:
-        return layout_from_shape(args.shape, args.dtype, args.stim_dims)
     if args.flyvis and args.fields:
         raise ConfigError("--flyvis names the fields itself: drop --fields.")
+    if args.column != "voltage" and not args.flyvis:
+        raise unused("--column", args.column, "--flyvis", "it picks a FlyVis column")
+    if args.path is None:
+        if args.flyvis:
+            raise unused("--flyvis", "", "a run directory PATH", "--shape has no columns")
+        if args.fields and args.stim_dims is not None:
+            raise ConfigError("--stim-dims adds a stimulus field to --shape's data, and --fields "
+                              "names the fields itself: name the stimulus in --fields instead.")  # fmt: skip
+        return layout_from_shape(shape, args.dtype, args.stim_dims, args.fields)
+    if getattr(args, "dtype", "float32") != "float32":
+        raise unused("--dtype", args.dtype, "--shape", "a store has its own dtype")
+    if args.stim_dims is not None and not args.flyvis:
+        raise unused("--stim-dims", args.stim_dims, "--flyvis (or --shape)",
+                     "with a store PATH, --fields says what to read")  # fmt: skip
     return layout_from_store(
         args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
     )
+
+
+def saving_words(saving: float) -> str:
+    """The device saving of streaming in words, for a gain and for a loss."""
+    if saving > 0:
+        return f"streaming uses {saving:.0%} less device memory"
+    if saving == 0:
+        return "streaming uses as much device memory as the whole dataset"
+    return (f"streaming uses {-saving:.0%} MORE device memory than the whole dataset: "
+            "keep the data on the device, or lower --chunk-size")  # fmt: skip
 
 
 def piece_summary(args: argparse.Namespace, layout) -> dict | None:
@@ -141,9 +172,35 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
     }  # fmt: skip
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse or note the options that cannot run or change nothing in this combination."""
+    if not args.val_fraction < 1.0:
+        raise refuse("--val-fraction", args.val_fraction, "a fraction in [0, 1)",
+                     "Hold out less: 0.1 keeps 90% for training.")  # fmt: skip
+    if args.device == "cpu":
+        if args.gpu_mem is not None:
+            raise unused("--gpu-mem", args.gpu_mem, "--device cuda", "a CPU run has no device memory")
+        for option, value, default in (("--gpu-prefetch", args.gpu_prefetch, 1),
+                                       ("--host-slots", args.host_slots, None)):  # fmt: skip
+            if value != default:
+                note("plan", f"{option} {value} changes nothing with --device cpu "
+                             "(no device copies, no pinned slots)")  # fmt: skip
+    if args.pieces == 1 and args.segments is None and args.sampling != "shuffled":
+        note("plan", f"--sampling {args.sampling} changes no figure here: contiguous chunks "
+                     "(--pieces 1) over the whole data take the same memory and epoch")  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        raise as_options(exc, OPTIONS) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..tools import format_bytes, parse_bytes, plan_memory
 
+    check(args)
     layout = layout_from_args(args)
     segments = None
     if args.segments is not None:
@@ -198,10 +255,10 @@ def run(args: argparse.Namespace) -> int:
             "  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
         )
     if report.device == "cuda":
-        print(f"  streaming uses {report.saving:.0%} less device memory")
+        print(f"  {saving_words(report.saving)}")
     print(f"mode with resident='auto': {report.mode}")
-    for note in report.notes:
-        print(f"note: {note}")
+    for text in report.notes:
+        print(f"note: {text}")
     b = report.budget
     if b is not None:
         budgets = ", ".join(f"{k} {format_bytes(v)}" for k, v in

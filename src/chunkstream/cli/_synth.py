@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .._errors import ConfigError
+from ._checks import int_at_least, refuse, writable_dir
 
 __all__ = ["register"]
 
@@ -37,19 +37,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out", metavar="OUT", help="output directory")
     p.add_argument("--layout", choices=("flyvis", "arrays"), default="flyvis",
                    help="dataset layout (default: flyvis)")  # fmt: skip
-    p.add_argument("--timesteps", "-T", type=int, default=4096, help="timesteps (default 4096)")
-    p.add_argument("--neurons", "-N", type=int, default=512, help="neurons (default 512)")
-    p.add_argument("--stim-dims", type=int, default=64,
-                   help="stimulus channels, fed to the first neurons (default 64)")  # fmt: skip
-    p.add_argument("--dtype", default="float32", help="float dtype (default float32)")
+    p.add_argument("--timesteps", "-T", type=int_at_least(1), default=4096,
+                   help="timesteps (default 4096)")  # fmt: skip
+    p.add_argument("--neurons", "-N", type=int_at_least(1), default=512,
+                   help="neurons (default 512)")  # fmt: skip
+    p.add_argument("--stim-dims", type=int_at_least(0), default=None,
+                   help="stimulus channels, fed to the first neurons (default 64, or N when "
+                        "fewer)")  # fmt: skip
+    p.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float32",
+                   help="float dtype (default float32)")  # fmt: skip
     p.add_argument("--zarr-format", type=int, choices=(2, 3), default=3,
                    help="zarr format (default 3)")  # fmt: skip
     p.add_argument("--codec", choices=CODECS, default="none", help="compression (default none)")
     p.add_argument("--chunks", type=_ints, default=None,
                    help="chunk shape: t,n,c for flyvis or t,n for arrays "
                         "(default: ~8 MiB along time, other axes whole)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--regimes", type=int, default=1,
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
+    p.add_argument("--regimes", type=int_at_least(1), default=1,
                    help="K stimulus regimes in consecutive blocks (conditions that change over "
                         "time), listed in OUT/regimes.csv for --segments (default 1: none)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
@@ -58,11 +62,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse what ``write_synthetic`` would, naming the options, before anything is written;
+    fill ``--stim-dims``'s default."""
+    n, t = args.neurons, args.timesteps
+    if args.stim_dims is None:
+        args.stim_dims = min(64, n)
+    elif args.stim_dims > n:
+        raise refuse("--stim-dims", args.stim_dims, f"at most --neurons={n}",
+                     f"Pass --stim-dims {n} or fewer, or raise --neurons.")  # fmt: skip
+    if args.regimes > t:
+        raise refuse("--regimes", args.regimes, f"at most --timesteps={t}",
+                     "Each regime needs at least one timestep.")  # fmt: skip
+    if args.chunks is not None:
+        rank = 3 if args.layout == "flyvis" else 2
+        example = "t,n,c, e.g. 256,512,4" if rank == 3 else "t,n, e.g. 256,512"
+        if len(args.chunks) != rank or min(args.chunks) < 1:
+            raise refuse("--chunks", ",".join(map(str, args.chunks)),
+                         f"{rank} positive ints for --layout {args.layout}: {example}")  # fmt: skip
+    writable_dir("OUT", args.out)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..tools import write_synthetic
 
-    if args.timesteps < 1 or args.neurons < 1:
-        raise ConfigError("--timesteps and --neurons must be >= 1: pass positive sizes.")
+    check(args)
     info = write_synthetic(
         args.out, layout=args.layout, timesteps=args.timesteps, neurons=args.neurons,
         stim_dims=args.stim_dims, dtype=args.dtype, zarr_format=args.zarr_format,

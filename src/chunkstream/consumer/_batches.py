@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from .._errors import ConfigError, check_int
+from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
@@ -306,6 +307,7 @@ class BatchStream:
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches."""
+        check_stream_state(state, batches_per_chunk=self.batches_per_chunk)
         try:
             loader_state = state["loader"]
             batch = state["batch"]

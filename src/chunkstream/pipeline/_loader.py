@@ -30,6 +30,7 @@ from .._device import device_binder
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from .._executor import POLL_S, Executor
 from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
+from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
 from ..plans import EpochCursor, EpochSpan, Segments, Uneven, WindowPlan, loader_plan
 from ..sources import Source, check_source, describe_source, stored_time_chunk, window_nbytes
@@ -331,6 +332,7 @@ class ChunkLoader:
         """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows,
         re-split with no repeat or omission if the state came from another world size;
         ``uneven`` (``"exact"``, ``"pad"``, ``"drop"``) as in :mod:`chunkstream.distributed`."""
+        check_loader_state(state)
         with self._lock:
             self._cursor.load_state(state, uneven=uneven)
             self._drop_run()

@@ -51,15 +51,23 @@ class EpochPlan:
         """Chunks per epoch over all ranks together."""
         return self.chunks_per_epoch * self.world_size
 
+    @property
+    def chunk_batches(self) -> int:
+        """Batches per epoch (per rank) of a consumer that draws ``batches_per_chunk`` from
+        each of ``chunks_per_epoch`` chunks, as the trainer does: at most
+        ``batches_per_epoch`` (the formula's, which floors ``T // batch_size`` once)."""
+        return self.chunks_per_epoch * self.batches_per_chunk
+
     def describe(self) -> str:
-        """A one-line summary for logs."""
+        """A one-line summary for logs: the batches that run, then the formula's count."""
         per_rank = f" per rank (world_size={self.world_size})" if self.world_size > 1 else ""
         passes = "pass" if self.passes_per_epoch == 1 else "passes"
         return (
             f"{self.chunks_per_epoch} chunks/epoch{per_rank} x {self.batches_per_chunk} "
-            f"batches/chunk, {self.batches_per_epoch} batches/epoch "
-            f"(T={self.total_timesteps}, chunk_size={self.chunk_size}, "
-            f"batch_size={self.batch_size}, {self.passes_per_epoch} {passes})"
+            f"batches/chunk = {self.chunk_batches} batches/epoch (T={self.total_timesteps}, "
+            f"chunk_size={self.chunk_size}, batch_size={self.batch_size}, "
+            f"{self.passes_per_epoch} {passes}; T // batch_size x passes = "
+            f"{self.batches_per_epoch})"
         )
 
     def __str__(self) -> str:

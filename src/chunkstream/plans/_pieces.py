@@ -65,6 +65,16 @@ def epoch_pieces(plan: object, epoch: int, indices: Sequence[int]) -> list[tuple
     return as_plan(plan).chunks(epoch, np.asarray(indices, dtype=np.int64))  # type: ignore[arg-type]
 
 
+def _divisors_near(chunk: int, k: int, window: object, count: int = 8) -> list[int]:
+    """Up to ``count`` piece counts > 1 that divide ``chunk`` with pieces of at least
+    ``window`` steps, those nearest ``k`` (by ratio), in order: the valid choices."""
+    least = window if isinstance(window, int) and window >= 1 else 1
+    small = [d for d in range(2, math.isqrt(chunk) + 1) if chunk % d == 0]
+    valid = sorted({*small, *(chunk // d for d in small), chunk} - {1})
+    valid = [d for d in valid if chunk // d >= least]
+    return sorted(sorted(valid, key=lambda d: abs(math.log(d / k)))[:count])
+
+
 @dataclass(frozen=True, kw_only=True)
 class PiecePlan(Plan):
     """Chunks of ``pieces`` pieces of ``chunk_size // pieces`` timesteps (see the module).
@@ -91,7 +101,7 @@ class PiecePlan(Plan):
         total, chunk = _span(self.total_timesteps, self.chunk_size)
         k = check_int("pieces", self.pieces, 1, "Use pieces=1 for contiguous chunks.", numpy=True)
         if chunk % k:
-            divisors = [d for d in (2, 4, 8, 16, 32, 64) if chunk % d == 0]
+            divisors = _divisors_near(chunk, k, self.batch_window)
             raise ConfigError.bad(
                 "pieces",
                 k,

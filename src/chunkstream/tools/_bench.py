@@ -146,7 +146,7 @@ def _bench_selection(
 ) -> tuple[str, Any, dict[str, Any]]:
     """``(store root, zarr array, {field: index})`` of the fields bench streams."""
     from ._fieldspec import FieldRequest, parse_fields
-    from ._layout import flyvis_requests
+    from ._layout import check_flyvis_stim_dims, flyvis_requests
     from ._stores import open_arrays, resolve_field
 
     if flyvis:
@@ -155,6 +155,7 @@ def _bench_selection(
         requests = flyvis_requests(column, stim_dims)
         root = f"{str(path).rstrip('/')}/timeseries.zarr"
         arrays = open_arrays(root)
+        check_flyvis_stim_dims({"timeseries": next(iter(arrays.values()))}, stim_dims, root)
         requests = [FieldRequest(name=r.name, array=None, index=r.index) for r in requests]
     else:
         root = str(path)
@@ -316,6 +317,7 @@ def plot_bench(
     state = "keeping up" if s.keeping_up else "NOT keeping up"
     title = (
         f"{report.path}: {s.label}, train {report.train}: {state}, "
-        f"stall {s.stall_fraction:.0%}, epoch {s.overlap:.2f}x ideal"
+        f"stall {s.stall_fraction:.0%}, epoch "
+        + (f"{s.overlap:.2f}x the ideal bound" if s.overlap >= 1 else "under the ideal estimate")
     )
     return str(plot_timeline(s.stats, out, title=title))

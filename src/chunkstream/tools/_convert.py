@@ -204,9 +204,11 @@ def _out_dtype(dtype: str | None) -> np.dtype | None:
 
 
 def _plan_fields(
-    source: str | os.PathLike, fields: Iterable[str] | Mapping[str, Any], chunk_mb: float
-) -> list[FieldPlan]:
-    """Each requested field resolved in ``source``, with a time chunk of ~``chunk_mb`` MiB.
+    source: str | os.PathLike, fields: Iterable[str] | Mapping[str, Any], chunk_mb: float,
+    out_dtype: np.dtype | None = None,
+) -> list[FieldPlan]:  # fmt: skip
+    """Each requested field resolved in ``source``, with a time chunk of ~``chunk_mb`` MiB
+    as written (in ``out_dtype`` when given).
 
     Raises :class:`ConfigError` when no field is named or their time lengths differ.
     """
@@ -220,7 +222,8 @@ def _plan_fields(
     plan = []
     for req, (name, array, index) in zip(requests, resolved, strict=True):
         step_shape = selected_shape(index, tuple(array.shape[1:]))
-        step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * array.dtype.itemsize)
+        itemsize = (out_dtype or array.dtype).itemsize
+        step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * itemsize)
         total = int(array.shape[0])
         t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
         plan.append(FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index,
@@ -345,7 +348,7 @@ def convert_store(
     out_dtype = _out_dtype(dtype)
     if is_remote(out):
         raise ConfigError.bad("out", str(out), "a local directory (progress is kept on disk)")
-    plan = _plan_fields(source, fields, chunk_mb)
+    plan = _plan_fields(source, fields, chunk_mb, out_dtype)
     out, src_text = _check_out(source, out)
     args = _run_args(src_text, plan, chunk_mb=chunk_mb, codec=codec, zarr_format=zarr_format,
                      out_dtype=out_dtype)  # fmt: skip

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import check_int
 from ..sources import read_amplification as nontime_amplification
 from ._codecs import describe_codecs
 from ._fieldspec import Index, format_index, parse_fields, selected_shape
@@ -169,6 +170,8 @@ def inspect_store(
     Raises ``SourceNotFoundError``/``NotZarrError`` for a bad path and
     ``FieldSelectionError``/``ConfigError`` for a bad field.
     """
+    if window is not None:
+        check_int("window", window, 1, "Pass a window of at least one timestep.")
     arrays = open_arrays(path)
     reports = [_array_report(name, arr) for name, arr in arrays.items()]
     verdicts: list[str] = []

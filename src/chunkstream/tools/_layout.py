@@ -18,7 +18,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from ..sources import FieldSpec, check_lengths, window_nbytes
-from ._fieldspec import FieldRequest, parse_fields, selected_shape
+from ._fieldspec import FieldRequest, parse_fields, selected_shape, validate_index
 from ._stores import open_arrays, resolve_field
 
 __all__ = [
@@ -83,10 +83,14 @@ class DataLayout:
 
 
 def layout_from_shape(
-    shape: Sequence[int], dtype: str = "float32", stim_dims: int | None = None
+    shape: Sequence[int],
+    dtype: str = "float32",
+    stim_dims: int | None = None,
+    fields: Sequence[str] | None = None,
 ) -> DataLayout:
     """A layout of one field ``data`` of ``shape = (T, ...)`` (plus ``stimulus`` of
-    ``(T, stim_dims)`` when given, the FlyVis stimulus)."""
+    ``(T, stim_dims)`` when given, the FlyVis stimulus), or of ``fields``
+    (``NAME=INDEX`` strings on the non-time axes of ``shape``) instead of ``data``."""
     shape = tuple(int(s) for s in shape)
     if not shape or any(s < 1 for s in shape):
         raise ConfigError.bad("--shape", shape, "positive sizes T,N[,...], e.g. 967680,13741")
@@ -94,12 +98,38 @@ def layout_from_shape(
         np_dtype = np.dtype(dtype)
     except TypeError:
         raise ConfigError.bad("--dtype", dtype, "a numpy dtype such as float32") from None
-    fields = {"data": FieldSpec(shape[1:], np_dtype)}
+    if fields:
+        where = f"--shape {','.join(map(str, shape))}"
+        specs = {}
+        for request in parse_fields(fields):
+            if request.array is not None:
+                raise ConfigError.bad(
+                    "--fields", f"{request.name}={request.array}[...]", "NAME=INDEX with --shape",
+                    "--shape describes one array: drop the array name.",
+                )  # fmt: skip
+            index = validate_index(request.name, request.index, shape[1:], where)
+            specs[request.name] = FieldSpec(selected_shape(index, shape[1:]), np_dtype)
+    else:
+        specs = {"data": FieldSpec(shape[1:], np_dtype)}
     if stim_dims is not None:
         if stim_dims < 1:
             raise ConfigError.bad("--stim-dims", stim_dims, "a positive number of channels")
-        fields["stimulus"] = FieldSpec((stim_dims,), np_dtype)
-    return DataLayout(total_timesteps=shape[0], fields=fields, where=f"shape {shape} {np_dtype}")
+        specs["stimulus"] = FieldSpec((stim_dims,), np_dtype)
+    return DataLayout(total_timesteps=shape[0], fields=specs, where=f"shape {shape} {np_dtype}")
+
+
+def check_flyvis_stim_dims(arrays: Mapping[str, object], stim_dims: int | None, where: str) -> None:
+    """Refuse a ``--stim-dims`` beyond the neurons of a FlyVis ``timeseries`` (a slice
+    past them would silently be cut to them)."""
+    series = arrays.get("timeseries")
+    shape = getattr(series, "shape", None)
+    if stim_dims is None or shape is None or len(shape) < 2:
+        return
+    if stim_dims > shape[1]:
+        raise ConfigError.bad(
+            "--stim-dims", stim_dims, f"at most the {shape[1]} neurons of {where}",
+            f"Pass --stim-dims {shape[1]} or fewer.",
+        )  # fmt: skip
 
 
 def flyvis_requests(column: str | int, stim_dims: int | None) -> list[FieldRequest]:
@@ -137,6 +167,7 @@ def layout_from_store(
     """
     arrays = open_arrays(path)
     if flyvis:
+        check_flyvis_stim_dims(arrays, stim_dims, f"{str(path)!r}")
         requests = flyvis_requests(column, stim_dims)
     elif fields:
         requests = parse_fields(fields)

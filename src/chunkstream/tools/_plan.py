@@ -119,7 +119,8 @@ class PlanReport:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["epoch"] = {**asdict(self.epoch), "global_chunks_per_epoch":
-                        self.epoch.global_chunks_per_epoch}  # fmt: skip
+                        self.epoch.global_chunks_per_epoch,
+                        "chunk_batches": self.epoch.chunk_batches}  # fmt: skip
         return out
 
 

@@ -331,6 +331,8 @@ def write_synthetic(
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
     check_int("regimes", regimes, 1, "Use 1 for no regimes.", maximum=timesteps,
               expected=f"an integer in [1, timesteps={timesteps}]")  # fmt: skip
+    # Checked here, before anything is written: numpy's own refusal came after the arrays.
+    check_int("seed", seed, 0, "Pass a seed >= 0.")
     compressors = compressors_for(codec, zarr_format)
     out = Path(out)
     names = ("timeseries", "metadata") if layout == "flyvis" else ("voltage", "stimulus")

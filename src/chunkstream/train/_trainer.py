@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._resume import check_checkpoint_config
 from ..consumer import ChunkMixer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
@@ -236,6 +237,7 @@ class Trainer:
         # except Adam's `step`, which stays where it was loaded, and on the GPU it
         # costs a host sync per parameter per step (Adam reads it with .item()).
         state = torch.load(path, map_location="cpu", weights_only=True)
+        check_checkpoint_config(state.get("config"), self.config.to_dict())
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.moments.load_state_dict(state["moments"])
