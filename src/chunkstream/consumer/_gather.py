@@ -31,7 +31,15 @@ import torch
 
 from .._errors import ConfigError, check_int
 
-__all__ = ["IDLE_S", "GatherPool", "Job", "default_gather_threads", "gather_blocks", "gather_pool", "host_gather"]
+__all__ = [
+    "IDLE_S",
+    "GatherPool",
+    "Job",
+    "default_gather_threads",
+    "gather_blocks",
+    "gather_pool",
+    "host_gather",
+]
 
 IDLE_S = 0.5  # a helper with nothing to claim for this long ends
 _POLL_S = 0.1
