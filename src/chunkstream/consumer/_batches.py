@@ -37,15 +37,16 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, PiecePlan, hash_words, seed_key
 from ..sources import LearnsFields
 from ._gather import check_gather_threads, gather_pool
-from ._mixing import ChunkMixer, check_mix
+from ._mixing import ChunkMixer
 from ._sampling import _compute_dtype, check_align
 from ._slots import BatchSlots, Pending
-from ._tiers import BufferInfo, check_buffer, resolve_mix, resolve_tier
+from ._tiers import BufferInfo, check_buffer, plan_buffer, resolve_tier
 
 __all__ = ["BatchStream"]
 
@@ -189,9 +190,7 @@ class BatchStream:
         _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
         self.dtype = dtype
         self.align = check_align(align)
-        self.device = loader.device if device is None else torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None and loader.device.type == "cuda":
-            self.device = loader.device
+        self.device = loader.device if device is None else resolve_device(device)
         tier, why = resolve_tier(check_buffer(buffer), loader.device, self.device)
         self.batch_prefetch = check_int(
             "batch_prefetch", batch_prefetch, minimum=0,
@@ -233,16 +232,10 @@ class BatchStream:
         loader_nbytes = loader.config.host_sets(False) * loader.rows * sum(
             f.step_nbytes for f in specs.values()
         )
-        mix, sized = resolve_mix(
-            mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=max(1, pass_chunks),
-            device=self.device, host_memory=host_memory, loader_nbytes=loader_nbytes,
-        )  # fmt: skip
-        mix = check_mix(mix)
-        pieces = int(getattr(loader.plan, "pieces", 1))
-        return BufferInfo(
-            tier=tier, mix=mix, nbytes=chunk_nbytes * mix if mix > 1 else 0,
-            split_share=min(1.0, mix / max(1, pass_chunks)), pieces=mix * pieces,
-            reason=f"{tier} tier: {why}; {sized}",
+        return plan_buffer(
+            mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks,
+            pieces=int(getattr(loader.plan, "pieces", 1)), device=self.device,
+            host_memory=host_memory, loader_nbytes=loader_nbytes, why=why,
         )  # fmt: skip
 
     def _reset_position(self) -> None:

@@ -59,7 +59,8 @@ def check_mix(mix: object) -> int:
     return check_int(
         "mix", mix, 1,
         "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
-        "the last 8 chunks (memory: mix chunks held by the consumer).",
+        "the last 8 chunks (memory: mix chunks held by the consumer; BatchStream also "
+        "takes mix='auto').",
         expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
     )  # fmt: skip
 

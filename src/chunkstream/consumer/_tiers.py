@@ -33,9 +33,10 @@ from dataclasses import dataclass
 import torch
 
 from .._errors import ConfigError
+from ._mixing import check_mix
 
 __all__ = ["DEVICE_MIX", "DEVICE_SHARE", "HOST_SHARE", "BufferInfo", "available_host_memory",
-           "check_buffer", "quality_note"]  # fmt: skip
+           "check_buffer", "plan_buffer", "quality_note", "resolve_tier"]  # fmt: skip
 
 #: Of the host memory available at start, the share ``mix="auto"`` gives the host tier.
 HOST_SHARE = 0.5
@@ -136,6 +137,7 @@ def resolve_mix(
     device: torch.device,
     host_memory: int | None,
     loader_nbytes: int,
+    device_memory: int | None = None,
 ) -> tuple[object, str]:
     """``(mix, why)``: an int kept, ``"auto"`` sized for ``tier`` (module docs)."""
     if mix != "auto":
@@ -152,7 +154,8 @@ def resolve_mix(
         why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
                f"({where}; at most the {pass_chunks} chunks of one pass)")  # fmt: skip
         return fit, why
-    bound = int(device_total_memory(device) * DEVICE_SHARE)
+    total = device_total_memory(device) if device_memory is None else int(device_memory)
+    bound = int(total * DEVICE_SHARE)
     fit = max(1, min(DEVICE_MIX, pass_chunks, bound // max(1, chunk_nbytes)))
     why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
            f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)")  # fmt: skip
@@ -188,3 +191,34 @@ def resolve_tier(buffer: str, source_device: torch.device, device: torch.device)
         return "device", "buffer='device'"
     # On the CPU both tiers are host memory; the host tier gathers into reused slots.
     return "host", f"buffer={buffer!r}: the loader and the batches are on the CPU"
+
+
+def plan_buffer(
+    mix: object,
+    tier: str,
+    *,
+    chunk_nbytes: int,
+    pass_chunks: int,
+    pieces: int,
+    device: torch.device,
+    host_memory: int | None = None,
+    loader_nbytes: int = 0,
+    device_memory: int | None = None,
+    why: str = "",
+) -> BufferInfo:
+    """The :class:`BufferInfo` of a buffer of ``mix`` chunks (``"auto"`` sized) on ``tier``.
+
+    ``chunk_nbytes``: one chunk of the buffered fields; ``pass_chunks``: the
+    chunks of one pass over the training split; ``pieces``: per chunk.
+    """
+    pass_chunks = max(1, int(pass_chunks))
+    mix, sized = resolve_mix(
+        mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks, device=device,
+        host_memory=host_memory, loader_nbytes=loader_nbytes, device_memory=device_memory,
+    )  # fmt: skip
+    mix = check_mix(mix)
+    return BufferInfo(
+        tier=tier, mix=mix, nbytes=chunk_nbytes * mix if mix > 1 else 0,
+        split_share=min(1.0, mix / pass_chunks), pieces=mix * max(1, int(pieces)),
+        reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
+    )  # fmt: skip
