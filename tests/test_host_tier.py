@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 
@@ -301,3 +302,39 @@ def test_tier_refusals_name_the_fix():
         resolve_tier("auto", cuda, cpu)
     assert resolve_tier("auto", cpu, cuda)[0] == "host"
     assert resolve_tier("auto", cuda, cuda)[0] == "device"
+
+
+# -- chunkstream plan ---------------------------------------------------------------------
+
+
+def test_plan_prints_the_buffer_tier_share_pieces_and_the_quality_note(capsys):
+    from chunkstream.cli import main
+
+    base = ["plan", "--shape", "196608,128", "--chunk-size", "1024", "--batch-size", "64",
+            "--window", "9", "--pieces", "8"]  # fmt: skip
+    assert main([*base, "--mix", "4", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "shuffle buffer: host tier, mix=4 chunks" in out and "32 pieces" in out
+    assert "2.1% of the split" in out and "~6% worse validation loss" in out
+    assert main([*base, "--mix", "auto", "--buffer", "host", "--host-mem", "1GB", "--json"]) == 0
+    buffer = json.loads(capsys.readouterr().out)["buffer"]
+    assert buffer["tier"] == "host" and buffer["mix"] == 192 and buffer["split_share"] == 1.0
+    assert buffer["note"] == "" and "host_memory=1 GB" in buffer["reason"]
+
+
+def test_the_demo_table_gives_the_buffer_share_of_the_split():
+    from chunkstream.cli._demo import _buffer_share
+
+    assert _buffer_share({"mixer": 2 * 10**6, "train_split": 100 * 10**6}) == 0.02
+    assert _buffer_share({"mixer": 0, "train_split": 10**6}) == 0.0
+    assert "~6%" in quality_note(_buffer_share({"mixer": 2, "train_split": 100}))
+
+
+def test_the_busy_gather_benchmark_runs_and_reports_each_arm(capsys):
+    from benchmarks import gather_busy
+
+    gather_busy.main(["--quick", "--seconds", "0.2", "--rounds", "1"])
+    out = capsys.readouterr().out
+    for arm in ("before", "device", "host"):
+        assert f"| {arm} |" in out
+    assert "busy/idle batches/s >= 0.25" in out and "device tier idle batches/s >= 0.9" in out
