@@ -31,6 +31,7 @@ so the state it saves with a checkpoint is exact.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,6 +50,8 @@ from ._slots import BatchSlots, Pending
 from ._tiers import BufferInfo, check_buffer, plan_buffer, resolve_tier
 
 __all__ = ["BatchStream"]
+
+_log = logging.getLogger(__name__)
 
 _TAG_BATCH = 0xBA7C_0000_0000_0001  # keeps batch seeds apart from the plans' hashes
 
@@ -97,8 +100,9 @@ class BatchStream:
         (never across a piece), so consecutive batches are no longer drawn
         from one chunk; each chunk still feeds ``batches_per_chunk`` batches.
         Memory: ``mix`` chunks of the chosen fields copied into storage the
-        stream owns, on the loader's device (device memory on CUDA); the
-        loader's own buffers are released as before. The held chunks stay
+        stream owns, where ``buffer`` says; the loader's own buffers are
+        released as before. ``"auto"`` sizes it for the tier (see ``buffer``;
+        :attr:`buffer` says what was chosen and why). The held chunks stay
         held when the next epoch starts (an epoch's first batches mix with the
         previous epoch's last chunks), except after an epoch's iterator was
         closed early. ``1`` (the default) draws each batch from one chunk,
@@ -110,6 +114,25 @@ class BatchStream:
         default) is every start. A chunk with no aligned start raises
         :class:`~chunkstream.ConfigError` at its first batch; ``ChunkLoader(align=)``
         with a multiple of ``align`` puts the chunks and pieces on the grid too.
+    buffer, device:
+        Where the shuffle buffer lives (:mod:`chunkstream.consumer._tiers`) and
+        where batches go (``None``: the loader's device). ``"device"``: on the
+        loader's device, batches gathered there. ``"host"``: in one host arena,
+        each batch gathered on the host into a few reused slots and, with
+        ``device="cuda"``, copied there from page-locked memory on a transfer
+        stream (the device holds only the batches in flight); needs a loader on
+        the CPU. ``"auto"``: host with a CPU loader, device with a CUDA one.
+        Both tiers draw the same windows for the same seed and share one
+        ``state_dict``.
+    host_memory:
+        Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half the
+        memory available at start, less the loader's own arena.
+    batch_prefetch:
+        Batches the host tier gathers (and copies) ahead of the one yielded.
+    gather_threads:
+        Threads that copy a host batch, the consuming one counted; ``None``:
+        this rank's share of the cores, at most 4 (see
+        :func:`~chunkstream.gather_windows`).
 
     Notes
     -----
@@ -118,8 +141,10 @@ class BatchStream:
     ``chunks_per_epoch`` chunks. An epoch resumed from a mid-epoch state
     yields only its remaining batches.
 
-    Batches are fresh tensors (gathered copies), so holding one never pins a
-    chunk; the chunk itself is released once its last batch was drawn.
+    Batches are gathered copies, so holding one never pins a chunk; the chunk
+    itself is released once its last batch was drawn. On the host tier on the
+    CPU a batch is a view of a reused slot, refilled only once no tensor refers
+    to it (never while the user holds the batch).
     Iterating again, also mid-epoch, starts the next epoch (the rest of the
     old one is abandoned, as with ``loader.epoch``).
 
@@ -200,8 +225,12 @@ class BatchStream:
         if host_memory is not None:
             check_int("host_memory", host_memory, minimum=1,
                       fix="Pass a budget in bytes for the host tier's buffer, or None.")  # fmt: skip
+        #: The shuffle buffer: tier, chunks, bytes, share of the split, pieces per batch, why.
         self.buffer = self._size_buffer(mix, tier, why, host_memory)
         self.mix = self.buffer.mix
+        _log.info("%s", self.buffer.describe())
+        if self.buffer.note and self.mix > 1:
+            _log.info("%s", self.buffer.note)
         self._mixer = ChunkMixer(
             self.mix, window=self.window, rows=loader.rows, fields=self.fields, align=self.align,
             host=self._gather if tier == "host" else None,
@@ -427,7 +456,8 @@ class BatchStream:
             f"batches_per_chunk={self.batches_per_chunk}, "
             f"batches_per_epoch={self.batches_per_epoch}, "
             f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)}, "
-            f"mix={self.mix}, align={self.align})"
+            f"mix={self.mix}, align={self.align}, buffer={self.buffer.tier!r}, "
+            f"device={self.device})"
         )
 
 

@@ -28,7 +28,8 @@ earlier epochs, :meth:`ChunkMixer.events` the rest.
 
 Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
 owns, ``mix * rows`` timesteps per field on the chunk's device (device memory
-on CUDA), and drops the loader's chunk at once, so the loader's buffers (its
+on CUDA; with ``host=``, the host tier, one arena of host memory made at the
+first chunk and filled by the gather pool), and drops the loader's chunk at once, so the loader's buffers (its
 pinned or host arena, its device chunks) are never held by the mixer and its
 own memory bounds are unchanged. The copy is one device-to-device ``copy_`` per
 field per chunk, queued on the current stream after the chunk's ready event.
