@@ -129,3 +129,21 @@ def test_the_host_tier_needs_a_cpu_loader():
         batch = next(iter(_stream(loader, fields="voltage")))
         assert batch.is_cuda
         np.testing.assert_equal(batch.shape, (32, WINDOW, 8))
+
+
+def test_breaking_out_on_cuda_gives_the_pinned_slots_back():
+    arrays = make_arrays(6000, neurons=64)
+    with _loader(arrays) as loader:
+        expected = [_cpu(b) for b in _stream(loader, fields="voltage")]
+    with _loader(arrays) as loader:
+        stream = _stream(loader, fields="voltage", device="cuda", batch_prefetch=3)
+        start = stream.state_dict()
+        for _ in range(4):
+            for k, batch in enumerate(stream):
+                del batch
+                if k == 1:
+                    break  # batches gathered and copied ahead are abandoned
+        stream.load_state_dict(start)  # back to the first epoch's start, for the comparison
+        got = [b.cpu() for b in stream]
+    for a, b in zip(got, expected, strict=True):
+        _assert_same(a, b)

@@ -338,3 +338,16 @@ def test_the_busy_gather_benchmark_runs_and_reports_each_arm(capsys):
     for arm in ("before", "device", "host"):
         assert f"| {arm} |" in out
     assert "busy/idle batches/s >= 0.25" in out and "device tier idle batches/s >= 0.9" in out
+
+
+def test_breaking_out_with_batches_gathered_ahead_gives_their_slots_back(store):
+    with _loader(store) as loader:
+        stream = _stream(loader, buffer="host", batch_prefetch=3)
+        for _ in range(5):
+            for k, batch in enumerate(stream):
+                del batch
+                if k == 2:
+                    break  # three batches gathered ahead are abandoned
+        whole = [b.clone() for b in stream]
+        assert len(whole) == 24
+        assert stream._slots._slots.allocated <= 3 + 2 + 2  # the arena's slots, little more

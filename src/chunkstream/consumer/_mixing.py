@@ -49,7 +49,7 @@ from .._errors import ConfigError, check_int
 from .._memory import HostBufferPool
 from ..pipeline import Chunk
 from ..sources import FieldSpec
-from ._gather import GatherPool, host_copy_rows
+from ._gather import GatherPool, gather_pool, host_copy_rows
 from ._sampling import check_align, gather_windows, piece_starts
 
 __all__ = ["ChunkMixer", "check_mix"]
@@ -151,8 +151,8 @@ class ChunkMixer:
                                         device=src.device)  # fmt: skip
                     self._storage[name] = store
                 view = store[slot * self.rows : slot * self.rows + chunk.length]
-                if self.host is not None:
-                    host_copy_rows(view, src, pool=self.host)
+                if view.device.type == "cpu":  # the gather pool, not torch's spinning one
+                    host_copy_rows(view, src, pool=self.host or gather_pool())
                 else:
                     view.copy_(src, non_blocking=True)
                 tensors[name] = view
