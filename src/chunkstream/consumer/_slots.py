@@ -27,6 +27,7 @@ into pages already faulted in instead of fresh ones.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -101,6 +102,10 @@ class BatchSlots:
         self._slots: HostBufferPool | PinnedSlotPool | None = None
         self._layout: tuple | None = None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # The pinned arena is unregistered once its copies finished, when this object is
+        # collected (a BatchStream has no close(); the loader's close() is the user's).
+        self._made: list[HostBufferPool | PinnedSlotPool] = []
+        weakref.finalize(self, _close_pools, self._made)
 
     @property
     def nbytes(self) -> int:
@@ -111,12 +116,13 @@ class BatchSlots:
         layout = tuple((n, f.shape, f.dtype.str) for n, f in fields.items())
         if self._slots is None or layout != self._layout:
             if self._slots is not None:
-                self._slots.close()
+                self._slots.close()  # waits for its copies (bounded), then unpins
             if self._stream is not None:
                 self._slots = PinnedSlotPool(fields, self.batch_size, slots=self.slots,
                                              device=self.device)  # fmt: skip
             else:
                 self._slots = HostBufferPool(fields, self.batch_size, slots=self.slots)
+            self._made.append(self._slots)
             self._layout = layout
         return self._slots
 
@@ -154,6 +160,11 @@ class BatchSlots:
             then = _ReleaseSlot(slots, buffers)  # type: ignore[assignment]
         pending._job = self.pool.submit(fn, n_blocks, then)
         return pending
+
+
+def _close_pools(pools: list[HostBufferPool | PinnedSlotPool]) -> None:
+    for pool in pools:
+        pool.close()  # idempotent; never raises; a copy still running keeps it pinned
 
 
 class _ReleaseSlot:
