@@ -351,3 +351,13 @@ def test_breaking_out_with_batches_gathered_ahead_gives_their_slots_back(store):
         whole = [b.clone() for b in stream]
         assert len(whole) == 24
         assert stream._slots._slots.allocated <= 3 + 2 + 2  # the arena's slots, little more
+
+
+def test_the_default_gather_threads_are_this_ranks_share_of_the_cores(monkeypatch):
+    from chunkstream.consumer._gather import _usable_cores, default_gather_threads
+
+    cores = _usable_cores()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_gather_threads() == max(1, min(4, cores))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))
+    assert default_gather_threads() == 1  # more ranks than cores: the caller alone
