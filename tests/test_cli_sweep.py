@@ -213,6 +213,13 @@ GOOD: dict[str, list[Good]] = {
              note="--sampling random changes no figure here"),
         Good("--val-fraction", plan("--val-fraction", "0.25"), lambda j, t: j["val_timesteps"] == 256),
         Good("--device", plan("--device", "cpu"), lambda j, t: j["device"] == "cpu" and j["streaming"]["device_bytes"] is None),
+        Good("--mix", plan("--mix", "4"), lambda j, t: j["buffer"]["mix"] == 4 and j["buffer"]["pieces"] == 4
+             and j["buffer"]["split_share"] == 0.5),
+        Good("--mix", plan("--mix", "auto", "--device", "cpu"), lambda j, t: j["buffer"]["tier"] == "host"
+             and j["buffer"]["mix"] >= 1),
+        Good("--buffer", plan("--mix", "2", "--buffer", "host"), lambda j, t: j["buffer"]["tier"] == "host"
+             and j["buffer"]["nbytes"] == 2 * j["chunk_bytes"]),
+        Good("--buffer", plan("--mix", "2", "--buffer", "device"), lambda j, t: j["buffer"]["tier"] == "device"),
         Good("--gpu-mem", plan("--gpu-mem", "1MB"), lambda j, t: j["budget"]["gpu_mem"] == 1_000_000),
         Good("--host-mem", plan("--host-mem", "1MB"), lambda j, t: j["budget"]["host_mem"] == 1_000_000),
         Good("--json", plan(), lambda j, t: j["epoch"]["chunk_batches"] == 8 * 8),
@@ -328,6 +335,9 @@ BAD: dict[str, list[Bad]] = {
         Bad("--batch-size", plan("--batch-size", "1.5"), ["--batch-size 1.5 is invalid", "an integer"]),
         Bad("--window", plan("--window", "200"), ["--window=200", "--chunk-size=128"]),
         Bad("--prefetch", plan("--prefetch", "0"), [" 0 is invalid", ">= 1"]),
+        Bad("--mix", plan("--mix", "0"), ["--mix 0 is invalid", "'auto'"]),
+        Bad("--mix", plan("--mix", "many"), ["--mix many is invalid", "--mix 16"]),
+        Bad("--buffer", plan("--buffer", "gpu"), ["--buffer", "'gpu'"]),
         Bad("--gpu-prefetch", plan("--gpu-prefetch", "-1"), [" -1 is invalid", ">= 1"]),
         Bad("--workers", plan("--workers", "0"), [" 0 is invalid", ">= 1"]),
         Bad("--host-slots", plan("--host-slots", "1", "--workers", "2"), ["--host-slots=1", "--workers=2"]),

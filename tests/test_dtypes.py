@@ -130,9 +130,12 @@ def test_the_conversion_never_copies_the_chunk():
     assert batch.numel() == 3 * 16 * 8
     converted = [(op, n) for op, dtype, n in seen.outputs if dtype == torch.float32]
     assert converted and max(n for _, n in converted) == batch.numel(), converted
-    # the float16 work is views of the chunk and the batch itself
+    # the float16 work is views of the chunk and at most the batch itself: on a device the
+    # batch is gathered as stored and converted; on the CPU the gather's copies convert
+    # window by window (numpy casts, outside torch), so no float16 batch exists at all
     copies = [n for op, dtype, n in seen.outputs if dtype == torch.float16 and "index" in op]
-    assert copies == [batch.numel()]
+    assert copies in ([], [batch.numel()])
+    torch.testing.assert_close(batch, torch.stack([chunk[s : s + 16] for s in starts]).float())
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool, "float32", np.float32])

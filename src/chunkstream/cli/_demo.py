@@ -196,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
                          f"{args.pieces} that divide --chunk-size {args.chunk_size} into pieces "
                          f"of at least the {config.window}-step window")  # fmt: skip
         print(f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
-              f"pieces/chunk, batches mixed over {trainer.mix} chunks; window {config.window} timesteps "
+              f"pieces/chunk, batches mixed over {trainer.mix} chunks ({trainer.mix * trainer.pieces} "
+              f"independent pieces); window {config.window} timesteps "
               f"({config.evolve_multiple_steps} rollout steps)")  # fmt: skip
         result = trainer.fit(resume=args.resume)
     finally:
@@ -206,6 +207,11 @@ def _run(args: argparse.Namespace) -> int:
     trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
     print()
     print(format_table(result))
+    from ..consumer._tiers import quality_note
+
+    quality = quality_note(_buffer_share(result.memory)) if result.memory.get("mixer") else ""
+    if quality:
+        print(quality)
     print()
     print(f"wrote {timeline}, {trace} (ui.perfetto.dev), TensorBoard logs in {out / 'tensorboard'} "
           f"(tensorboard --logdir {out / 'tensorboard'}), checkpoint {result.checkpoint}")  # fmt: skip
@@ -242,6 +248,12 @@ def _share(loader: int, mixer: int | None, split: int) -> str:
     return text
 
 
+def _buffer_share(memory: dict) -> float:
+    """The share of the training split the shuffle buffer holds (0 with mix=1: no buffer)."""
+    held = memory.get("mixer") or 0
+    return min(1.0, held / max(1, memory["train_split"]))
+
+
 def format_table(result) -> str:
     """The demo's final table (see docs: what the numbers mean)."""
     m, lat = result.memory, result.latency
@@ -257,7 +269,8 @@ def format_table(result) -> str:
         ("loader device chunks", _mb(m["loader_device"]) if m["loader_device"] else "-",
          "chunks on the GPU at once" if m["loader_device"] else "(CPU run: chunks are host buffers)"),
         ("chunk shuffle buffer", _mb(m.get("mixer")) if m.get("mixer") else "-",
-         "--mix chunks held by the trainer (on its device); batches drawn over them"),
+         f"device tier: --mix chunks held by the trainer, {_buffer_share(m):.1%} of the "
+         "training split; batches drawn over them"),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
         ("validation on device", _mb(m["validation"]), "held-out range, kept on the device"),
         ("whole training split", _mb(m["train_split"]), _share(loader, m.get("mixer"), m["train_split"])),

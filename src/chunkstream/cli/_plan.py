@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from .._errors import ConfigError
@@ -94,8 +95,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="where training runs (default cuda)")  # fmt: skip
     p.add_argument("--gpu-mem", default=None, help="device memory budget, e.g. 8GB")
     p.add_argument("--host-mem", default=None, help="host memory budget, e.g. 32GB")
+    p.add_argument("--mix", default="1", metavar="M|auto",
+                   help="chunks the shuffle buffer holds (BatchStream(mix=); default 1)")
+    p.add_argument("--buffer", choices=("auto", "host", "device"), default="auto",
+                   help="where the shuffle buffer lives (BatchStream(buffer=); auto: host on "
+                   "the CPU, device on CUDA)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
+
+
+def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
+    """The shuffle buffer the run's ``BatchStream(mix=, buffer=)`` would hold."""
+    import torch
+
+    from ..consumer._tiers import plan_buffer
+
+    mix = args.mix if args.mix == "auto" else _int_arg(args.mix, "--mix")
+    tier = args.buffer if args.buffer != "auto" else ("device" if args.device == "cuda" else "host")
+    if pieces is not None and pieces["chunks_per_pass"]:
+        pass_chunks = pieces["chunks_per_pass"]
+    else:
+        pass_chunks = -(-report.train_timesteps // report.chunk_size)
+    loader = report.streaming
+    gpu_mem = getattr(report.budget, "gpu_mem", None) if report.budget is not None else None
+    device_memory, why = gpu_mem, f"--buffer {args.buffer}"
+    if mix == "auto" and tier == "device" and args.device == "cuda" and gpu_mem is None:
+        if torch.cuda.is_available():
+            device_memory = torch.cuda.get_device_properties(0).total_memory
+        else:
+            device_memory, why = 80 * 10**9, f"{why}, an 80 GB device assumed: give --gpu-mem"
+    host_mem = getattr(report.budget, "host_mem", None) if report.budget is not None else None
+    return plan_buffer(
+        mix, tier, chunk_nbytes=report.chunk_bytes, pass_chunks=pass_chunks,
+        pieces=pieces["pieces"] if pieces is not None else 1,
+        device=torch.device("cpu"), host_memory=host_mem,
+        loader_nbytes=(loader.pinned_bytes or 0) + (loader.host_bytes or 0), device_memory=device_memory,
+        why=why,
+    )  # fmt: skip
+
+
+def _int_arg(value: str, name: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise refuse(name, value, "an int >= 1 or 'auto'", f"Pass {name} 16, or {name} auto.")
+    return number
 
 
 def layout_from_args(args: argparse.Namespace):
@@ -217,8 +263,10 @@ def _run(args: argparse.Namespace) -> int:
         segments=segments, pieces=args.pieces,
     )  # fmt: skip
     pieces = piece_summary(args, layout)
+    buffer = buffer_summary(args, report, pieces)
     if args.json:
-        print(json.dumps({**report.to_dict(), "pieces": pieces}, indent=2))
+        shuffle = {**dataclasses.asdict(buffer), "note": buffer.note}
+        print(json.dumps({**report.to_dict(), "pieces": pieces, "buffer": shuffle}, indent=2))
         return 0
     fields = ", ".join(f"{n} {tuple(s)} {d}" for n, (s, d) in report.fields.items())
     print(f"{report.where}: T={report.total_timesteps} ({fields}), "
@@ -256,6 +304,9 @@ def _run(args: argparse.Namespace) -> int:
         )
     if report.device == "cuda":
         print(f"  {saving_words(report.saving)}")
+    print(buffer.describe())
+    if buffer.note:
+        print(buffer.note)
     print(f"mode with resident='auto': {report.mode}")
     for text in report.notes:
         print(f"note: {text}")

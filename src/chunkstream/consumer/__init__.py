@@ -4,12 +4,14 @@ from ._augment import neighbour_union, zero_neurons_with_neighbours
 from ._batches import BatchStream
 from ._mixing import ChunkMixer
 from ._sampling import WindowSampler, gather_windows, sample_windows
+from ._tiers import BufferInfo
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._augment import sample_batch_within_chunk as sample_batch_within_chunk  # isort: skip
 
 __all__ = [
     "BatchStream",
+    "BufferInfo",
     "ChunkMixer",
     "WindowSampler",
     "gather_windows",

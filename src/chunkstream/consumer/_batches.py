@@ -31,20 +31,28 @@ so the state it saves with a checkpoint is exact.
 
 from __future__ import annotations
 
+import logging
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
-from ._mixing import ChunkMixer, check_mix
+from ._gather import check_gather_threads, gather_pool
+from ._mixing import ChunkMixer
 from ._sampling import _compute_dtype, check_align
+from ._slots import BatchSlots, Pending
+from ._tiers import BufferInfo, check_buffer, plan_buffer, resolve_tier
 
 __all__ = ["BatchStream"]
+
+_log = logging.getLogger(__name__)
 
 _TAG_BATCH = 0xBA7C_0000_0000_0001  # keeps batch seeds apart from the plans' hashes
 
@@ -93,8 +101,9 @@ class BatchStream:
         (never across a piece), so consecutive batches are no longer drawn
         from one chunk; each chunk still feeds ``batches_per_chunk`` batches.
         Memory: ``mix`` chunks of the chosen fields copied into storage the
-        stream owns, on the loader's device (device memory on CUDA); the
-        loader's own buffers are released as before. The held chunks stay
+        stream owns, where ``buffer`` says; the loader's own buffers are
+        released as before. ``"auto"`` sizes it for the tier (see ``buffer``;
+        :attr:`buffer` says what was chosen and why). The held chunks stay
         held when the next epoch starts (an epoch's first batches mix with the
         previous epoch's last chunks), except after an epoch's iterator was
         closed early. ``1`` (the default) draws each batch from one chunk,
@@ -106,6 +115,25 @@ class BatchStream:
         default) is every start. A chunk with no aligned start raises
         :class:`~chunkstream.ConfigError` at its first batch; ``ChunkLoader(align=)``
         with a multiple of ``align`` puts the chunks and pieces on the grid too.
+    buffer, device:
+        Where the shuffle buffer lives (:mod:`chunkstream.consumer._tiers`) and
+        where batches go (``None``: the loader's device). ``"device"``: on the
+        loader's device, batches gathered there. ``"host"``: in one host arena,
+        each batch gathered on the host into a few reused slots and, with
+        ``device="cuda"``, copied there from page-locked memory on a transfer
+        stream (the device holds only the batches in flight); needs a loader on
+        the CPU. ``"auto"``: host with a CPU loader, device with a CUDA one.
+        Both tiers draw the same windows for the same seed and share one
+        ``state_dict``.
+    host_memory:
+        Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half the
+        memory available at start, less the loader's own arena.
+    batch_prefetch:
+        Batches the host tier gathers (and copies) ahead of the one yielded.
+    gather_threads:
+        Threads that copy a host batch, the consuming one counted; ``None``:
+        this rank's share of the cores, at most 4 (see
+        :func:`~chunkstream.gather_windows`).
 
     Notes
     -----
@@ -114,8 +142,10 @@ class BatchStream:
     ``chunks_per_epoch`` chunks. An epoch resumed from a mid-epoch state
     yields only its remaining batches.
 
-    Batches are fresh tensors (gathered copies), so holding one never pins a
-    chunk; the chunk itself is released once its last batch was drawn.
+    Batches are gathered copies, so holding one never pins a chunk; the chunk
+    itself is released once its last batch was drawn. On the host tier on the
+    CPU a batch is a view of a reused slot, refilled only once no tensor refers
+    to it (never while the user holds the batch).
     Iterating again, also mid-epoch, starts the next epoch (the rest of the
     old one is abandoned, as with ``loader.epoch``).
 
@@ -143,8 +173,13 @@ class BatchStream:
         fields: str | Sequence[str] | None = None,
         seed: int | None = None,
         dtype: torch.dtype | None = None,
-        mix: int = 1,
+        mix: int | str = 1,
         align: int = 1,
+        buffer: str = "auto",
+        device: str | torch.device | None = None,
+        host_memory: int | None = None,
+        batch_prefetch: int = 2,
+        gather_threads: int | None = None,
     ) -> None:
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
@@ -180,14 +215,58 @@ class BatchStream:
         self._key = seed_key(self.seed)
         _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
         self.dtype = dtype
-        self.mix = check_mix(mix)
         self.align = check_align(align)
+        self.device = loader.device if device is None else resolve_device(device)
+        tier, why = resolve_tier(check_buffer(buffer), loader.device, self.device)
+        self.batch_prefetch = check_int(
+            "batch_prefetch", batch_prefetch, minimum=0,
+            fix="Pass how many batches the host tier gathers ahead (0: none).",
+        )  # fmt: skip
+        self._gather = gather_pool(check_gather_threads(gather_threads))
+        if host_memory is not None:
+            check_int("host_memory", host_memory, minimum=1,
+                      fix="Pass a budget in bytes for the host tier's buffer, or None.")  # fmt: skip
+        #: The shuffle buffer: tier, chunks, bytes, share of the split, pieces per batch, why.
+        self.buffer = self._size_buffer(mix, tier, why, host_memory)
+        self.mix = self.buffer.mix
+        _log.info("%s", self.buffer.describe())
+        if self.buffer.note and self.mix > 1:
+            _log.info("%s", self.buffer.note)
         self._mixer = ChunkMixer(
-            self.mix, window=self.window, rows=loader.rows, fields=self.fields, align=self.align
-        )
-        self._generator = torch.Generator(device=loader.device)
+            self.mix, window=self.window, rows=loader.rows, fields=self.fields, align=self.align,
+            host=self._gather if tier == "host" else None,
+        )  # fmt: skip
+        self._slots = (
+            BatchSlots(self.device, batch_size=self.batch_size, window=self.window,
+                       slots=self.batch_prefetch + 2, pool=self._gather)
+            if tier == "host" else None
+        )  # fmt: skip
+        # Drawn on the host for both tiers: the same windows for the same seed on each.
+        self._generator = torch.Generator()
         self._generation = 0
         self._reset_position()
+
+    def _size_buffer(self, mix: object, tier: str, why: str, host_memory: int | None) -> BufferInfo:
+        """The tier and ``mix`` (``"auto"`` sized for the tier), as a :class:`BufferInfo`."""
+        loader = self.loader
+        specs = loader.source.fields or {}
+        chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in self.fields if n in specs)
+        segments = getattr(loader.plan, "segments", None)
+        split = segments.timesteps if segments is not None else len(loader.source)
+        pass_chunks = loader.chunks_per_pass or -(-split // loader.rows)
+        if mix == "auto" and not chunk_nbytes:
+            raise ConfigError.bad(
+                "mix", mix, "an int until the source's fields are known (its first read)",
+                "Pass mix as a number of chunks.",
+            )  # fmt: skip
+        loader_nbytes = loader.config.host_sets(False) * loader.rows * sum(
+            f.step_nbytes for f in specs.values()
+        )
+        return plan_buffer(
+            mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks,
+            pieces=int(getattr(loader.plan, "pieces", 1)), device=self.device,
+            host_memory=host_memory, loader_nbytes=loader_nbytes, why=why,
+        )  # fmt: skip
 
     def _reset_position(self) -> None:
         """No epoch in progress and nothing to resume: the loader's own state rules."""
@@ -254,25 +333,51 @@ class BatchStream:
                 return
             (self._before, self._refill), self._drawn = mixer.resume_point(done=False), skip
             count = self._batches_in(chunk.index)
-            for b in range(skip, count):
-                batch = self._draw(chunk, b)
-                self._drawn = b + 1
-                if b + 1 == count:
-                    # The event is done: resume at the next one, re-reading the chunks it
-                    # mixes with (at the epoch's end: the next epoch's first).
-                    point = mixer.resume_point(done=True)
-                    (self._before, self._refill), self._drawn = point, 0
-                yield batch
-                if generation != self._generation:
-                    return  # a newer iteration took over
+            ahead: deque[Pending] = deque()  # the host tier's batches gathered ahead
+            try:
+                for b in range(skip, count):
+                    if self._slots is None:
+                        batch = self._draw(chunk, b)
+                    else:
+                        while len(ahead) <= min(self.batch_prefetch, count - b - 1):
+                            ahead.append(self._submit(chunk, b + len(ahead)))
+                        batch = self._as_batch(ahead.popleft().result())
+                    self._drawn = b + 1
+                    if b + 1 == count:
+                        # The event is done: resume at the next one, re-reading the chunks it
+                        # mixes with (at the epoch's end: the next epoch's first).
+                        point = mixer.resume_point(done=True)
+                        (self._before, self._refill), self._drawn = point, 0
+                    yield batch
+                    del batch
+                    if generation != self._generation:
+                        return  # a newer iteration took over
+            finally:
+                for pending in ahead:
+                    pending.cancel()  # its slot comes back once its claimed blocks are done
             skip = 0
             del chunk  # let the loader reuse its buffer while the next one arrives
 
-    def _draw(self, chunk: Chunk, b: int) -> Batch:
+    def _starts(self, chunk: Chunk, b: int) -> torch.Tensor:
+        """Batch ``b`` of ``chunk``'s event: its window starts, a pure function of the seed."""
         key = hash_words(self._key, _TAG_BATCH, chunk.epoch, chunk.index, b, self.loader.rank)
         self._generator.manual_seed(key & M64)
+        return self._mixer.sample(self.batch_size, self._generator)
+
+    def _submit(self, chunk: Chunk, b: int) -> Pending:
+        """The host tier: start gathering batch ``b`` into a slot (:mod:`._slots`)."""
+        storage = self._mixer.storage
+        targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
+        starts = self._starts(chunk, b).tolist()
+        assert self._slots is not None
+        return self._slots.submit(storage, self.fields, starts, targets)
+
+    def _as_batch(self, tensors: dict[str, torch.Tensor]) -> Batch:
+        return tensors[self.fields[0]] if self._single else tensors
+
+    def _draw(self, chunk: Chunk, b: int) -> Batch:
         mixer = self._mixer
-        starts = mixer.sample(self.batch_size, self._generator)
+        starts = self._starts(chunk, b)
         if self._single:
             return mixer.gather(self.fields[0], starts, self.dtype)
         return {name: mixer.gather(name, starts, self.dtype) for name in self.fields}
@@ -353,7 +458,8 @@ class BatchStream:
             f"batches_per_chunk={self.batches_per_chunk}, "
             f"batches_per_epoch={self.batches_per_epoch}, "
             f"chunks_per_epoch={self.chunks_per_epoch}, fields={list(self.fields)}, "
-            f"mix={self.mix}, align={self.align})"
+            f"mix={self.mix}, align={self.align}, buffer={self.buffer.tier!r}, "
+            f"device={self.device})"
         )
 
 

@@ -28,7 +28,8 @@ earlier epochs, :meth:`ChunkMixer.events` the rest.
 
 Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
 owns, ``mix * rows`` timesteps per field on the chunk's device (device memory
-on CUDA), and drops the loader's chunk at once, so the loader's buffers (its
+on CUDA; with ``host=``, the host tier, one arena of host memory made at the
+first chunk and filled by the gather pool), and drops the loader's chunk at once, so the loader's buffers (its
 pinned or host arena, its device chunks) are never held by the mixer and its
 own memory bounds are unchanged. The copy is one device-to-device ``copy_`` per
 field per chunk, queued on the current stream after the chunk's ready event.
@@ -45,7 +46,10 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError, check_int
+from .._memory import HostBufferPool
 from ..pipeline import Chunk
+from ..sources import FieldSpec
+from ._gather import GatherPool, gather_pool, host_copy_rows
 from ._sampling import check_align, gather_windows, piece_starts
 
 __all__ = ["ChunkMixer", "check_mix"]
@@ -56,7 +60,8 @@ def check_mix(mix: object) -> int:
     return check_int(
         "mix", mix, 1,
         "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
-        "the last 8 chunks (memory: mix chunks held by the consumer).",
+        "the last 8 chunks (memory: mix chunks held by the consumer; BatchStream also "
+        "takes mix='auto').",
         expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
     )  # fmt: skip
 
@@ -80,8 +85,10 @@ class ChunkMixer:
         rows: int,
         fields: Sequence[str] | None = None,
         align: int = 1,
+        host: GatherPool | None = None,
     ) -> None:
         self.mix = check_mix(mix)
+        self.host = host  # the host tier: storage in one host arena, copied by this pool
         self.window = int(window)
         self.align = check_align(align)
         self.rows = int(rows)
@@ -133,6 +140,8 @@ class ChunkMixer:
         else:
             chunk.use_on()  # the copy below runs on the current stream
             names = self.fields if self.fields is not None else tuple(chunk)
+            if self.host is not None and not self._storage:
+                self._storage = _host_arena({n: chunk[n] for n in names}, self.mix * self.rows)
             tensors = {}
             for name in names:
                 src = chunk[name]
@@ -142,7 +151,10 @@ class ChunkMixer:
                                         device=src.device)  # fmt: skip
                     self._storage[name] = store
                 view = store[slot * self.rows : slot * self.rows + chunk.length]
-                view.copy_(src, non_blocking=True)
+                if view.device.type == "cpu":  # the gather pool, not torch's spinning one
+                    host_copy_rows(view, src, pool=self.host or gather_pool())
+                else:
+                    view.copy_(src, non_blocking=True)
                 tensors[name] = view
             held = Chunk(tensors, start=chunk.start, stop=chunk.stop, epoch=chunk.epoch,
                          index=chunk.index, pieces=chunk.pieces)  # fmt: skip
@@ -173,9 +185,21 @@ class ChunkMixer:
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``batch_size`` starts uniform (with replacement) over all held chunks' windows."""
         table = self.starts()
+        # A CPU generator draws on the host whatever the table's device, so that both
+        # buffer tiers draw the same windows for the same seed (BatchStream's case).
+        where = table.device if generator is None else generator.device
         idx = torch.randint(0, int(table.numel()), (batch_size,), generator=generator,
-                            device=table.device)  # fmt: skip
+                            device=where)  # fmt: skip
+        if idx.device != table.device:
+            idx = idx.pin_memory().to(table.device, non_blocking=True)
         return table[idx]
+
+    @property
+    def storage(self) -> dict[str, torch.Tensor]:
+        """Per field, the tensor :meth:`sample`'s starts index (see :meth:`field`)."""
+        if self.mix == 1:
+            return dict(self._held[0][1])
+        return self._storage
 
     def gather(self, name: str, starts: torch.Tensor, dtype: torch.dtype | None = None):
         """The windows at ``starts`` (from :meth:`sample`) of field ``name``."""
@@ -265,3 +289,15 @@ class ChunkMixer:
         if not held:
             return None, 0
         return held[0][3], len(held)
+
+
+def _host_arena(chunk: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """The host tier's storage: ``rows`` timesteps of each field in one arena faulted in now.
+
+    Pageable: only the batch slots are page-locked (the copies to the device read
+    those), so the buffer, often most of the host's memory, is not locked.
+    """
+    fields = {n: FieldSpec(tuple(t.shape[1:]), t.numpy().dtype) for n, t in chunk.items()}
+    pool = HostBufferPool(fields, rows, slots=1)
+    buffers = pool.acquire()  # held for the mixer's life: never handed out again
+    return {n: torch.from_numpy(a) for n, a in buffers.arrays.items()}

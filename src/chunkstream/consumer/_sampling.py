@@ -17,9 +17,11 @@ drawn exactly as when ``align`` is not passed. Two ways to draw them:
   replacement it yields every start exactly once per pass (the last batch may be
   short unless ``drop_last``), with replacement ``len(sampler)`` uniform batches.
 
-:func:`gather_windows` turns starts into a ``(B, window, *rest)`` batch with one
-``index_select`` over an ``unfold`` view of the chunk: no host round trip, no
-index tensor, nothing allocated but the batch (or nothing at all with ``out=``).
+:func:`gather_windows` turns starts into a ``(B, window, *rest)`` batch: on a
+device with one ``index_select`` over an ``unfold`` view of the chunk (no host
+round trip, no index tensor, nothing allocated but the batch, or nothing at all
+with ``out=``); on the CPU with one slice copy per window on a small bounded pool
+of threads (:mod:`._gather`), which keeps its speed on a busy machine.
 With ``dtype=`` a float16 chunk stays float16 on the device and only the batch
 is converted (bool and integer fields keep their dtype).
 
@@ -38,6 +40,7 @@ import torch
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
 from ..plans import Piece
+from ._gather import check_host_starts, host_gather
 
 __all__ = ["WindowSampler", "check_align", "gather_windows", "piece_starts", "sample_windows"]
 
@@ -290,8 +293,12 @@ def gather_windows(
     """``out[b] = tensor[starts[b] : starts[b] + window]``: shape ``(B, window, *rest)``.
 
     Runs on ``tensor``'s device: ``starts`` must be a long tensor there, with
-    values in ``[0, len(tensor) - window]`` (checked by the kernel, not here, so
-    no value is read back to the host). ``out``, when given, is filled and
+    values in ``[0, len(tensor) - window]`` (on a device checked by the kernel,
+    so no value is read back to the host; on the CPU checked here, a
+    :class:`ConfigError`). The CPU gather copies each window on the process's
+    gather pool (:func:`~chunkstream.consumer._gather.default_gather_threads`
+    threads, the caller's included), not on torch's intra-op pool; a tensor
+    that requires grad takes ``index_select``. ``out``, when given, is filled and
     returned (shape ``(B, window, *rest)``, the result's dtype, ``tensor``'s
     device), so a loop can reuse one batch buffer.
 
@@ -313,6 +320,8 @@ def gather_windows(
             f"a 1-d torch.long tensor on {tensor.device}",
             "Draw it with cs.sample_windows(chunk, ...) or a WindowSampler on the chunk's device.",
         )
+    if tensor.device.type == "cpu" and not tensor.requires_grad:
+        return _gather_on_host(tensor, starts, window, out, target)
     # unfold gives every window as a view (n, *rest, window); movedim puts time second.
     windows = tensor.unfold(0, window, 1).movedim(-1, 1)
     if target == tensor.dtype:
@@ -329,6 +338,27 @@ def gather_windows(
             "Allocate out with the dtype the batch is converted to.",
         )  # fmt: skip
     return out.copy_(batch)
+
+
+def _gather_on_host(
+    tensor: torch.Tensor,
+    starts: torch.Tensor,
+    window: int,
+    out: torch.Tensor | None,
+    target: torch.dtype,
+) -> torch.Tensor:
+    """The CPU gather: one slice copy per window on the gather pool (:mod:`._gather`)."""
+    values = check_host_starts(starts, int(tensor.shape[0]), window)
+    shape = (len(values), window, *tensor.shape[1:])
+    if out is None:
+        out = torch.empty(shape, dtype=target)
+    elif out.dtype != target or tuple(out.shape) != shape or out.device.type != "cpu":
+        raise ConfigError.bad(
+            "out", f"a {out.dtype} tensor of shape {tuple(out.shape)} on {out.device}",
+            f"a {target} tensor of shape {shape} on the cpu",
+            "Allocate out with the batch's shape and the dtype it is converted to.",
+        )  # fmt: skip
+    return host_gather(tensor, values, window, out)
 
 
 # The compute dtypes a floating-point chunk may be converted to in the gather.

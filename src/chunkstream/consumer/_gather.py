@@ -1,0 +1,336 @@
+"""The host gather: windows copied into a batch by a small bounded pool of threads.
+
+Gathering a batch on the host is ``B`` copies of one contiguous window each
+(``window`` rows of a field). torch's ``index_select`` runs them on its intra-op
+pool, whose threads spin at a barrier waiting for a thread the OS has
+descheduled: on a busy machine (several ranks per node, each with readers,
+decoders and torch's own pools) one batch then costs tens of times its idle
+CPU time. Here each window is one numpy slice copy (a ``memcpy`` that releases
+the GIL), the windows are cut into blocks, and the blocks are *claimed* one at
+a time by the calling thread and the pool's helper threads: nobody waits at a
+barrier, a helper the OS does not run simply claims nothing, and the caller
+ends up doing the work itself. The caller waits (on a condition, never
+spinning) only for blocks a helper has already claimed.
+
+Concurrency: one :class:`GatherPool` serves any number of callers (each call is
+a job of its own); the helpers end after :data:`IDLE_S` without work, so an
+idle process holds no ``chunkstream-gather-*`` thread, and start again on the
+next call. A block's exception reaches its caller.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError, check_int
+
+__all__ = [
+    "IDLE_S",
+    "GatherPool",
+    "Job",
+    "default_gather_threads",
+    "gather_blocks",
+    "gather_pool",
+    "host_gather",
+]
+
+IDLE_S = 0.5  # a helper with nothing to claim for this long ends
+_POLL_S = 0.1
+_MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy nothing
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_gather_threads() -> int:
+    """Threads that copy a batch (the caller counted): this rank's share of the cores, at most 4.
+
+    The share is the usable cores over ``LOCAL_WORLD_SIZE`` (torchrun's ranks on
+    this node; 1 without it), so several ranks on a node do not oversubscribe it
+    through their gathers.
+    """
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    ranks_n = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
+    return max(1, min(_MAX_THREADS, _usable_cores() // ranks_n))
+
+
+def check_gather_threads(threads: object) -> int:
+    """``threads`` (``None``: :func:`default_gather_threads`) as an int >= 1."""
+    if threads is None:
+        return default_gather_threads()
+    return check_int(
+        "gather_threads", threads, 1,
+        "Pass None for this rank's share of the cores (at most 4), or e.g. 1 to gather "
+        "each batch in the consuming thread alone.",
+    )  # fmt: skip
+
+
+class Job:
+    """One call's blocks: claimed by its caller and the helpers, then ``then`` once.
+
+    ``then(failed)`` runs exactly once, in whichever thread finishes the last
+    block (or in :meth:`cancel`'s), with ``failed`` true after an error or a
+    cancel; :meth:`wait` returns once it has run.
+    """
+
+    __slots__ = ("cancelled", "claimed", "closed", "cond", "done", "error", "finished", "fn", "n",
+                 "then")  # fmt: skip
+
+    def __init__(self, fn: Callable[[int], None], n: int,
+                 then: Callable[[bool], None] | None = None) -> None:  # fmt: skip
+        self.fn, self.n, self.then = fn, n, then
+        self.claimed = 0  # blocks handed out (to the caller or a helper)
+        self.done = 0  # blocks finished, with or without an error
+        self.error: BaseException | None = None
+        self.cancelled = self.closed = self.finished = False
+        self.cond = threading.Condition()
+        if n <= 0:
+            self.closed = True
+            self._close()
+
+    def claim(self) -> int | None:
+        with self.cond:
+            if self.claimed >= self.n or self.error is not None:
+                return None
+            self.claimed += 1
+            return self.claimed - 1
+
+    def _block_done(self, error: BaseException | None) -> None:
+        with self.cond:
+            self.done += 1
+            if error is not None and self.error is None:
+                self.error = error
+                self.n = self.claimed  # nothing more is claimed after an error
+            last = self.done >= self.n and not self.closed
+            self.closed = self.closed or last
+        if last:
+            self._close()
+
+    def _close(self) -> None:
+        try:
+            if self.then is not None:
+                self.then(self.cancelled or self.error is not None)
+        except BaseException as exc:  # a thread boundary: handed to wait()
+            if self.error is None:
+                self.error = exc
+        finally:
+            with self.cond:
+                self.finished = True
+                self.fn = self.then = None  # type: ignore[assignment]  # drop the arrays
+                self.cond.notify_all()
+
+    def run_blocks(self) -> None:
+        while (block := self.claim()) is not None:
+            try:
+                self.fn(block)
+            except BaseException as exc:  # a thread boundary: handed to wait()
+                self._block_done(exc)
+            else:
+                self._block_done(None)
+
+    def wait(self) -> None:
+        """Claim what is left, wait for the blocks others claimed and ``then``; re-raise."""
+        self.run_blocks()
+        with self.cond:
+            while not self.finished:
+                self.cond.wait(_POLL_S)
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        """Claim nothing more; ``then(True)`` runs once the claimed blocks are done."""
+        with self.cond:
+            self.cancelled = True
+            self.n = self.claimed
+            last = self.done >= self.n and not self.closed
+            self.closed = self.closed or last
+        if last:
+            self._close()
+
+
+class GatherPool:
+    """``threads - 1`` helper threads (``chunkstream-gather-<k>``) plus each calling thread.
+
+    :meth:`submit` queues ``fn(block)`` for every block in ``range(n)``; the
+    helpers start on it at once and the caller's :meth:`Job.wait` claims what
+    is left, so a submitted job is gathered in the background while the caller
+    does other work. :meth:`run` is submit-and-wait. Thread-safe; helpers start
+    on demand and end when idle (module docs).
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = check_gather_threads(threads)
+        self._cond = threading.Condition()
+        self._jobs: deque[Job] = deque()
+        self._alive = 0
+        self._started = 0  # helper names count up, so a name is never reused while alive
+
+    def submit(self, fn: Callable[[int], None], n: int,
+               then: Callable[[bool], None] | None = None) -> Job:  # fmt: skip
+        job = Job(fn, n, then)
+        if self.threads > 1 and n > 0:
+            with self._cond:
+                self._jobs.append(job)
+                for _ in range(min(self.threads - 1, n) - self._alive):
+                    self._start_helper()
+                self._cond.notify_all()
+        return job
+
+    def run(self, fn: Callable[[int], None], n: int) -> None:
+        job = self.submit(fn, n)
+        try:
+            job.wait()
+        finally:
+            job.cancel()  # only after an interrupt: a finished job ignores it
+
+    def _start_helper(self) -> None:
+        self._alive += 1
+        self._started += 1
+        name = f"chunkstream-gather-{self._started}"
+        threading.Thread(target=self._help, name=name, daemon=True).start()
+
+    def _help(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    self._cond.wait(IDLE_S)
+                    job = self._next_job()
+                    if job is None:
+                        self._alive -= 1
+                        return
+            job.run_blocks()
+            del job  # an idle helper must not keep a caller's arrays referenced
+
+    def _next_job(self) -> Job | None:
+        while self._jobs and self._jobs[0].claimed >= self._jobs[0].n:
+            self._jobs.popleft()  # fully claimed: its caller waits for it, helpers need not
+        return self._jobs[0] if self._jobs else None
+
+
+_POOLS: dict[int, GatherPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def gather_pool(threads: int | None = None) -> GatherPool:
+    """The process's pool for ``threads`` copying threads (``None``: the default count)."""
+    threads = check_gather_threads(threads)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = GatherPool(threads)
+        return pool
+
+
+# A block of windows per claim: small enough to balance, large enough that claiming
+# costs nothing next to the copies.
+_BLOCK_BYTES = 4 << 20
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a CPU tensor's memory, or ``None`` for a dtype numpy lacks.
+
+    bfloat16 is viewed as int16: copies move bytes, they need no arithmetic.
+    """
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):  # complex32 and the like
+        return None
+
+
+def gather_blocks(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]], starts: list[int], window: int
+) -> tuple[Callable[[int], None], int]:
+    """``(fn, n)``: ``fn(k)`` for ``k`` in ``range(n)`` fills ``out[b] = src[s_b : s_b + window]``
+    for every ``(src, out)`` of ``pairs`` (CPU tensors, ``out`` of shape ``(B, window, *rest)``).
+
+    Where the dtypes differ the copy converts (numpy's cast, or torch's for a
+    dtype numpy lacks).
+    """
+    work: list[tuple[Callable[[int, int], None], int, int]] = []  # (copy(b), first b, last b)
+    for src_t, out_t in pairs:
+        src, dst = as_numpy(src_t), as_numpy(out_t)
+        mixed = src_t.dtype != out_t.dtype and torch.bfloat16 in (src_t.dtype, out_t.dtype)
+        if src is None or dst is None or mixed:
+            copy = partial(_torch_window, src_t, out_t, starts, window)
+        else:
+            copy = partial(_numpy_window, src, dst, starts, window)
+        row_bytes = out_t[0].numel() * out_t.element_size() if len(out_t) else 1
+        per = max(1, _BLOCK_BYTES // max(1, row_bytes))
+        work.extend((copy, lo, min(len(starts), lo + per)) for lo in range(0, len(starts), per))
+
+    def fn(block: int) -> None:
+        copy, lo, hi = work[block]
+        for b in range(lo, hi):
+            copy(b)
+
+    return fn, len(work)
+
+
+def _numpy_window(src: np.ndarray, dst: np.ndarray, starts: list[int], window: int, b: int) -> None:
+    s = starts[b]
+    dst[b] = src[s : s + window]  # one memcpy (or cast) outside the GIL
+
+
+def _torch_window(src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int,
+                  b: int) -> None:  # fmt: skip
+    s = starts[b]
+    dst[b].copy_(src[s : s + window])
+
+
+def host_gather(
+    tensor: torch.Tensor,
+    starts: list[int],
+    window: int,
+    out: torch.Tensor,
+    *,
+    pool: GatherPool | None = None,
+) -> torch.Tensor:
+    """``out[b] = tensor[starts[b] : starts[b] + window]`` on the host (:func:`gather_blocks`)."""
+    pool = pool or gather_pool()
+    pool.run(*gather_blocks([(tensor, out)], starts, window))
+    return out
+
+
+def host_copy_rows(dst: torch.Tensor, src: torch.Tensor, *, pool: GatherPool | None = None) -> None:
+    """``dst[:] = src`` (same shape, CPU), split in row blocks over the gather pool."""
+    pool = pool or gather_pool()
+    a, b = as_numpy(dst), as_numpy(src)
+    if a is None or b is None or dst.dtype != src.dtype:
+        dst.copy_(src)
+        return
+    rows = len(a)
+    if rows == 0:
+        return
+    per = max(1, _BLOCK_BYTES // max(1, a[:1].nbytes))
+    blocks = -(-rows // per)
+
+    def copy(block: int) -> None:
+        a[block * per : (block + 1) * per] = b[block * per : (block + 1) * per]
+
+    pool.run(copy, blocks)
+
+
+def check_host_starts(starts: torch.Tensor, length: int, window: int) -> list[int]:
+    """``starts`` as host ints, each a valid window start in a tensor of ``length`` rows."""
+    values = starts.tolist()
+    if values and (min(values) < 0 or max(values) > length - window):
+        bad = next(v for v in values if not 0 <= v <= length - window)
+        raise ConfigError.bad(
+            "starts", f"a start {bad}", f"starts in [0, {length - window}] (window={window})",
+            "Draw them with cs.sample_windows(chunk, ...) over this tensor.",
+        )  # fmt: skip
+    return values

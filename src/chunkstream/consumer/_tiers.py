@@ -1,0 +1,224 @@
+"""Where the shuffle buffer lives, how many chunks it holds, and what that costs the model.
+
+Two tiers (``BatchStream(buffer=)``):
+
+* ``"device"``: the buffer's chunks on the loader's device, each batch gathered
+  there (``index_select`` on CUDA). Device memory: ``mix`` chunks.
+* ``"host"``: the buffer's chunks in one host arena allocated at the first
+  chunk, each batch gathered on the host by the gather pool into a few reused
+  slots and, on CUDA, copied to the device on a transfer stream
+  (:mod:`._slots`). The loader then runs on the CPU (``ChunkLoader(device="cpu")``)
+  and ``BatchStream(device="cuda")`` names where batches go; device memory is
+  the batches in flight. Host memory is the larger and cheaper one, so the
+  buffer can hold a large share of the training split.
+
+``"auto"`` takes the host tier when the loader is on the CPU (batches to the
+CPU or to a CUDA device), the device tier when it is on a CUDA device. On the
+CPU both tiers are host memory and draw the same windows; the host tier
+gathers into reused slots (no fresh pages per batch) and ahead of the consumer. ``mix="auto"`` sizes the buffer: on the
+host tier from ``host_memory`` (default :data:`HOST_SHARE` of the memory
+available at start, less the loader's own arena), up to the chunks of one pass
+over the split; on the device tier :data:`DEVICE_MIX` chunks, fewer when they
+would take more than :data:`DEVICE_SHARE` of the device's memory.
+
+What decides model quality is the share of the training split the buffer holds
+(:func:`quality_note`; figures from the quality race in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .._errors import ConfigError
+from ._mixing import check_mix
+
+__all__ = ["DEVICE_MIX", "DEVICE_SHARE", "HOST_SHARE", "BufferInfo", "available_host_memory",
+           "check_buffer", "plan_buffer", "quality_note", "resolve_tier"]  # fmt: skip
+
+#: Of the host memory available at start, the share ``mix="auto"`` gives the host tier.
+HOST_SHARE = 0.5
+#: Chunks ``mix="auto"`` holds on the device tier when they fit :data:`DEVICE_SHARE`.
+DEVICE_MIX = 16
+#: The most of the device's memory (CUDA: its total; CPU: physical RAM) the device tier takes.
+DEVICE_SHARE = 1 / 8
+#: Below this share of the split the buffer's quality cost is worth a note.
+NOTE_BELOW = 0.10
+
+# Measured validation loss over i.i.d. at a buffer share (issue 28's race at 8x the
+# demo's length, pieces=32, 2 seeds): (share, "how much worse").
+_QUALITY = ((0.02, "~6%"), (0.09, "~2-3%"), (0.25, "~1%"))
+
+_BUFFERS = ("auto", "host", "device")
+
+
+def check_buffer(buffer: object) -> str:
+    if buffer not in _BUFFERS:
+        raise ConfigError.bad(
+            "buffer", buffer, "one of 'auto', 'host', 'device'",
+            "Use buffer='host' to hold the shuffle buffer in host memory (loader on the "
+            "CPU, batches to BatchStream(device=)), 'device' to hold it with the chunks, "
+            "or 'auto'.",
+        )  # fmt: skip
+    return str(buffer)
+
+
+def available_host_memory() -> int:
+    """Bytes of memory available now (``MemAvailable``; else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def device_total_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def quality_note(share: float) -> str:
+    """A one-line note on the measured quality cost at ``share`` of the split ('' at >= 10%)."""
+    if share >= NOTE_BELOW:
+        return ""
+    near = min(_QUALITY, key=lambda q: abs(q[0] - share))
+    return (
+        f"note: the shuffle buffer holds {share:.1%} of the training split; measured, a buffer "
+        f"of {near[0]:.0%} gave {near[1]} worse validation loss than i.i.d. batches (25%: ~1%). "
+        "A larger mix (buffer='host' for host memory) brings it closer."
+    )
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """The shuffle buffer a :class:`~chunkstream.BatchStream` uses, and why.
+
+    ``tier``: ``"host"`` or ``"device"``; ``mix``: chunks held; ``nbytes``: the
+    buffer's bytes (``mix`` chunks of the chosen fields; 0 with ``mix=1``, which
+    holds the loader's chunk); ``split_share``: the share of one pass over the
+    training split it holds (``mix`` chunks over the chunks of a pass, at most
+    1); ``pieces``: the independent pieces a batch is drawn from (``mix`` times
+    the pieces per chunk); ``reason``: how the tier and ``mix`` were chosen.
+    """
+
+    tier: str
+    mix: int
+    nbytes: int
+    split_share: float
+    pieces: int
+    reason: str
+
+    @property
+    def note(self) -> str:
+        """The quality note below 10% of the split (:func:`quality_note`), else ''."""
+        return quality_note(self.split_share)
+
+    def describe(self) -> str:
+        """One line: tier, size, share of the split, pieces per batch."""
+        return (
+            f"shuffle buffer: {self.tier} tier, mix={self.mix} chunks, "
+            f"{self.nbytes / 1e9:.3g} GB, {self.split_share:.1%} of the split, "
+            f"each batch over {self.pieces} pieces ({self.reason})"
+        )
+
+
+def resolve_mix(
+    mix: object,
+    tier: str,
+    *,
+    chunk_nbytes: int,
+    pass_chunks: int,
+    device: torch.device,
+    host_memory: int | None,
+    loader_nbytes: int,
+    device_memory: int | None = None,
+) -> tuple[object, str]:
+    """``(mix, why)``: an int kept, ``"auto"`` sized for ``tier`` (module docs)."""
+    if mix != "auto":
+        return mix, f"mix={mix} as given"
+    if tier == "host":
+        if host_memory is None:
+            avail = available_host_memory()
+            budget = int(avail * HOST_SHARE) - loader_nbytes
+            where = (f"{HOST_SHARE:.0%} of {avail / 1e9:.3g} GB available, less the loader's "
+                     f"{loader_nbytes / 1e9:.3g} GB")  # fmt: skip
+        else:
+            budget, where = int(host_memory), f"host_memory={host_memory / 1e9:.3g} GB"
+        fit = max(1, min(pass_chunks, budget // max(1, chunk_nbytes)))
+        why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
+               f"({where}; at most the {pass_chunks} chunks of one pass)")  # fmt: skip
+        return fit, why
+    total = device_total_memory(device) if device_memory is None else int(device_memory)
+    bound = int(total * DEVICE_SHARE)
+    fit = max(1, min(DEVICE_MIX, pass_chunks, bound // max(1, chunk_nbytes)))
+    why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
+           f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)")  # fmt: skip
+    return fit, why
+
+
+def resolve_tier(buffer: str, source_device: torch.device, device: torch.device) -> tuple[str, str]:
+    """``(tier, why)`` for ``buffer`` with the loader on ``source_device``, batches to ``device``."""
+    if source_device.type == "cuda":
+        if device != source_device:
+            raise ConfigError.bad(
+                "device", str(device), f"the loader's device {source_device} (or None)",
+                "Batches of a CUDA loader stay on its device; for the host tier build the "
+                "loader with device='cpu' and pass BatchStream(device='cuda', buffer='host').",
+            )  # fmt: skip
+        if buffer == "host":
+            raise ConfigError.bad(
+                "buffer", buffer, "'device' or 'auto' with a loader on a CUDA device",
+                "The host tier holds host chunks: build the loader with device='cpu' and pass "
+                "BatchStream(device='cuda', buffer='host').",
+            )  # fmt: skip
+        return "device", "the loader delivers chunks to the device"
+    if device.type == "cuda":
+        if buffer == "device":
+            raise ConfigError.bad(
+                "buffer", buffer, "'host' or 'auto' with a CPU loader and batches on CUDA",
+                "Use buffer='host', or build the loader with device='cuda' for the device tier.",
+            )  # fmt: skip
+        return "host", f"the loader reads to host memory and batches go to {device}"
+    if device.type != "cpu":
+        raise ConfigError.bad("device", str(device), "None, 'cpu' or a CUDA device")
+    if buffer == "device":
+        return "device", "buffer='device'"
+    # On the CPU both tiers are host memory; the host tier gathers into reused slots.
+    return "host", f"buffer={buffer!r}: the loader and the batches are on the CPU"
+
+
+def plan_buffer(
+    mix: object,
+    tier: str,
+    *,
+    chunk_nbytes: int,
+    pass_chunks: int,
+    pieces: int,
+    device: torch.device,
+    host_memory: int | None = None,
+    loader_nbytes: int = 0,
+    device_memory: int | None = None,
+    why: str = "",
+) -> BufferInfo:
+    """The :class:`BufferInfo` of a buffer of ``mix`` chunks (``"auto"`` sized) on ``tier``.
+
+    ``chunk_nbytes``: one chunk of the buffered fields; ``pass_chunks``: the
+    chunks of one pass over the training split; ``pieces``: per chunk.
+    """
+    pass_chunks = max(1, int(pass_chunks))
+    mix, sized = resolve_mix(
+        mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks, device=device,
+        host_memory=host_memory, loader_nbytes=loader_nbytes, device_memory=device_memory,
+    )  # fmt: skip
+    mix = check_mix(mix)
+    return BufferInfo(
+        tier=tier, mix=mix, nbytes=chunk_nbytes * mix if mix > 1 else 0,
+        split_share=min(1.0, mix / pass_chunks), pieces=mix * max(1, int(pieces)),
+        reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
+    )  # fmt: skip
