@@ -49,7 +49,8 @@ def _assert_same(a, b):
 def test_cuda_host_tier_batches_equal_the_cpu_ones_for_the_same_seed(dtype):
     arrays = make_arrays(6000, neurons=64)
     with _loader(arrays) as loader:
-        expected = [_cpu(b) for _ in range(2) for b in _stream(loader, dtype=dtype)]
+        cpu = _stream(loader, dtype=dtype)  # one stream: its buffer is kept across epochs
+        expected = [_cpu(b) for _ in range(2) for b in cpu]
     with _loader(arrays) as loader:
         stream = _stream(loader, device="cuda", dtype=dtype, batch_prefetch=3)
         assert stream.buffer.tier == "host"
@@ -106,7 +107,8 @@ def test_the_device_holds_only_the_batches_in_flight():
 def test_resume_on_the_cuda_host_tier_is_exact():
     arrays = make_arrays(6000, neurons=32)
     with _loader(arrays) as loader:
-        full = [_cpu(b) for _ in range(2) for b in _stream(loader, device="cuda")]
+        uninterrupted = _stream(loader, device="cuda")  # one stream over both epochs
+        full = [_cpu(b) for _ in range(2) for b in uninterrupted]
     with _loader(arrays) as loader:
         stream = _stream(loader, device="cuda")
         it = iter(stream)
