@@ -87,8 +87,11 @@ def check_int(
     ``fix``.
     """
     if not expected:
-        expected = (f"an integer >= {minimum}" if maximum is None
-                    else f"an integer in [{minimum}, {maximum}]")  # fmt: skip
+        expected = (
+            f"an integer >= {minimum}"
+            if maximum is None
+            else f"an integer in [{minimum}, {maximum}]"
+        )
     if isinstance(value, bool) or not (numpy or isinstance(value, int)):
         raise ConfigError.bad(name, value, expected, fix)
     try:

@@ -60,8 +60,9 @@ class Executor:
         for thread in self.threads:
             thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, what: str = "",
-               future: Future | None = None) -> Future:  # fmt: skip
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, what: str = "", future: Future | None = None
+    ) -> Future:
         """Run ``fn(*args)`` in a worker; its value or exception lands in ``future``."""
         future = Future() if future is None else future
         if self.fatal is not None:
@@ -91,8 +92,15 @@ class Executor:
             # stay referenced by an idle thread, or its buffers could not be reused.
             del item
 
-    def _run_one(self, me: threading.Thread, future: Future, fn: Callable, args: tuple,
-                 what: str, failed: BaseException | None) -> None:  # fmt: skip
+    def _run_one(
+        self,
+        me: threading.Thread,
+        future: Future,
+        fn: Callable,
+        args: tuple,
+        what: str,
+        failed: BaseException | None,
+    ) -> None:
         if not future.set_running_or_notify_cancel():
             return
         if failed is not None:

@@ -17,10 +17,23 @@ __all__ = ["check_checkpoint_config", "check_loader_state", "check_stream_state"
 
 #: TrainConfig settings that fix the epoch's chunks and batches: a checkpoint resumes
 #: only under the same ones (the others, e.g. ``epochs`` or ``lr``, may change).
-RESUME_SETTINGS = ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
-                   "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_fraction",
-                   "sampling", "pieces", "mix", "segments", "batches_per_epoch",
-                   "data_field", "stim_field")  # fmt: skip
+RESUME_SETTINGS = (
+    "chunk_size",
+    "batch_size",
+    "passes_per_epoch",
+    "time_units",
+    "evolve_multiple_steps",
+    "latent_dim",
+    "hidden_dim",
+    "val_fraction",
+    "sampling",
+    "pieces",
+    "mix",
+    "segments",
+    "batches_per_epoch",
+    "data_field",
+    "stim_field",
+)
 
 
 def check_loader_state(state: object) -> None:
@@ -28,18 +41,22 @@ def check_loader_state(state: object) -> None:
     (with the hint to pass its ``'loader'``), and a ``step`` past its ``num_chunks``."""
     if isinstance(state, Mapping) and "loader" in state and "epoch" not in state:
         raise ConfigError.bad(
-            "state", _short(state), "a dict from ChunkLoader.state_dict()",
+            "state",
+            _short(state),
+            "a dict from ChunkLoader.state_dict()",
             "This is a BatchStream state: pass state['loader'] to ChunkLoader.load_state_dict, "
             "or load it whole with BatchStream.load_state_dict.",
-        )  # fmt: skip
+        )
     if not isinstance(state, Mapping):
         return  # the cursor refuses it with its own message
     step, num = state.get("step"), state.get("num_chunks")
     if _int(step) and _int(num) and num > 0 and step > num:
         raise ConfigError.bad(
-            "state", _short(state), f"'step'={step} at most 'num_chunks'={num}",
+            "state",
+            _short(state),
+            f"'step'={step} at most 'num_chunks'={num}",
             "The state was not saved by ChunkLoader.state_dict(): pass the one it returned.",
-        )  # fmt: skip
+        )
 
 
 def check_stream_state(state: object, *, batches_per_chunk: int) -> None:
@@ -49,10 +66,12 @@ def check_stream_state(state: object, *, batches_per_chunk: int) -> None:
         return
     if "epoch" in state and "loader" not in state:
         raise ConfigError.bad(
-            "state", _short(state), "a dict from BatchStream.state_dict() with 'loader'",
+            "state",
+            _short(state),
+            "a dict from BatchStream.state_dict() with 'loader'",
             "This is a ChunkLoader state: pass it to loader.load_state_dict, or save the "
             "stream's own state with BatchStream.state_dict().",
-        )  # fmt: skip
+        )
     saved = state.get("batches_per_chunk")
     if saved is not None and saved != batches_per_chunk:
         raise ConfigError(
@@ -69,8 +88,11 @@ def check_checkpoint_config(
     """Refuse a trainer checkpoint written under other :data:`RESUME_SETTINGS`."""
     if not saved:
         return
-    differ = [(k, saved[k], config.get(k)) for k in RESUME_SETTINGS
-              if k in saved and saved[k] != config.get(k)]  # fmt: skip
+    differ = [
+        (k, saved[k], config.get(k))
+        for k in RESUME_SETTINGS
+        if k in saved and saved[k] != config.get(k)
+    ]
     if differ:
         listed = ", ".join(f"{k}={a!r} (now {b!r})" for k, a, b in differ)
         raise ConfigError(
@@ -86,5 +108,7 @@ def _int(value: object) -> bool:
 
 def _short(state: Mapping) -> dict:
     """The state for a message: nested dicts shown by their keys only."""
-    return {k: (f"{{{', '.join(map(str, v))}}}" if isinstance(v, Mapping) else v)
-            for k, v in state.items()}  # fmt: skip
+    return {
+        k: (f"{{{', '.join(map(str, v))}}}" if isinstance(v, Mapping) else v)
+        for k, v in state.items()
+    }

@@ -61,8 +61,14 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
     check_int("world_size", world_size, 1, "Pass the number of ranks.")
-    check_int("rank", rank, 0, "Check the rank setup.", maximum=world_size - 1,
-              expected=f"an integer in [0, world_size={world_size})")  # fmt: skip
+    check_int(
+        "rank",
+        rank,
+        0,
+        "Check the rank setup.",
+        maximum=world_size - 1,
+        expected=f"an integer in [0, world_size={world_size})",
+    )
     return rank, world_size
 
 

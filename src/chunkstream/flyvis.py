@@ -66,10 +66,12 @@ def _dynamic(column: str | int, param: str) -> tuple[str, int]:
     cid = _BY_NAME.get(column.lower(), column) if isinstance(column, str) else column
     if cid in STATIC_COLUMNS:
         raise ConfigError.bad(
-            param, column, f"a dynamic column ({_choices()})",
+            param,
+            column,
+            f"a dynamic column ({_choices()})",
             f"{STATIC_COLUMNS[cid][0]!r} is static: read it from metadata.zarr instead, "
             "e.g. `chunkstream.flyvis.read_metadata(path)`.",
-        )  # fmt: skip
+        )
     if isinstance(cid, bool) or cid not in DYNAMIC_COLUMNS:
         raise ConfigError.bad(param, column, f"a dynamic column ({_choices()})")
     return DYNAMIC_COLUMNS[cid]
@@ -192,11 +194,13 @@ def _compressors(codec: str | None, zarr_format: int) -> object:
     if codec is None:
         return None
     table = {
-        "blosc-zstd": (lambda: BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"),
-                       lambda: numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE)),
+        "blosc-zstd": (
+            lambda: BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"),
+            lambda: numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE),
+        ),
         "zstd": (lambda: ZstdCodec(level=3), lambda: numcodecs.Zstd(level=3)),
         "gzip": (lambda: GzipCodec(level=1), lambda: numcodecs.GZip(level=1)),
-    }  # fmt: skip
+    }
     if codec not in table:
         raise ConfigError.bad("codec", codec, f"one of {sorted(table)} or None")
     return table[codec][0 if zarr_format == 3 else 1]()
@@ -212,11 +216,16 @@ def write_array(
 ) -> zarr.Array:
     """Write ``data`` as a new zarr array at ``path`` (overwriting), returning it."""
     arr = zarr.create_array(
-        str(path), shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=zarr_format,
-        compressors=_compressors(codec, zarr_format), overwrite=True,
+        str(path),
+        shape=data.shape,
+        chunks=chunks,
+        dtype=data.dtype,
+        zarr_format=zarr_format,
+        compressors=_compressors(codec, zarr_format),
+        overwrite=True,
         # every chunk on disk, so an absent one means lost data (ZarrSource refuses it)
         config={"write_empty_chunks": True},
-    )  # fmt: skip
+    )
     arr[...] = data
     return arr
 

@@ -49,8 +49,13 @@ class BufferSet:
 
     __slots__ = ("arrays", "baseline", "busy", "in_arena", "tensors")
 
-    def __init__(self, arrays: dict[str, np.ndarray], tensors: dict[str, torch.Tensor] | None,
-                 *, in_arena: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        tensors: dict[str, torch.Tensor] | None,
+        *,
+        in_arena: bool = True,
+    ) -> None:
         self.arrays = arrays
         self.tensors = tensors  # the pinned tensors behind ``arrays`` (CUDA slots only)
         self.busy = False  # held by the pipeline (CPU pool): not reusable whatever the refcount
@@ -139,8 +144,9 @@ class HostBufferPool:
         layout, nbytes = _layout(self._fields, self._rows, self.slots)
         mapping = _anonymous(nbytes, touch=True)
         # Every set's arrays reference the mapping; it is freed with the last of them.
-        self._sets = _carve(np.frombuffer(mapping, dtype=np.uint8), layout, len(self._fields),
-                            tensors=False)  # fmt: skip
+        self._sets = _carve(
+            np.frombuffer(mapping, dtype=np.uint8), layout, len(self._fields), tensors=False
+        )
         self.nbytes = len(mapping)
         self.allocated = len(self._sets)  # sets ever allocated, the arena's included
 
@@ -272,8 +278,10 @@ def _register(ptr: int, nbytes: int, device: torch.device) -> str | None:
     # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as torch's pinned memory.
     return _in_cuda_thread(
         lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1),
-        device, "cudaHostRegister", _REGISTER_TIMEOUT_S,
-    )  # fmt: skip
+        device,
+        "cudaHostRegister",
+        _REGISTER_TIMEOUT_S,
+    )
 
 
 def _unregister(ptr: int, device: torch.device, timeout: float) -> str | None:
@@ -290,14 +298,21 @@ class PinnedSlotPool:
     it); ``requested_nbytes``: what the slots use; ``registered``: false on the fallback.
     """
 
-    def __init__(self, fields: Mapping[str, FieldSpec], rows: int, *, slots: int,
-                 device: torch.device | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fields: Mapping[str, FieldSpec],
+        rows: int,
+        *,
+        slots: int,
+        device: torch.device | None = None,
+    ) -> None:
         self.slots = int(slots)
         # An explicit index: the pool's CUDA calls run in other threads (module docs).
         self.device = (
-            torch.device(device) if device is not None
+            torch.device(device)
+            if device is not None
             else torch.device("cuda", torch.cuda.current_device())
-        )  # fmt: skip
+        )
         self._cond = threading.Condition()
         self._free: deque[BufferSet] = deque()
         self._pending: deque[tuple[torch.cuda.Event, BufferSet]] = deque()

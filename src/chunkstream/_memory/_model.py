@@ -11,8 +11,14 @@ import torch
 
 from .._errors import ConfigError
 
-__all__ = ["CUDA_MARGIN_FRACTION", "CUDA_MARGIN_MIN", "LOOP_HELD", "budget_depths",
-           "resident_decision", "streaming_bytes"]  # fmt: skip
+__all__ = [
+    "CUDA_MARGIN_FRACTION",
+    "CUDA_MARGIN_MIN",
+    "LOOP_HELD",
+    "budget_depths",
+    "resident_decision",
+    "streaming_bytes",
+]
 
 CUDA_MARGIN_FRACTION = 0.10  # of the device's memory, left for the model and fragmentation
 CUDA_MARGIN_MIN = 2 << 30
@@ -22,9 +28,14 @@ LOOP_HELD = 2
 
 
 def streaming_bytes(
-    chunk_bytes: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
+    chunk_bytes: int,
+    *,
+    on_cuda: bool,
+    prefetch: int,
+    gpu_prefetch: int,
+    workers: int,
     host_slots: int,
-) -> tuple[int | None, int, int]:  # fmt: skip
+) -> tuple[int | None, int, int]:
     """``(device, pinned host, pageable host)`` bytes a streaming loader holds.
 
     CUDA: ``gpu_prefetch + 1`` chunks on the device for a loop that drops each
@@ -37,8 +48,14 @@ def streaming_bytes(
     return None, 0, (prefetch + workers + LOOP_HELD) * chunk_bytes
 
 
-def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
-                  device_memory: int | None, on_cuda: bool) -> dict[str, int]:  # fmt: skip
+def budget_depths(
+    *,
+    chunk_bytes: int,
+    workers: int,
+    host_memory: int | None,
+    device_memory: int | None,
+    on_cuda: bool,
+) -> dict[str, int]:
     """The largest ``prefetch``/``host_slots`` (host budget) and ``gpu_prefetch`` (device
     budget) that fit; :class:`ConfigError` naming the budget that holds too few chunks."""
     derived: dict[str, int] = {}
@@ -49,11 +66,14 @@ def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
         least = workers + 1 if on_cuda else workers + 1 + LOOP_HELD
         if fit < least:
             raise ConfigError.bad(
-                "host_memory", host_memory,
+                "host_memory",
+                host_memory,
                 f"room for at least {least} chunks of {chunk_bytes / 1e6:.1f} MB "
-                f"(workers={workers}, prefetch >= 1" + ("" if on_cuda else ", 2 held by the loop") + ")",
+                f"(workers={workers}, prefetch >= 1"
+                + ("" if on_cuda else ", 2 held by the loop")
+                + ")",
                 "Raise the budget, lower chunk_size, or use fewer workers.",
-            )  # fmt: skip
+            )
         derived["prefetch"] = fit - workers if on_cuda else fit - workers - LOOP_HELD
         if on_cuda:
             derived["host_slots"] = fit
@@ -61,16 +81,18 @@ def budget_depths(*, chunk_bytes: int, workers: int, host_memory: int | None,
         fit = int(device_memory) // max(1, chunk_bytes)
         if fit < 2:  # gpu_prefetch >= 1 chunk in flight beside the one delivered
             raise ConfigError.bad(
-                "device_memory", device_memory,
+                "device_memory",
+                device_memory,
                 f"room for at least two chunks of {chunk_bytes / 1e6:.1f} MB (one delivered, one in flight)",
                 "Raise the budget or lower chunk_size.",
-            )  # fmt: skip
+            )
         derived["gpu_prefetch"] = fit - 1
     return derived
 
 
-def _budget(device: torch.device, device_memory: int | None,
-            host_memory: int | None) -> tuple[int | None, str]:  # fmt: skip
+def _budget(
+    device: torch.device, device_memory: int | None, host_memory: int | None
+) -> tuple[int | None, str]:
     if device.type == "cpu":
         return host_memory, "host_memory"
     if device_memory is not None:
@@ -83,9 +105,14 @@ def _budget(device: torch.device, device_memory: int | None,
 
 
 def resident_decision(
-    resident: object, *, device: torch.device, nbytes: int, rows: int,
-    device_memory: int | None, host_memory: int | None,
-) -> tuple[bool, str]:  # fmt: skip
+    resident: object,
+    *,
+    device: torch.device,
+    nbytes: int,
+    rows: int,
+    device_memory: int | None,
+    host_memory: int | None,
+) -> tuple[bool, str]:
     """Whether a loader runs resident, and why (one line for the log and ``chunkstream plan``).
 
     ``nbytes`` is what the ``rows`` reachable timesteps take on the device. The
@@ -95,8 +122,12 @@ def resident_decision(
     a budget they exceed is a :class:`ConfigError`.
     """
     if not (isinstance(resident, bool) or resident == "auto"):
-        raise ConfigError.bad("resident", resident, "'auto', True or False",
-                              "Pass resident='auto' to keep the data on the device when it fits.")
+        raise ConfigError.bad(
+            "resident",
+            resident,
+            "'auto', True or False",
+            "Pass resident='auto' to keep the data on the device when it fits.",
+        )
     if resident is False:
         return False, "streaming: resident=False"
     budget, what = _budget(device, device_memory, host_memory)
@@ -104,11 +135,12 @@ def resident_decision(
     if budget is not None and nbytes > budget:
         if resident is True:
             raise ConfigError.bad(
-                "resident", True, f"data that fits the budget: {need} exceed {what} "
-                f"({budget / 1e9:.3g} GB)",
+                "resident",
+                True,
+                f"data that fits the budget: {need} exceed {what} ({budget / 1e9:.3g} GB)",
                 "Raise device_memory (host_memory on the CPU), cut the data with segments, or "
                 "pass resident='auto' to stream when it does not fit.",
-            )  # fmt: skip
+            )
         return False, f"streaming: {need} exceed {what} ({budget / 1e9:.3g} GB)"
     if budget is None:
         if resident is True:

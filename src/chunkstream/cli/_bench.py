@@ -13,8 +13,13 @@ from ._plan import add_data_arguments
 __all__ = ["register"]
 
 #: The library's parameter names in a refusal, and the options a bench user typed.
-OPTIONS = {"device": "--device", "gpu_prefetch": "--gpu-prefetch", "chunk_size": "--chunk-size",
-           "column": "--column", "stim_dims": "--stim-dims"}  # fmt: skip
+OPTIONS = {
+    "device": "--device",
+    "gpu_prefetch": "--gpu-prefetch",
+    "chunk_size": "--chunk-size",
+    "column": "--column",
+    "stim_dims": "--stim-dims",
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -51,40 +56,81 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", metavar="PATH", help="zarr store, FlyVis run directory or URL")
     add_data_arguments(p, shape=False)
-    p.add_argument("--chunk-size", type=int_at_least(1), default=None,
-                   help="timesteps per chunk (default: a power of two of at most ~64 MiB)")  # fmt: skip
-    p.add_argument("--prefetch", type=_ints, default=[1, 2, 4, 6],
-                   help="prefetch depths to try (default 1,2,4,6)")  # fmt: skip
-    p.add_argument("--workers", type=_ints, default=[1, 2],
-                   help="reader worker counts to try (default 1,2)")  # fmt: skip
-    p.add_argument("--gpu-prefetch", type=int_at_least(1), default=1,
-                   help="chunks kept ready on the device (default 1)")  # fmt: skip
-    p.add_argument("--chunks", type=int_at_least(2, "The first chunk only fills the pipeline."),
-                   default=16, help="chunks per setting (default 16)")  # fmt: skip
-    p.add_argument("--train", choices=("sleep", "matmul"), default="sleep",
-                   help="simulated training: sleep --train-ms, or matmul on the device "
-                        "(default sleep)")  # fmt: skip
-    p.add_argument("--train-ms", type=float_above(0.0, inclusive=True), default=50.0,
-                   help="training time per chunk for --train sleep (default 50)")  # fmt: skip
-    p.add_argument("--train-steps", type=int_at_least(1), default=4,
-                   help="matmuls over the whole chunk per chunk for --train matmul (default 4)")  # fmt: skip
+    p.add_argument(
+        "--chunk-size",
+        type=int_at_least(1),
+        default=None,
+        help="timesteps per chunk (default: a power of two of at most ~64 MiB)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=_ints,
+        default=[1, 2, 4, 6],
+        help="prefetch depths to try (default 1,2,4,6)",
+    )
+    p.add_argument(
+        "--workers", type=_ints, default=[1, 2], help="reader worker counts to try (default 1,2)"
+    )
+    p.add_argument(
+        "--gpu-prefetch",
+        type=int_at_least(1),
+        default=1,
+        help="chunks kept ready on the device (default 1)",
+    )
+    p.add_argument(
+        "--chunks",
+        type=int_at_least(2, "The first chunk only fills the pipeline."),
+        default=16,
+        help="chunks per setting (default 16)",
+    )
+    p.add_argument(
+        "--train",
+        choices=("sleep", "matmul"),
+        default="sleep",
+        help="simulated training: sleep --train-ms, or matmul on the device (default sleep)",
+    )
+    p.add_argument(
+        "--train-ms",
+        type=float_above(0.0, inclusive=True),
+        default=50.0,
+        help="training time per chunk for --train sleep (default 50)",
+    )
+    p.add_argument(
+        "--train-steps",
+        type=int_at_least(1),
+        default=4,
+        help="matmuls over the whole chunk per chunk for --train matmul (default 4)",
+    )
     p.add_argument("--device", default=None, help="cuda, cuda:k or cpu (default cuda if available)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="window seed (default 0)")
-    p.add_argument("--plot", default=None, metavar="OUT.png",
-                   help="write the read/transfer/compute timeline of the worst setting")  # fmt: skip
-    p.add_argument("--plot-setting", type=_pair, default=None, metavar="PREFETCH,WORKERS",
-                   help="plot this setting instead of the worst")  # fmt: skip
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="OUT.png",
+        help="write the read/transfer/compute timeline of the worst setting",
+    )
+    p.add_argument(
+        "--plot-setting",
+        type=_pair,
+        default=None,
+        metavar="PREFETCH,WORKERS",
+        help="plot this setting instead of the worst",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--local", default=None, metavar="COPY",
-                   help="a local copy of the store at PATH (a URL): also report the URL's "
-                        "throughput against it (GB/s of decoded windows, and the ratio)")  # fmt: skip
+    p.add_argument(
+        "--local",
+        default=None,
+        metavar="COPY",
+        help="a local copy of the store at PATH (a URL): also report the URL's "
+        "throughput against it (GB/s of decoded windows, and the ratio)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
 
 
 def check(args: argparse.Namespace) -> None:
     """Refuse, before the run, what cannot work or has no effect; note what changes nothing."""
-    from ..tools._stores import is_remote
+    from ..tools import is_remote
 
     if args.column != "voltage" and not args.flyvis:
         raise unused("--column", args.column, "--flyvis", "it picks a FlyVis column")
@@ -95,9 +141,13 @@ def check(args: argparse.Namespace) -> None:
             raise refuse(option, ",".join(map(str, values)), "integers >= 1, e.g. 1,2,4,6")
     if args.local is not None:
         if not is_remote(str(args.path)):
-            raise refuse("--local", args.local, "PATH to be a URL (s3://, gs://, https://...)",
-                         f"PATH {args.path!r} is local: --local compares a remote store with "
-                         "its local copy, so drop --local.")  # fmt: skip
+            raise refuse(
+                "--local",
+                args.local,
+                "PATH to be a URL (s3://, gs://, https://...)",
+                f"PATH {args.path!r} is local: --local compares a remote store with "
+                "its local copy, so drop --local.",
+            )
         if is_remote(str(args.local)):
             raise refuse("--local", args.local, "a local copy of the store", "Pass a local path.")
     if args.plot_setting is not None:
@@ -105,9 +155,13 @@ def check(args: argparse.Namespace) -> None:
             raise unused("--plot-setting", ",".join(map(str, args.plot_setting)), "--plot")
         p, w = args.plot_setting
         if p not in args.prefetch or w not in args.workers:
-            raise refuse("--plot-setting", f"{p},{w}", "a PREFETCH,WORKERS pair the run tries "
-                         f"(--prefetch {','.join(map(str, args.prefetch))}, --workers "
-                         f"{','.join(map(str, args.workers))})")  # fmt: skip
+            raise refuse(
+                "--plot-setting",
+                f"{p},{w}",
+                "a PREFETCH,WORKERS pair the run tries "
+                f"(--prefetch {','.join(map(str, args.prefetch))}, --workers "
+                f"{','.join(map(str, args.workers))})",
+            )
     if args.plot is not None:
         new_file("--plot", args.plot)
     if args.train == "sleep" and args.train_steps != 4:
@@ -134,31 +188,52 @@ def _run(args: argparse.Namespace) -> int:
 
     check(args)
     if args.gpu_prefetch != 1 and _on_cpu(args.device):
-        note("bench", f"--gpu-prefetch {args.gpu_prefetch} changes nothing on the CPU (no "
-                      "device copies)")  # fmt: skip
-    source = open_bench_source(args.path, args.fields, flyvis=args.flyvis, column=args.column,
-                               stim_dims=args.stim_dims)  # fmt: skip
+        note(
+            "bench",
+            f"--gpu-prefetch {args.gpu_prefetch} changes nothing on the CPU (no device copies)",
+        )
+    source = open_bench_source(
+        args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
+    )
     try:
         if args.chunk_size is not None and args.chunk_size > len(source):
-            raise refuse("--chunk-size", args.chunk_size, f"at most the {len(source)} timesteps "
-                         f"of {args.path!r}", "Every chunk would be all of the data: pass a "
-                         "smaller --chunk-size.")  # fmt: skip
+            raise refuse(
+                "--chunk-size",
+                args.chunk_size,
+                f"at most the {len(source)} timesteps of {args.path!r}",
+                "Every chunk would be all of the data: pass a smaller --chunk-size.",
+            )
         report = run_bench(
-            source, chunk_size=args.chunk_size, prefetch=args.prefetch, workers=args.workers,
-            gpu_prefetch=args.gpu_prefetch, num_chunks=args.chunks, train=args.train,
-            train_ms=args.train_ms, train_steps=args.train_steps, device=args.device,
-            seed=args.seed, progress=not args.no_progress and sys.stderr.isatty(),
+            source,
+            chunk_size=args.chunk_size,
+            prefetch=args.prefetch,
+            workers=args.workers,
+            gpu_prefetch=args.gpu_prefetch,
+            num_chunks=args.chunks,
+            train=args.train,
+            train_ms=args.train_ms,
+            train_steps=args.train_steps,
+            device=args.device,
+            seed=args.seed,
+            progress=not args.no_progress and sys.stderr.isatty(),
             path=args.path,
-        )  # fmt: skip
+        )
     finally:
         source.close()
     remote = None
     if args.local is not None:
         remote = compare_local(
-            args.path, args.local, args.fields, flyvis=args.flyvis, column=args.column,
-            stim_dims=args.stim_dims, chunk_size=report.chunk_size, windows=args.chunks,
-            workers=max(args.workers), seed=args.seed,
-        )  # fmt: skip
+            args.path,
+            args.local,
+            args.fields,
+            flyvis=args.flyvis,
+            column=args.column,
+            stim_dims=args.stim_dims,
+            chunk_size=report.chunk_size,
+            windows=args.chunks,
+            workers=max(args.workers),
+            seed=args.seed,
+        )
     plotted = None
     if args.plot is not None:
         chosen = report.find(*args.plot_setting) if args.plot_setting else None
@@ -170,34 +245,62 @@ def _run(args: argparse.Namespace) -> int:
             out["remote"] = remote.to_dict()
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{report.path}: chunk {report.chunk_size} timesteps ({report.chunk_bytes / 1e6:.1f} "
-          f"MB), {report.num_chunks} chunks per setting, train {report.train}, {report.device}")  # fmt: skip
-    header = ("prefetch", "workers", "wait ms", "max ms", "empty", "full", "read ms",
-              "xfer ms", "train ms", "epoch s", "ideal s", "x ideal", "")  # fmt: skip
+    print(
+        f"{report.path}: chunk {report.chunk_size} timesteps ({report.chunk_bytes / 1e6:.1f} "
+        f"MB), {report.num_chunks} chunks per setting, train {report.train}, {report.device}"
+    )
+    header = (
+        "prefetch",
+        "workers",
+        "wait ms",
+        "max ms",
+        "empty",
+        "full",
+        "read ms",
+        "xfer ms",
+        "train ms",
+        "epoch s",
+        "ideal s",
+        "x ideal",
+        "",
+    )
     rows = [header]
     for s in report.settings:
-        rows.append((
-            str(s.prefetch), str(s.workers), f"{s.wait_after_first_mean_s * 1e3:.1f}",
-            f"{s.wait_max_s * 1e3:.1f}", str(s.queue_empty), str(s.queue_full),
-            f"{s.read_mean_s * 1e3:.1f}",
-            "-" if s.transfer_mean_s is None else f"{s.transfer_mean_s * 1e3:.1f}",
-            f"{s.train_mean_s * 1e3:.1f}", f"{s.epoch_s:.2f}", f"{s.ideal_s:.2f}",
-            f"{s.overlap:.2f}", "ok" if s.keeping_up else "STALLS",
-        ))  # fmt: skip
+        rows.append(
+            (
+                str(s.prefetch),
+                str(s.workers),
+                f"{s.wait_after_first_mean_s * 1e3:.1f}",
+                f"{s.wait_max_s * 1e3:.1f}",
+                str(s.queue_empty),
+                str(s.queue_full),
+                f"{s.read_mean_s * 1e3:.1f}",
+                "-" if s.transfer_mean_s is None else f"{s.transfer_mean_s * 1e3:.1f}",
+                f"{s.train_mean_s * 1e3:.1f}",
+                f"{s.epoch_s:.2f}",
+                f"{s.ideal_s:.2f}",
+                f"{s.overlap:.2f}",
+                "ok" if s.keeping_up else "STALLS",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         print("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     print("  (wait: mean after the first chunk; empty/full: queue when the consumer asked)")
     if any(s.overlap < 1 for s in report.settings):
-        print("  (x ideal below 1: the run beat the ideal bound, an estimate from mean read, "
-              "copy and train times; not a failure)")  # fmt: skip
+        print(
+            "  (x ideal below 1: the run beat the ideal bound, an estimate from mean read, "
+            "copy and train times; not a failure)"
+        )
     for s in report.settings:
         print(f"{s.label}: {s.verdict}")
     print(f"recommendation: {report.recommendation}")
     if remote is not None:
-        print(f"remote vs local copy ({remote.windows} windows, {remote.nbytes / 1e6:.1f} MB): "
-              f"{remote.remote_gbps:.3f} GB/s from {remote.url}, {remote.local_gbps:.3f} GB/s "
-              f"from {remote.local}; remote/local = {remote.ratio:.2f}")  # fmt: skip
+        print(
+            f"remote vs local copy ({remote.windows} windows, {remote.nbytes / 1e6:.1f} MB): "
+            f"{remote.remote_gbps:.3f} GB/s from {remote.url}, {remote.local_gbps:.3f} GB/s "
+            f"from {remote.local}; remote/local = {remote.ratio:.2f}"
+        )
     if plotted:
         print(f"timeline written to {plotted}")
     return 0

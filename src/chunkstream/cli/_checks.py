@@ -127,11 +127,19 @@ def new_file(option: str, path: str | os.PathLike) -> Path:
     if out.is_dir():
         raise refuse(option, str(path), "a file path, not a folder", f"Pass {path}/out.png.")
     if not parent.is_dir():
-        raise refuse(option, str(path), f"a path in an existing folder ({str(parent)!r} is not one)",
-                     f"Create it first (mkdir -p {parent}) or pick another path.")  # fmt: skip
+        raise refuse(
+            option,
+            str(path),
+            f"a path in an existing folder ({str(parent)!r} is not one)",
+            f"Create it first (mkdir -p {parent}) or pick another path.",
+        )
     if not os.access(parent, os.W_OK):
-        raise refuse(option, str(path), f"a path in a writable folder ({str(parent)!r} is not)",
-                     "Pick a folder you can write to.")  # fmt: skip
+        raise refuse(
+            option,
+            str(path),
+            f"a path in a writable folder ({str(parent)!r} is not)",
+            "Pick a folder you can write to.",
+        )
     return out
 
 
@@ -145,8 +153,12 @@ def writable_dir(option: str, path: str | os.PathLike) -> Path:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise refuse(option, str(path), f"a folder under a writable one ({str(probe)!r} is not)",
-                     "Pick a folder you can write to.")  # fmt: skip
+        raise refuse(
+            option,
+            str(path),
+            f"a folder under a writable one ({str(probe)!r} is not)",
+            "Pick a folder you can write to.",
+        )
     return out
 
 

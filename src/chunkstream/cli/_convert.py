@@ -11,8 +11,14 @@ from ._checks import as_options, float_above, int_at_least, unused, writable_dir
 __all__ = ["register"]
 
 #: ``convert_store``'s parameter names in a refusal, and the options a user typed.
-OPTIONS = {"column": "--column", "stim_dims": "--stim-dims", "chunk_mb": "--chunk-mb",
-           "dtype": "--dtype", "workers": "--workers", "fields": "--fields"}  # fmt: skip
+OPTIONS = {
+    "column": "--column",
+    "stim_dims": "--stim-dims",
+    "chunk_mb": "--chunk-mb",
+    "dtype": "--dtype",
+    "workers": "--workers",
+    "fields": "--fields",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,27 +37,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("input", metavar="IN", help="zarr store, group or directory to read")
     p.add_argument("out", metavar="OUT", help="output directory (a new zarr group)")
     p.add_argument(
-        "--fields", nargs="+", metavar="NAME=INDEX", default=None,
+        "--fields",
+        nargs="+",
+        metavar="NAME=INDEX",
+        default=None,
         help="fields as NAME=INDEX on the non-time axes (e.g. 'voltage=:,0' "
-             "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when IN holds several arrays",
-    )  # fmt: skip
-    p.add_argument("--flyvis", action="store_true",
-                   help="fill --fields for the FlyVis layout from --column and --stim-dims")  # fmt: skip
-    p.add_argument("--column", default="voltage",
-                   help="with --flyvis: voltage, calcium, fluorescence or stimulus, or id 3/4/7/8")  # fmt: skip
-    p.add_argument("--stim-dims", type=int_at_least(1), default=None,
-                   help="with --flyvis: stimulus neurons (default 1736, or N when fewer)")  # fmt: skip
-    p.add_argument("--chunk-mb", type=float_above(0.0), default=32.0,
-                   help="target decoded MiB per output chunk (default 32)")  # fmt: skip
-    p.add_argument("--codec", choices=CODECS, default="blosc-zstd",
-                   help="output compression (default blosc-zstd)")  # fmt: skip
-    p.add_argument("--zarr-format", type=int, choices=(2, 3), default=3,
-                   help="output zarr format (default 3)")  # fmt: skip
-    p.add_argument("--dtype", choices=OUT_DTYPES, default=None,
-                   help="write every field in this dtype (e.g. float16: half the bytes to "
-                        "read and stream); reports the max abs rounding error on a sample")  # fmt: skip
-    p.add_argument("--workers", type=int_at_least(1), default=None,
-                   help="parallel slab copies (default min(4, cores))")  # fmt: skip
+        "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when IN holds several arrays",
+    )
+    p.add_argument(
+        "--flyvis",
+        action="store_true",
+        help="fill --fields for the FlyVis layout from --column and --stim-dims",
+    )
+    p.add_argument(
+        "--column",
+        default="voltage",
+        help="with --flyvis: voltage, calcium, fluorescence or stimulus, or id 3/4/7/8",
+    )
+    p.add_argument(
+        "--stim-dims",
+        type=int_at_least(1),
+        default=None,
+        help="with --flyvis: stimulus neurons (default 1736, or N when fewer)",
+    )
+    p.add_argument(
+        "--chunk-mb",
+        type=float_above(0.0),
+        default=32.0,
+        help="target decoded MiB per output chunk (default 32)",
+    )
+    p.add_argument(
+        "--codec",
+        choices=CODECS,
+        default="blosc-zstd",
+        help="output compression (default blosc-zstd)",
+    )
+    p.add_argument(
+        "--zarr-format", type=int, choices=(2, 3), default=3, help="output zarr format (default 3)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=OUT_DTYPES,
+        default=None,
+        help="write every field in this dtype (e.g. float16: half the bytes to "
+        "read and stream); reports the max abs rounding error on a sample",
+    )
+    p.add_argument(
+        "--workers",
+        type=int_at_least(1),
+        default=None,
+        help="parallel slab copies (default min(4, cores))",
+    )
     p.add_argument("--overwrite", action="store_true", help="delete an existing OUT first")
     p.add_argument("--no-verify", action="store_true", help="skip the final checksum pass")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -62,8 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _stim_dims(path: str, stim_dims: int | None) -> int:
     """``--stim-dims``, or its default (1736, or the neurons of ``path/timeseries`` when
     fewer); one beyond the neurons is refused, never cut to them."""
-    from ..tools._layout import check_flyvis_stim_dims
-    from ..tools._stores import open_arrays
+    from ..tools import check_flyvis_stim_dims, open_arrays
 
     arrays = open_arrays(path)
     if stim_dims is None:
@@ -98,23 +133,39 @@ def _run(args: argparse.Namespace) -> int:
     else:
         raise ConfigError("no fields to convert: pass --fields NAME=INDEX ... or --flyvis.")
     report = convert_store(
-        args.input, args.out, fields=fields, chunk_mb=args.chunk_mb, codec=args.codec,
-        workers=args.workers, zarr_format=args.zarr_format, overwrite=args.overwrite,
-        verify=not args.no_verify, progress=not args.no_progress, dtype=args.dtype,
-    )  # fmt: skip
+        args.input,
+        args.out,
+        fields=fields,
+        chunk_mb=args.chunk_mb,
+        codec=args.codec,
+        workers=args.workers,
+        zarr_format=args.zarr_format,
+        overwrite=args.overwrite,
+        verify=not args.no_verify,
+        progress=not args.no_progress,
+        dtype=args.dtype,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
-    print(f"converted {report.source} -> {report.out} ({report.codec}) in {report.seconds:.1f} s: "
-          f"{report.slabs_written} slabs written, {report.slabs_skipped} already done")  # fmt: skip
+    print(
+        f"converted {report.source} -> {report.out} ({report.codec}) in {report.seconds:.1f} s: "
+        f"{report.slabs_written} slabs written, {report.slabs_skipped} already done"
+    )
     for f in report.fields:
         status = "verified" if f.checksum_out == f.checksum_in else "not verified"
-        print(f"  {f.name:<12} <- {f.source:<24} {f.shape!s:<18} chunks {f.chunks!s:<16} "
-              f"checksum {f.checksum_in} {status}")  # fmt: skip
+        print(
+            f"  {f.name:<12} <- {f.source:<24} {f.shape!s:<18} chunks {f.chunks!s:<16} "
+            f"checksum {f.checksum_in} {status}"
+        )
         if f.max_abs_error is not None:
-            print(f"  {'':<12}    {f.dtype}: max abs rounding error {f.max_abs_error:.3g} "
-                  "on a sample of slabs")  # fmt: skip
+            print(
+                f"  {'':<12}    {f.dtype}: max abs rounding error {f.max_abs_error:.3g} "
+                "on a sample of slabs"
+            )
     ratio = report.decoded_bytes / report.stored_bytes if report.stored_bytes else 0.0
-    print(f"  {report.decoded_bytes / 1e6:.1f} MB decoded, {report.stored_bytes / 1e6:.1f} MB "
-          f"stored (ratio {ratio:.2f})")  # fmt: skip
+    print(
+        f"  {report.decoded_bytes / 1e6:.1f} MB decoded, {report.stored_bytes / 1e6:.1f} MB "
+        f"stored (ratio {ratio:.2f})"
+    )
     return 0 if report.verified or args.no_verify else 1

@@ -20,14 +20,26 @@ from ._checks import as_options, int_at_least, note, refuse, writable_dir
 __all__ = ["register"]
 
 #: TrainConfig's parameter names in a refusal, and the demo's options.
-OPTIONS = {"chunk_size": "--chunk-size", "batch_size": "--batch-size", "pieces": "--pieces",
-           "mix": "--mix", "epochs": "--epochs", "segments": "--segments",
-           "device": "--device", "seed": "--seed"}  # fmt: skip
+OPTIONS = {
+    "chunk_size": "--chunk-size",
+    "batch_size": "--batch-size",
+    "pieces": "--pieces",
+    "mix": "--mix",
+    "epochs": "--epochs",
+    "segments": "--segments",
+    "device": "--device",
+    "seed": "--seed",
+}
 
 DEFAULTS = {
-    "timesteps": 24576, "neurons": 128, "stim_dims": 32, "chunk_size": 1024, "epochs": 6,
-    "pieces": "auto", "mix": "auto",
-}  # fmt: skip
+    "timesteps": 24576,
+    "neurons": 128,
+    "stim_dims": 32,
+    "chunk_size": 1024,
+    "epochs": 6,
+    "pieces": "auto",
+    "mix": "auto",
+}
 #: Stored time chunk of the synthetic dataset: ``pieces="auto"`` comes down to pieces of
 #: this length (chunk_size // 32), so a piece decodes whole stored chunks and nothing more.
 TIME_CHUNK = 32
@@ -49,34 +61,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train a model by streaming a synthetic dataset; print the table, draw the timeline",
         description=__doc__.split("\n\n", 1)[1],
     )
-    p.add_argument("--data", default=None,
-                   help="a FlyVis-layout directory (timeseries.zarr); default: write a synthetic "
-                        "one under OUT/data (cached)")  # fmt: skip
-    p.add_argument("--timesteps", type=int_at_least(1), default=DEFAULTS["timesteps"],
-                   help="synthetic timesteps (default %(default)s)")  # fmt: skip
-    p.add_argument("--neurons", type=int_at_least(1), default=DEFAULTS["neurons"],
-                   help="synthetic neurons (default %(default)s)")  # fmt: skip
-    p.add_argument("--stim-dims", type=int_at_least(1), default=None,
-                   help=f"stimulus channels (default {DEFAULTS['stim_dims']}, or the neurons "
-                        "when fewer)")  # fmt: skip
-    p.add_argument("--epochs", type=int_at_least(1), default=DEFAULTS["epochs"],
-                   help="epochs (default %(default)s)")  # fmt: skip
-    p.add_argument("--chunk-size", type=int_at_least(1), default=DEFAULTS["chunk_size"],
-                   help="timesteps per streamed chunk (default %(default)s)")  # fmt: skip
-    p.add_argument("--pieces", type=_auto_int, default=DEFAULTS["pieces"],
-                   help="pieces per chunk, from independent places (default %(default)s: up to "
-                        "128, each at least a stored time chunk; 1: contiguous chunks)")  # fmt: skip
-    p.add_argument("--mix", type=_auto_int, default=DEFAULTS["mix"],
-                   help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
-                        "%(default)s: 16, fewer when they would take over an eighth of the "
-                        "device's memory; 1: each batch from one chunk)")  # fmt: skip
-    p.add_argument("--segments", default=None,
-                   help="a CSV or JSON file of (start, stop, name) segments: no window crosses "
-                        "one, the end of each is held out, validation is reported per segment")  # fmt: skip
-    p.add_argument("--batch-size", type=int_at_least(1), default=32, help="windows per batch (default 32)")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="a FlyVis-layout directory (timeseries.zarr); default: write a synthetic "
+        "one under OUT/data (cached)",
+    )
+    p.add_argument(
+        "--timesteps",
+        type=int_at_least(1),
+        default=DEFAULTS["timesteps"],
+        help="synthetic timesteps (default %(default)s)",
+    )
+    p.add_argument(
+        "--neurons",
+        type=int_at_least(1),
+        default=DEFAULTS["neurons"],
+        help="synthetic neurons (default %(default)s)",
+    )
+    p.add_argument(
+        "--stim-dims",
+        type=int_at_least(1),
+        default=None,
+        help=f"stimulus channels (default {DEFAULTS['stim_dims']}, or the neurons when fewer)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int_at_least(1),
+        default=DEFAULTS["epochs"],
+        help="epochs (default %(default)s)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int_at_least(1),
+        default=DEFAULTS["chunk_size"],
+        help="timesteps per streamed chunk (default %(default)s)",
+    )
+    p.add_argument(
+        "--pieces",
+        type=_auto_int,
+        default=DEFAULTS["pieces"],
+        help="pieces per chunk, from independent places (default %(default)s: up to "
+        "128, each at least a stored time chunk; 1: contiguous chunks)",
+    )
+    p.add_argument(
+        "--mix",
+        type=_auto_int,
+        default=DEFAULTS["mix"],
+        help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
+        "%(default)s: 16, fewer when they would take over an eighth of the "
+        "device's memory; 1: each batch from one chunk)",
+    )
+    p.add_argument(
+        "--segments",
+        default=None,
+        help="a CSV or JSON file of (start, stop, name) segments: no window crosses "
+        "one, the end of each is held out, validation is reported per segment",
+    )
+    p.add_argument(
+        "--batch-size", type=int_at_least(1), default=32, help="windows per batch (default 32)"
+    )
     p.add_argument("--device", default=None, help="cuda, cuda:k or cpu (default: cuda if present)")
-    p.add_argument("--out", default="chunkstream-demo",
-                   help="output folder (default ./chunkstream-demo)")  # fmt: skip
+    p.add_argument(
+        "--out", default="chunkstream-demo", help="output folder (default ./chunkstream-demo)"
+    )
     p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -96,8 +144,7 @@ def _open(path: Path, stim_dims: int | None):
             f"--data {str(path)!r} has no timeseries.zarr: pass a FlyVis-layout directory, "
             "or leave --data out to use a synthetic dataset."
         )
-    from ..tools._layout import check_flyvis_stim_dims
-    from ..tools._stores import open_arrays
+    from ..tools import check_flyvis_stim_dims, open_arrays
 
     arrays = open_arrays(path)
     if stim_dims is None:  # the default, or every neuron when there are fewer
@@ -119,16 +166,26 @@ def check(args: argparse.Namespace) -> None:
     if args.data is not None:
         for option, value, key in synthetic:
             if value != DEFAULTS[key]:
-                raise ConfigError(f"{option} {value} has no effect with --data (it sizes the "
-                                  f"synthetic dataset): drop {option}, or drop --data.")  # fmt: skip
+                raise ConfigError(
+                    f"{option} {value} has no effect with --data (it sizes the "
+                    f"synthetic dataset): drop {option}, or drop --data."
+                )
     elif args.stim_dims is None:
         args.stim_dims = min(DEFAULTS["stim_dims"], args.neurons)
     elif args.stim_dims > args.neurons:
-        raise refuse("--stim-dims", args.stim_dims, f"at most --neurons={args.neurons}",
-                     f"Pass --stim-dims {args.neurons} or fewer, or raise --neurons.")  # fmt: skip
+        raise refuse(
+            "--stim-dims",
+            args.stim_dims,
+            f"at most --neurons={args.neurons}",
+            f"Pass --stim-dims {args.neurons} or fewer, or raise --neurons.",
+        )
     if args.chunk_size < args.batch_size:
-        raise refuse("--chunk-size", args.chunk_size, f"at least --batch-size={args.batch_size}",
-                     "Not one batch fits in a chunk: raise --chunk-size or lower --batch-size.")  # fmt: skip
+        raise refuse(
+            "--chunk-size",
+            args.chunk_size,
+            f"at least --batch-size={args.batch_size}",
+            "Not one batch fits in a chunk: raise --chunk-size or lower --batch-size.",
+        )
     if args.segments is not None:  # a missing or malformed file, before any write
         from ..plans import Segments, as_segments
 
@@ -160,24 +217,36 @@ def _run(args: argparse.Namespace) -> int:
     check(args)
     # Checked before the dataset is written: a bad --pieces, --mix or --segments costs nothing.
     config = TrainConfig(
-        chunk_size=args.chunk_size, batch_size=args.batch_size, epochs=args.epochs,
-        device=args.device, seed=args.seed, progress=not args.no_progress, pieces=args.pieces,
-        mix=args.mix, segments=args.segments,
-    )  # fmt: skip
+        chunk_size=args.chunk_size,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        device=args.device,
+        seed=args.seed,
+        progress=not args.no_progress,
+        pieces=args.pieces,
+        mix=args.mix,
+        segments=args.segments,
+    )
     out = Path(args.out)
     began = time.perf_counter()
     if args.data is None:
         data = out / "data"
         print(f"dataset: {data} (synthetic FlyVis layout, written once, then reused)")
         info = ensure_synthetic(
-            data, timesteps=args.timesteps, neurons=args.neurons, stim_dims=args.stim_dims,
-            seed=args.seed, progress=not args.no_progress,
+            data,
+            timesteps=args.timesteps,
+            neurons=args.neurons,
+            stim_dims=args.stim_dims,
+            seed=args.seed,
+            progress=not args.no_progress,
             # One zarr chunk per field column and per stimulus width: no read amplification;
             # TIME_CHUNK steps long, so the default pieces decode whole chunks.
             chunks=(TIME_CHUNK, max(1, min(args.stim_dims, args.neurons)), 1),
-        )  # fmt: skip
-        print(f"  {info.timesteps} timesteps x {info.neurons} neurons x 4 columns, "
-              f"{info.nbytes / 1e6:.1f} MB")  # fmt: skip
+        )
+        print(
+            f"  {info.timesteps} timesteps x {info.neurons} neurons x 4 columns, "
+            f"{info.nbytes / 1e6:.1f} MB"
+        )
     else:
         data = Path(args.data)
     source = _open(data, args.stim_dims)
@@ -185,20 +254,27 @@ def _run(args: argparse.Namespace) -> int:
     def on_epoch(trainer: Trainer, record) -> None:
         parts = ", ".join(f"{k} {v:.4f}" for k, v in record.losses.items() if k != "loss")
         phase = "warm-up (reconstruction)" if record.epoch < config.warmup_epochs else "rollout"
-        print(f"epoch {record.epoch + 1}/{config.epochs} {phase:<24} train {parts}; "
-              f"val {record.val_loss:.4f} vs constant {record.baseline_val:.4f}; "
-              f"{record.chunks} chunks, {record.batches} batches, {record.seconds:.1f} s")  # fmt: skip
+        print(
+            f"epoch {record.epoch + 1}/{config.epochs} {phase:<24} train {parts}; "
+            f"val {record.val_loss:.4f} vs constant {record.baseline_val:.4f}; "
+            f"{record.chunks} chunks, {record.batches} batches, {record.seconds:.1f} s"
+        )
 
     try:
         trainer = Trainer(source, config, out_dir=out, on_epoch=on_epoch)
         if isinstance(args.pieces, int) and trainer.pieces != args.pieces:
-            note("demo", f"--pieces {args.pieces}: using {trainer.pieces}, the most up to "
-                         f"{args.pieces} that divide --chunk-size {args.chunk_size} into pieces "
-                         f"of at least the {config.window}-step window")  # fmt: skip
-        print(f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
-              f"pieces/chunk, batches mixed over {trainer.mix} chunks ({trainer.mix * trainer.pieces} "
-              f"independent pieces); window {config.window} timesteps "
-              f"({config.evolve_multiple_steps} rollout steps)")  # fmt: skip
+            note(
+                "demo",
+                f"--pieces {args.pieces}: using {trainer.pieces}, the most up to "
+                f"{args.pieces} that divide --chunk-size {args.chunk_size} into pieces "
+                f"of at least the {config.window}-step window",
+            )
+        print(
+            f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
+            f"pieces/chunk, batches mixed over {trainer.mix} chunks ({trainer.mix * trainer.pieces} "
+            f"independent pieces); window {config.window} timesteps "
+            f"({config.evolve_multiple_steps} rollout steps)"
+        )
         result = trainer.fit(resume=args.resume)
     finally:
         source.close()
@@ -207,21 +283,27 @@ def _run(args: argparse.Namespace) -> int:
     trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
     print()
     print(format_table(result))
-    from ..consumer._tiers import quality_note
+    from ..consumer import quality_note
 
     quality = quality_note(_buffer_share(result.memory)) if result.memory.get("mixer") else ""
     if quality:
         print(quality)
     print()
-    print(f"wrote {timeline}, {trace} (ui.perfetto.dev), TensorBoard logs in {out / 'tensorboard'} "
-          f"(tensorboard --logdir {out / 'tensorboard'}), checkpoint {result.checkpoint}")  # fmt: skip
+    print(
+        f"wrote {timeline}, {trace} (ui.perfetto.dev), TensorBoard logs in {out / 'tensorboard'} "
+        f"(tensorboard --logdir {out / 'tensorboard'}), checkpoint {result.checkpoint}"
+    )
     print(f"demo took {time.perf_counter() - began:.1f} s")
     if args.json:
         payload = {
-            "val_loss": result.val_loss, "baseline_val": result.baseline_val,
-            "baseline_train": result.baseline_train, "memory": result.memory,
-            "latency": result.latency, "seconds": result.seconds, "device": result.device,
-        }  # fmt: skip
+            "val_loss": result.val_loss,
+            "baseline_val": result.baseline_val,
+            "baseline_train": result.baseline_train,
+            "memory": result.memory,
+            "latency": result.latency,
+            "seconds": result.seconds,
+            "device": result.device,
+        }
         (out / "result.json").write_text(json.dumps(payload, indent=1))
     return 0
 
@@ -261,30 +343,61 @@ def format_table(result) -> str:
     loader = m["loader_host"] + m["loader_device"]
     rows = [
         ("validation loss, model", f"{result.val_loss:.5f}", versus_constant(result)),
-        ("validation loss, constant", f"{result.baseline_val:.5f}",
-         "predicts the streamed per-neuron training mean"),
-        ("training loss, constant", f"{result.baseline_train:.5f}",
-         "mean per-neuron variance, from running moments"),
+        (
+            "validation loss, constant",
+            f"{result.baseline_val:.5f}",
+            "predicts the streamed per-neuron training mean",
+        ),
+        (
+            "training loss, constant",
+            f"{result.baseline_train:.5f}",
+            "mean per-neuron variance, from running moments",
+        ),
         ("loader host buffers", _mb(m["loader_host"]), "fixed; does not grow with the data"),
-        ("loader device chunks", _mb(m["loader_device"]) if m["loader_device"] else "-",
-         "chunks on the GPU at once" if m["loader_device"] else "(CPU run: chunks are host buffers)"),
-        ("chunk shuffle buffer", _mb(m.get("mixer")) if m.get("mixer") else "-",
-         f"device tier: --mix chunks held by the trainer, {_buffer_share(m):.1%} of the "
-         "training split; batches drawn over them"),
+        (
+            "loader device chunks",
+            _mb(m["loader_device"]) if m["loader_device"] else "-",
+            "chunks on the GPU at once"
+            if m["loader_device"]
+            else "(CPU run: chunks are host buffers)",
+        ),
+        (
+            "chunk shuffle buffer",
+            _mb(m.get("mixer")) if m.get("mixer") else "-",
+            f"device tier: --mix chunks held by the trainer, {_buffer_share(m):.1%} of the "
+            "training split; batches drawn over them",
+        ),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
         ("validation on device", _mb(m["validation"]), "held-out range, kept on the device"),
-        ("whole training split", _mb(m["train_split"]), _share(loader, m.get("mixer"), m["train_split"])),
+        (
+            "whole training split",
+            _mb(m["train_split"]),
+            _share(loader, m.get("mixer"), m["train_split"]),
+        ),
         ("host peak RSS", _mb(m["host_peak_rss"]), "whole process"),
-        ("stall fraction", f"{100 * lat['stall_fraction']:.1f}%",
-         f"{100 * lat['stall_fraction_after_first']:.1f}% after each epoch's first chunk"),
-        ("read GB/s (readers)", f"{lat['bytes'] / max(1e-9, lat['read_total_ms'] / 1e3) / 1e9:.3f}",
-         "bytes over time spent in source reads: the streaming headroom"),
+        (
+            "stall fraction",
+            f"{100 * lat['stall_fraction']:.1f}%",
+            f"{100 * lat['stall_fraction_after_first']:.1f}% after each epoch's first chunk",
+        ),
+        (
+            "read GB/s (readers)",
+            f"{lat['bytes'] / max(1e-9, lat['read_total_ms'] / 1e3) / 1e9:.3f}",
+            "bytes over time spent in source reads: the streaming headroom",
+        ),
         ("chunks/s", f"{lat['chunks_per_s']:.2f}", f"{int(lat['num_chunks'])} chunks"),
-        ("GB/s delivered", f"{lat['gb_per_s']:.3f}", f"{lat['bytes'] / 1e6:.1f} MB in "
-         f"{lat['elapsed_s']:.1f} s of epochs"),
-        ("batch fwd/bwd/step", f"{lat['forward_mean_ms']:.2f}/{lat['backward_mean_ms']:.2f}/"
-         f"{lat['step_mean_ms']:.2f} ms", f"mean of {int(lat['num_batches'])} timed batches"),
-    ]  # fmt: skip
+        (
+            "GB/s delivered",
+            f"{lat['gb_per_s']:.3f}",
+            f"{lat['bytes'] / 1e6:.1f} MB in {lat['elapsed_s']:.1f} s of epochs",
+        ),
+        (
+            "batch fwd/bwd/step",
+            f"{lat['forward_mean_ms']:.2f}/{lat['backward_mean_ms']:.2f}/"
+            f"{lat['step_mean_ms']:.2f} ms",
+            f"mean of {int(lat['num_batches'])} timed batches",
+        ),
+    ]
     rows[1:1] = [
         (f"  {name}", f"{loss:.5f}", "validation loss of the model on this held-out segment")
         for name, loss in result.val_segments.items()

@@ -24,12 +24,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", metavar="PATH", help="zarr store, group or directory (or URL)")
     p.add_argument(
-        "--fields", nargs="+", metavar="NAME=INDEX", default=None,
+        "--fields",
+        nargs="+",
+        metavar="NAME=INDEX",
+        default=None,
         help="fields as NAME=INDEX on the non-time axes (e.g. 'voltage=:,0' "
-             "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays",
-    )  # fmt: skip
-    p.add_argument("--window", type=int_at_least(1), default=None,
-                   help="also report amplification for random windows of this many timesteps")  # fmt: skip
+        "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays",
+    )
+    p.add_argument(
+        "--window",
+        type=int_at_least(1),
+        default=None,
+        help="also report amplification for random windows of this many timesteps",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -47,23 +54,46 @@ def run(args: argparse.Namespace) -> int:
     timesteps = {a.name: a.shape[0] for a in report.arrays}
     for f in report.fields:
         if args.window is not None and args.window > timesteps[f.array]:
-            raise refuse("--window", args.window,
-                         f"at most the {timesteps[f.array]} timesteps of {f.array!r}",
-                         "Pass a window no longer than the data.")  # fmt: skip
+            raise refuse(
+                "--window",
+                args.window,
+                f"at most the {timesteps[f.array]} timesteps of {f.array!r}",
+                "Pass a window no longer than the data.",
+            )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     print(f"{report.path}")
-    header = ("array", "shape", "dtype", "chunks", "grid", "codecs", "MB", "stored MB",
-              "ratio", "MB/chunk", "missing")  # fmt: skip
+    header = (
+        "array",
+        "shape",
+        "dtype",
+        "chunks",
+        "grid",
+        "codecs",
+        "MB",
+        "stored MB",
+        "ratio",
+        "MB/chunk",
+        "missing",
+    )
     rows = [header]
     for a in report.arrays:
-        rows.append((
-            a.name, "x".join(map(str, a.shape)), a.dtype, "x".join(map(str, a.chunks)),
-            "x".join(map(str, a.grid)), ",".join(a.codecs) or "none", _mb(a.decoded_bytes),
-            _mb(a.stored_bytes), "-" if a.ratio is None else f"{a.ratio:.2f}",
-            _mb(a.chunk_bytes), "not checked" if a.missing_chunks is None else str(a.missing_chunks),
-        ))  # fmt: skip
+        rows.append(
+            (
+                a.name,
+                "x".join(map(str, a.shape)),
+                a.dtype,
+                "x".join(map(str, a.chunks)),
+                "x".join(map(str, a.grid)),
+                ",".join(a.codecs) or "none",
+                _mb(a.decoded_bytes),
+                _mb(a.stored_bytes),
+                "-" if a.ratio is None else f"{a.ratio:.2f}",
+                _mb(a.chunk_bytes),
+                "not checked" if a.missing_chunks is None else str(a.missing_chunks),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -12,10 +12,17 @@ from ._checks import as_options, float_above, int_at_least, note, refuse, unused
 __all__ = ["register"]
 
 #: The library's parameter names in a refusal, and the options a plan user typed.
-OPTIONS = {"world_size": "--world-size", "chunk_size": "--chunk-size",
-           "batch_size": "--batch-size", "passes_per_epoch": "--passes", "pieces": "--pieces",
-           "align": "--align", "batch_window": "--window", "segments": "--segments",
-           "column": "--column"}  # fmt: skip
+OPTIONS = {
+    "world_size": "--world-size",
+    "chunk_size": "--chunk-size",
+    "batch_size": "--batch-size",
+    "passes_per_epoch": "--passes",
+    "pieces": "--pieces",
+    "align": "--align",
+    "batch_window": "--window",
+    "segments": "--segments",
+    "column": "--column",
+}
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -30,17 +37,25 @@ def _shape(text: str) -> tuple[int, ...]:
 def add_data_arguments(p: argparse.ArgumentParser, *, shape: bool) -> None:
     """The options saying which data to use (shared with ``bench``)."""
     p.add_argument(
-        "--fields", nargs="+", metavar="NAME=INDEX", default=None,
+        "--fields",
+        nargs="+",
+        metavar="NAME=INDEX",
+        default=None,
         help="fields as NAME=INDEX on the non-time axes (e.g. 'voltage=:,0' "
-             "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays "
-             "(default: the store's only array, whole)",
-    )  # fmt: skip
-    p.add_argument("--flyvis", action="store_true",
-                   help="PATH is a FlyVis run directory: stream --column and the stimulus "
-                        "of PATH/timeseries.zarr")  # fmt: skip
-    p.add_argument("--column", default="voltage",
-                   help="FlyVis dynamic column: voltage, calcium, fluorescence or its id "
-                        "(default voltage)")  # fmt: skip
+        "'stimulus=0:1736,1'), or NAME=ARRAY[INDEX] when PATH holds several arrays "
+        "(default: the store's only array, whole)",
+    )
+    p.add_argument(
+        "--flyvis",
+        action="store_true",
+        help="PATH is a FlyVis run directory: stream --column and the stimulus "
+        "of PATH/timeseries.zarr",
+    )
+    p.add_argument(
+        "--column",
+        default="voltage",
+        help="FlyVis dynamic column: voltage, calcium, fluorescence or its id (default voltage)",
+    )
     help_stim = "stimulus channels (FlyVis: the first N neurons of column 4"
     help_stim += "; with --shape: adds a (T, N) stimulus field)" if shape else ")"
     p.add_argument("--stim-dims", type=int_at_least(1), default=None, help=help_stim)
@@ -60,46 +75,101 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "store PATH or as --shape/--dtype. Sizes: 8GB, 512MiB, or bytes."
         ),
         epilog="example: chunkstream plan --shape 967680,13741 --stim-dims 1736 "
-               "--chunk-size 65536 --batch-size 256",
-    )  # fmt: skip
-    p.add_argument("path", metavar="PATH", nargs="?", default=None,
-                   help="zarr store, group or FlyVis run directory (or URL); or use --shape")  # fmt: skip
-    p.add_argument("--shape", type=_shape, default=None, metavar="T,N[,...]",
-                   help="plan for an array of this shape instead of a store")  # fmt: skip
+        "--chunk-size 65536 --batch-size 256",
+    )
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="?",
+        default=None,
+        help="zarr store, group or FlyVis run directory (or URL); or use --shape",
+    )
+    p.add_argument(
+        "--shape",
+        type=_shape,
+        default=None,
+        metavar="T,N[,...]",
+        help="plan for an array of this shape instead of a store",
+    )
     p.add_argument("--dtype", default="float32", help="dtype with --shape (default float32)")
     add_data_arguments(p, shape=True)
     p.add_argument("--chunk-size", type=int_at_least(1), required=True, help="timesteps per chunk")
     p.add_argument("--batch-size", type=int_at_least(1), required=True, help="batch size")
-    p.add_argument("--window", type=int_at_least(1), default=1,
-                   help="timesteps of one training window (default 1)")  # fmt: skip
-    p.add_argument("--prefetch", type=int_at_least(1), default=2, help="chunks read ahead (default 2)")
-    p.add_argument("--gpu-prefetch", type=int_at_least(1), default=1,
-                   help="chunks kept ready on the device (default 1)")  # fmt: skip
+    p.add_argument(
+        "--window",
+        type=int_at_least(1),
+        default=1,
+        help="timesteps of one training window (default 1)",
+    )
+    p.add_argument(
+        "--prefetch", type=int_at_least(1), default=2, help="chunks read ahead (default 2)"
+    )
+    p.add_argument(
+        "--gpu-prefetch",
+        type=int_at_least(1),
+        default=1,
+        help="chunks kept ready on the device (default 1)",
+    )
     p.add_argument("--workers", type=int_at_least(1), default=2, help="reader threads (default 2)")
-    p.add_argument("--host-slots", type=int_at_least(1), default=None,
-                   help="pinned host slots (default prefetch + workers)")  # fmt: skip
-    p.add_argument("--passes", type=int_at_least(1), default=1, help="data passes per epoch (default 1)")
+    p.add_argument(
+        "--host-slots",
+        type=int_at_least(1),
+        default=None,
+        help="pinned host slots (default prefetch + workers)",
+    )
+    p.add_argument(
+        "--passes", type=int_at_least(1), default=1, help="data passes per epoch (default 1)"
+    )
     p.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks (default 1)")
-    p.add_argument("--align", type=int_at_least(1), default=1, help="window starts multiple of (default 1)")
-    p.add_argument("--pieces", type=int_at_least(1), default=1,
-                   help="pieces per chunk (chunk_size // pieces timesteps each, from "
-                        "independent places; default 1: contiguous)")  # fmt: skip
-    p.add_argument("--segments", default=None,
-                   help="CSV or JSON file of (start, stop, name) segments no window may cross; "
-                        "prints the valid piece starts per segment")  # fmt: skip
-    p.add_argument("--sampling", choices=("random", "shuffled", "sequential"),
-                   default="shuffled", help="the plan, for chunks per pass (default shuffled)")  # fmt: skip
-    p.add_argument("--val-fraction", type=float_above(0.0, inclusive=True), default=0.0,
-                   help="fraction of timesteps held out and kept on the device (default 0)")  # fmt: skip
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="where training runs (default cuda)")  # fmt: skip
+    p.add_argument(
+        "--align", type=int_at_least(1), default=1, help="window starts multiple of (default 1)"
+    )
+    p.add_argument(
+        "--pieces",
+        type=int_at_least(1),
+        default=1,
+        help="pieces per chunk (chunk_size // pieces timesteps each, from "
+        "independent places; default 1: contiguous)",
+    )
+    p.add_argument(
+        "--segments",
+        default=None,
+        help="CSV or JSON file of (start, stop, name) segments no window may cross; "
+        "prints the valid piece starts per segment",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=("random", "shuffled", "sequential"),
+        default="shuffled",
+        help="the plan, for chunks per pass (default shuffled)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float_above(0.0, inclusive=True),
+        default=0.0,
+        help="fraction of timesteps held out and kept on the device (default 0)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where training runs (default cuda)",
+    )
     p.add_argument("--gpu-mem", default=None, help="device memory budget, e.g. 8GB")
     p.add_argument("--host-mem", default=None, help="host memory budget, e.g. 32GB")
-    p.add_argument("--mix", default="1", metavar="M|auto",
-                   help="chunks the shuffle buffer holds (BatchStream(mix=); default 1)")
-    p.add_argument("--buffer", choices=("auto", "host", "device"), default="auto",
-                   help="where the shuffle buffer lives (BatchStream(buffer=); auto: host on "
-                   "the CPU, device on CUDA)")
+    p.add_argument(
+        "--mix",
+        default="1",
+        metavar="M|auto",
+        help="chunks the shuffle buffer holds (BatchStream(mix=); default 1)",
+    )
+    p.add_argument(
+        "--buffer",
+        choices=("auto", "host", "device"),
+        default="auto",
+        help="where the shuffle buffer lives (BatchStream(buffer=); auto: host on "
+        "the CPU, device on CUDA)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
 
@@ -108,7 +178,7 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
     """The shuffle buffer the run's ``BatchStream(mix=, buffer=)`` would hold."""
     import torch
 
-    from ..consumer._tiers import plan_buffer
+    from ..consumer import plan_buffer
 
     mix = args.mix if args.mix == "auto" else _int_arg(args.mix, "--mix")
     tier = args.buffer if args.buffer != "auto" else ("device" if args.device == "cuda" else "host")
@@ -126,12 +196,17 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
             device_memory, why = 80 * 10**9, f"{why}, an 80 GB device assumed: give --gpu-mem"
     host_mem = getattr(report.budget, "host_mem", None) if report.budget is not None else None
     return plan_buffer(
-        mix, tier, chunk_nbytes=report.chunk_bytes, pass_chunks=pass_chunks,
+        mix,
+        tier,
+        chunk_nbytes=report.chunk_bytes,
+        pass_chunks=pass_chunks,
         pieces=pieces["pieces"] if pieces is not None else 1,
-        device=torch.device("cpu"), host_memory=host_mem,
-        loader_nbytes=(loader.pinned_bytes or 0) + (loader.host_bytes or 0), device_memory=device_memory,
+        device=torch.device("cpu"),
+        host_memory=host_mem,
+        loader_nbytes=(loader.pinned_bytes or 0) + (loader.host_bytes or 0),
+        device_memory=device_memory,
         why=why,
-    )  # fmt: skip
+    )
 
 
 def _int_arg(value: str, name: str) -> int:
@@ -162,14 +237,20 @@ def layout_from_args(args: argparse.Namespace):
         if args.flyvis:
             raise unused("--flyvis", "", "a run directory PATH", "--shape has no columns")
         if args.fields and args.stim_dims is not None:
-            raise ConfigError("--stim-dims adds a stimulus field to --shape's data, and --fields "
-                              "names the fields itself: name the stimulus in --fields instead.")  # fmt: skip
+            raise ConfigError(
+                "--stim-dims adds a stimulus field to --shape's data, and --fields "
+                "names the fields itself: name the stimulus in --fields instead."
+            )
         return layout_from_shape(shape, args.dtype, args.stim_dims, args.fields)
     if getattr(args, "dtype", "float32") != "float32":
         raise unused("--dtype", args.dtype, "--shape", "a store has its own dtype")
     if args.stim_dims is not None and not args.flyvis:
-        raise unused("--stim-dims", args.stim_dims, "--flyvis (or --shape)",
-                     "with a store PATH, --fields says what to read")  # fmt: skip
+        raise unused(
+            "--stim-dims",
+            args.stim_dims,
+            "--flyvis (or --shape)",
+            "with a store PATH, --fields says what to read",
+        )
     return layout_from_store(
         args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
     )
@@ -181,8 +262,10 @@ def saving_words(saving: float) -> str:
         return f"streaming uses {saving:.0%} less device memory"
     if saving == 0:
         return "streaming uses as much device memory as the whole dataset"
-    return (f"streaming uses {-saving:.0%} MORE device memory than the whole dataset: "
-            "keep the data on the device, or lower --chunk-size")  # fmt: skip
+    return (
+        f"streaming uses {-saving:.0%} MORE device memory than the whole dataset: "
+        "keep the data on the device, or lower --chunk-size"
+    )
 
 
 def piece_summary(args: argparse.Namespace, layout) -> dict | None:
@@ -195,45 +278,81 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
     # The trainer's split: with segments, the last val_fraction of each one is held out.
     split = held_out_split(layout.total_timesteps, args.val_fraction, args.window, segments)
     plan = PiecePlan(
-        total_timesteps=layout.total_timesteps, chunk_size=args.chunk_size,
-        pieces=args.pieces, sampling=args.sampling, segments=split.train_segments,
-        align=args.align, grid=layout.time_chunk, batch_window=args.window,
-    )  # fmt: skip
+        total_timesteps=layout.total_timesteps,
+        chunk_size=args.chunk_size,
+        pieces=args.pieces,
+        sampling=args.sampling,
+        segments=split.train_segments,
+        align=args.align,
+        grid=layout.time_chunk,
+        batch_window=args.window,
+    )
     size, grid = plan.piece_size, layout.time_chunk
     if segments is None:
-        epoch = plan_epoch(split.train_len, args.chunk_size, args.batch_size, args.passes,
-                           world_size=args.world_size)  # fmt: skip
+        epoch = plan_epoch(
+            split.train_len,
+            args.chunk_size,
+            args.batch_size,
+            args.passes,
+            world_size=args.world_size,
+        )
     else:  # as the trainer: a chunk is at most the source, a pass whole tiles and the pool
         total = layout.total_timesteps
-        epoch = plan_epoch(total, min(args.chunk_size, total), args.batch_size, args.passes,
-                           world_size=args.world_size, segments=split.train_segments,
-                           pieces=args.pieces)  # fmt: skip
+        epoch = plan_epoch(
+            total,
+            min(args.chunk_size, total),
+            args.batch_size,
+            args.passes,
+            world_size=args.world_size,
+            segments=split.train_segments,
+            pieces=args.pieces,
+        )
     # Unaligned, a piece touches up to ceil((size - 1) / grid) + 1 stored chunks.
     touched = 1 + -(-(size - 1) // grid) if size % grid else size // grid
     return {
-        "pieces": plan.pieces, "piece_size": size, "piece_align": plan.piece_align,
-        "time_chunk": grid, "sampling": plan.sampling, "chunks_per_pass": plan.windows_per_pass,
-        "valid_starts": plan.valid_starts(), "read_amplification": touched * grid / size,
-        "chunks_per_epoch": epoch.chunks_per_epoch, "timesteps": split.train_len,
-    }  # fmt: skip
+        "pieces": plan.pieces,
+        "piece_size": size,
+        "piece_align": plan.piece_align,
+        "time_chunk": grid,
+        "sampling": plan.sampling,
+        "chunks_per_pass": plan.windows_per_pass,
+        "valid_starts": plan.valid_starts(),
+        "read_amplification": touched * grid / size,
+        "chunks_per_epoch": epoch.chunks_per_epoch,
+        "timesteps": split.train_len,
+    }
 
 
 def check(args: argparse.Namespace) -> None:
     """Refuse or note the options that cannot run or change nothing in this combination."""
     if not args.val_fraction < 1.0:
-        raise refuse("--val-fraction", args.val_fraction, "a fraction in [0, 1)",
-                     "Hold out less: 0.1 keeps 90% for training.")  # fmt: skip
+        raise refuse(
+            "--val-fraction",
+            args.val_fraction,
+            "a fraction in [0, 1)",
+            "Hold out less: 0.1 keeps 90% for training.",
+        )
     if args.device == "cpu":
         if args.gpu_mem is not None:
-            raise unused("--gpu-mem", args.gpu_mem, "--device cuda", "a CPU run has no device memory")
-        for option, value, default in (("--gpu-prefetch", args.gpu_prefetch, 1),
-                                       ("--host-slots", args.host_slots, None)):  # fmt: skip
+            raise unused(
+                "--gpu-mem", args.gpu_mem, "--device cuda", "a CPU run has no device memory"
+            )
+        for option, value, default in (
+            ("--gpu-prefetch", args.gpu_prefetch, 1),
+            ("--host-slots", args.host_slots, None),
+        ):
             if value != default:
-                note("plan", f"{option} {value} changes nothing with --device cpu "
-                             "(no device copies, no pinned slots)")  # fmt: skip
+                note(
+                    "plan",
+                    f"{option} {value} changes nothing with --device cpu "
+                    "(no device copies, no pinned slots)",
+                )
     if args.pieces == 1 and args.segments is None and args.sampling != "shuffled":
-        note("plan", f"--sampling {args.sampling} changes no figure here: contiguous chunks "
-                     "(--pieces 1) over the whole data take the same memory and epoch")  # fmt: skip
+        note(
+            "plan",
+            f"--sampling {args.sampling} changes no figure here: contiguous chunks "
+            "(--pieces 1) over the whole data take the same memory and epoch",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -254,14 +373,24 @@ def _run(args: argparse.Namespace) -> int:
 
         segments = Segments.read(args.segments)
     report = plan_memory(
-        layout, chunk_size=args.chunk_size, batch_size=args.batch_size, window=args.window,
-        prefetch=args.prefetch, gpu_prefetch=args.gpu_prefetch, workers=args.workers,
-        host_slots=args.host_slots, passes=args.passes, world_size=args.world_size,
-        val_fraction=args.val_fraction, device=args.device, align=args.align,
+        layout,
+        chunk_size=args.chunk_size,
+        batch_size=args.batch_size,
+        window=args.window,
+        prefetch=args.prefetch,
+        gpu_prefetch=args.gpu_prefetch,
+        workers=args.workers,
+        host_slots=args.host_slots,
+        passes=args.passes,
+        world_size=args.world_size,
+        val_fraction=args.val_fraction,
+        device=args.device,
+        align=args.align,
         gpu_mem=None if args.gpu_mem is None else parse_bytes(args.gpu_mem, "--gpu-mem"),
         host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
-        segments=segments, pieces=args.pieces,
-    )  # fmt: skip
+        segments=segments,
+        pieces=args.pieces,
+    )
     pieces = piece_summary(args, layout)
     buffer = buffer_summary(args, report, pieces)
     if args.json:
@@ -269,34 +398,51 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_dict(), "pieces": pieces, "buffer": shuffle}, indent=2))
         return 0
     fields = ", ".join(f"{n} {tuple(s)} {d}" for n, (s, d) in report.fields.items())
-    print(f"{report.where}: T={report.total_timesteps} ({fields}), "
-          f"{format_bytes(report.step_bytes)} per timestep")  # fmt: skip
+    print(
+        f"{report.where}: T={report.total_timesteps} ({fields}), "
+        f"{format_bytes(report.step_bytes)} per timestep"
+    )
     if report.val_timesteps:
-        print(f"  validation: {report.val_timesteps} timesteps held out, "
-              f"{report.train_timesteps} for training")  # fmt: skip
+        print(
+            f"  validation: {report.val_timesteps} timesteps held out, "
+            f"{report.train_timesteps} for training"
+        )
     e = report.epoch
     print(f"epoch: {e.describe()}")
     if pieces is not None:
-        print(f"pieces: {pieces['pieces']} x {pieces['piece_size']} timesteps per chunk, "
-              f"starts aligned to {pieces['piece_align']} (stored time chunk "
-              f"{pieces['time_chunk']}); {pieces['sampling']}: "
-              f"{pieces['chunks_per_pass'] or 'no'} chunks per pass; "
-              f"{pieces['chunks_per_epoch']} chunks per epoch over {pieces['timesteps']} "
-              "timesteps")  # fmt: skip
+        print(
+            f"pieces: {pieces['pieces']} x {pieces['piece_size']} timesteps per chunk, "
+            f"starts aligned to {pieces['piece_align']} (stored time chunk "
+            f"{pieces['time_chunk']}); {pieces['sampling']}: "
+            f"{pieces['chunks_per_pass'] or 'no'} chunks per pass; "
+            f"{pieces['chunks_per_epoch']} chunks per epoch over {pieces['timesteps']} "
+            "timesteps"
+        )
         if pieces["read_amplification"] > 1:
-            print(f"note: pieces of {pieces['piece_size']} steps on a stored time chunk of "
-                  f"{pieces['time_chunk']} decode up to {pieces['read_amplification']:.2f}x "
-                  "the bytes they use: pick pieces so chunk_size // pieces is a multiple of it")  # fmt: skip
+            print(
+                f"note: pieces of {pieces['piece_size']} steps on a stored time chunk of "
+                f"{pieces['time_chunk']} decode up to {pieces['read_amplification']:.2f}x "
+                "the bytes they use: pick pieces so chunk_size // pieces is a multiple of it"
+            )
         name_width = max(len(n) for n in pieces["valid_starts"])
         for name, count in pieces["valid_starts"].items():
             print(f"  {name:<{name_width}}  {count} valid piece starts")
-    print(f"chunk: {report.chunk_size} timesteps = {format_bytes(report.chunk_bytes)}; "
-          f"prefetch={report.prefetch}, gpu_prefetch={report.gpu_prefetch}, "
-          f"workers={report.workers}, host_slots={report.host_slots} ({report.device})")  # fmt: skip
+    print(
+        f"chunk: {report.chunk_size} timesteps = {format_bytes(report.chunk_bytes)}; "
+        f"prefetch={report.prefetch}, gpu_prefetch={report.gpu_prefetch}, "
+        f"workers={report.workers}, host_slots={report.host_slots} ({report.device})"
+    )
     rows = [("", "device", "pinned host", "other host", "")]
     for row in (report.full, report.streaming):
-        rows.append((row.name, format_bytes(row.device_bytes), format_bytes(row.pinned_bytes),
-                     format_bytes(row.host_bytes), row.note))  # fmt: skip
+        rows.append(
+            (
+                row.name,
+                format_bytes(row.device_bytes),
+                format_bytes(row.pinned_bytes),
+                format_bytes(row.host_bytes),
+                row.note,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print(
@@ -312,15 +458,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: {text}")
     b = report.budget
     if b is not None:
-        budgets = ", ".join(f"{k} {format_bytes(v)}" for k, v in
-                            (("--gpu-mem", b.gpu_mem), ("--host-mem", b.host_mem)) if v)  # fmt: skip
+        budgets = ", ".join(
+            f"{k} {format_bytes(v)}"
+            for k, v in (("--gpu-mem", b.gpu_mem), ("--host-mem", b.host_mem))
+            if v
+        )
         verdict = "fits" if b.requested_fits else "does NOT fit"
         print(f"budget ({budgets}): the requested configuration {verdict}")
         print(
             f"  largest chunk_size at the requested depths: {b.chunk_size} "
             f"({format_bytes(b.chunk_bytes)}, bounded by {b.limited_by})"
         )
-        print(f"  deepest depths at that size: prefetch={b.prefetch}, "
-              f"gpu_prefetch={b.gpu_prefetch}, host_slots={b.host_slots}: device "
-              f"{format_bytes(b.device_bytes)}, pinned {format_bytes(b.pinned_bytes)}")  # fmt: skip
+        print(
+            f"  deepest depths at that size: prefetch={b.prefetch}, "
+            f"gpu_prefetch={b.gpu_prefetch}, host_slots={b.host_slots}: device "
+            f"{format_bytes(b.device_bytes)}, pinned {format_bytes(b.pinned_bytes)}"
+        )
     return 0

@@ -35,27 +35,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("out", metavar="OUT", help="output directory")
-    p.add_argument("--layout", choices=("flyvis", "arrays"), default="flyvis",
-                   help="dataset layout (default: flyvis)")  # fmt: skip
-    p.add_argument("--timesteps", "-T", type=int_at_least(1), default=4096,
-                   help="timesteps (default 4096)")  # fmt: skip
-    p.add_argument("--neurons", "-N", type=int_at_least(1), default=512,
-                   help="neurons (default 512)")  # fmt: skip
-    p.add_argument("--stim-dims", type=int_at_least(0), default=None,
-                   help="stimulus channels, fed to the first neurons (default 64, or N when "
-                        "fewer)")  # fmt: skip
-    p.add_argument("--dtype", choices=("float16", "float32", "float64"), default="float32",
-                   help="float dtype (default float32)")  # fmt: skip
-    p.add_argument("--zarr-format", type=int, choices=(2, 3), default=3,
-                   help="zarr format (default 3)")  # fmt: skip
+    p.add_argument(
+        "--layout",
+        choices=("flyvis", "arrays"),
+        default="flyvis",
+        help="dataset layout (default: flyvis)",
+    )
+    p.add_argument(
+        "--timesteps", "-T", type=int_at_least(1), default=4096, help="timesteps (default 4096)"
+    )
+    p.add_argument(
+        "--neurons", "-N", type=int_at_least(1), default=512, help="neurons (default 512)"
+    )
+    p.add_argument(
+        "--stim-dims",
+        type=int_at_least(0),
+        default=None,
+        help="stimulus channels, fed to the first neurons (default 64, or N when fewer)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float16", "float32", "float64"),
+        default="float32",
+        help="float dtype (default float32)",
+    )
+    p.add_argument(
+        "--zarr-format", type=int, choices=(2, 3), default=3, help="zarr format (default 3)"
+    )
     p.add_argument("--codec", choices=CODECS, default="none", help="compression (default none)")
-    p.add_argument("--chunks", type=_ints, default=None,
-                   help="chunk shape: t,n,c for flyvis or t,n for arrays "
-                        "(default: ~8 MiB along time, other axes whole)")  # fmt: skip
+    p.add_argument(
+        "--chunks",
+        type=_ints,
+        default=None,
+        help="chunk shape: t,n,c for flyvis or t,n for arrays "
+        "(default: ~8 MiB along time, other axes whole)",
+    )
     p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
-    p.add_argument("--regimes", type=int_at_least(1), default=1,
-                   help="K stimulus regimes in consecutive blocks (conditions that change over "
-                        "time), listed in OUT/regimes.csv for --segments (default 1: none)")  # fmt: skip
+    p.add_argument(
+        "--regimes",
+        type=int_at_least(1),
+        default=1,
+        help="K stimulus regimes in consecutive blocks (conditions that change over "
+        "time), listed in OUT/regimes.csv for --segments (default 1: none)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -69,17 +91,28 @@ def check(args: argparse.Namespace) -> None:
     if args.stim_dims is None:
         args.stim_dims = min(64, n)
     elif args.stim_dims > n:
-        raise refuse("--stim-dims", args.stim_dims, f"at most --neurons={n}",
-                     f"Pass --stim-dims {n} or fewer, or raise --neurons.")  # fmt: skip
+        raise refuse(
+            "--stim-dims",
+            args.stim_dims,
+            f"at most --neurons={n}",
+            f"Pass --stim-dims {n} or fewer, or raise --neurons.",
+        )
     if args.regimes > t:
-        raise refuse("--regimes", args.regimes, f"at most --timesteps={t}",
-                     "Each regime needs at least one timestep.")  # fmt: skip
+        raise refuse(
+            "--regimes",
+            args.regimes,
+            f"at most --timesteps={t}",
+            "Each regime needs at least one timestep.",
+        )
     if args.chunks is not None:
         rank = 3 if args.layout == "flyvis" else 2
         example = "t,n,c, e.g. 256,512,4" if rank == 3 else "t,n, e.g. 256,512"
         if len(args.chunks) != rank or min(args.chunks) < 1:
-            raise refuse("--chunks", ",".join(map(str, args.chunks)),
-                         f"{rank} positive ints for --layout {args.layout}: {example}")  # fmt: skip
+            raise refuse(
+                "--chunks",
+                ",".join(map(str, args.chunks)),
+                f"{rank} positive ints for --layout {args.layout}: {example}",
+            )
     writable_dir("OUT", args.out)
 
 
@@ -88,16 +121,27 @@ def run(args: argparse.Namespace) -> int:
 
     check(args)
     info = write_synthetic(
-        args.out, layout=args.layout, timesteps=args.timesteps, neurons=args.neurons,
-        stim_dims=args.stim_dims, dtype=args.dtype, zarr_format=args.zarr_format,
-        codec=args.codec, chunks=args.chunks, seed=args.seed, overwrite=args.overwrite,
-        progress=not args.no_progress, regimes=args.regimes,
-    )  # fmt: skip
+        args.out,
+        layout=args.layout,
+        timesteps=args.timesteps,
+        neurons=args.neurons,
+        stim_dims=args.stim_dims,
+        dtype=args.dtype,
+        zarr_format=args.zarr_format,
+        codec=args.codec,
+        chunks=args.chunks,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        regimes=args.regimes,
+    )
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
         return 0
-    print(f"wrote {info.out} ({info.layout}, zarr v{info.zarr_format}, codec {info.codec}) "
-          f"in {info.seconds:.1f} s")  # fmt: skip
+    print(
+        f"wrote {info.out} ({info.layout}, zarr v{info.zarr_format}, codec {info.codec}) "
+        f"in {info.seconds:.1f} s"
+    )
     for name, path in info.arrays.items():
         print(f"  {name:<12} {info.shapes[name]!s:<22} {info.dtype}  {path}")
     print(f"  {info.nbytes / 1e6:.1f} MB decoded; connectivity in {info.out}/connectivity.npz")

@@ -61,8 +61,13 @@ class GuideRandomChunkLoader:
         # Everything is checked now, as the original's constructor would have failed now.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
         check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
-        self._config = LoaderConfig(chunk_size=chunk_size, prefetch=prefetch, workers=1,
-                                    gpu_prefetch=_gpu_prefetch, stall_timeout=_stall_timeout)  # fmt: skip
+        self._config = LoaderConfig(
+            chunk_size=chunk_size,
+            prefetch=prefetch,
+            workers=1,
+            gpu_prefetch=_gpu_prefetch,
+            stall_timeout=_stall_timeout,
+        )
         self._device = resolve_device(device)
         self.load_fn, self.total_timesteps, self.chunk_size = load_fn, total_timesteps, chunk_size
         # As the original: a torch.device, "cuda" left without an index.
@@ -75,8 +80,9 @@ class GuideRandomChunkLoader:
         self._stats = LatencyStats()
         self._claims = Claims()
         # load_fn's arrays become the chunk's tensors on the CPU, as the original's did.
-        self.source = CallableSource(self._call, total_timesteps, names=("data", "stim"),
-                                     specs="first", _hand_over=True)  # fmt: skip
+        self.source = CallableSource(
+            self._call, total_timesteps, names=("data", "stim"), specs="first", _hand_over=True
+        )
         self._loader: ChunkLoader | None = None  # built by the first start_epoch
         self._loader_epochs = 0  # epoch() calls made on it
         self._iterator: object = iter(())
@@ -88,8 +94,13 @@ class GuideRandomChunkLoader:
         """Begin an epoch of ``num_chunks`` chunks; abandons any epoch in progress."""
         if self._closed:
             raise LoaderClosedError(_CLOSED)
-        check_int("num_chunks", num_chunks, 0, "Use calculate_chunk_params(...)[0].",
-                  expected="an int >= 0")  # fmt: skip
+        check_int(
+            "num_chunks",
+            num_chunks,
+            0,
+            "Use calculate_chunk_params(...)[0].",
+            expected="an int >= 0",
+        )
         previous = self._epoch
         if previous is None:
             self._epoch = Epoch(0, 0, num_chunks)
@@ -103,11 +114,20 @@ class GuideRandomChunkLoader:
             # too: reads plus copies stay within the draws an abandoned epoch consumes.
             on_cuda = self._device.type == "cuda"
             self._loader = ChunkLoader(
-                self.source, self.chunk_size, device=self._device, prefetch=c.prefetch,
-                gpu_prefetch=c.gpu_prefetch, workers=1, sampling=self._draws, stats=self._stats,
+                self.source,
+                self.chunk_size,
+                device=self._device,
+                prefetch=c.prefetch,
+                gpu_prefetch=c.gpu_prefetch,
+                workers=1,
+                sampling=self._draws,
+                stats=self._stats,
                 host_slots=max(1, self._depth - c.gpu_prefetch) if on_cuda else None,
-                stall_timeout=c.stall_timeout, close_timeout=_CLOSE_S, rank=0, world_size=1,
-            )  # fmt: skip
+                stall_timeout=c.stall_timeout,
+                close_timeout=_CLOSE_S,
+                rank=0,
+                world_size=1,
+            )
         self._begin(num_chunks if self._delivered else min(num_chunks, 1))
 
     def _begin(self, num_chunks: int, at: int = 0) -> None:
@@ -216,9 +236,17 @@ class RandomChunkLoader(GuideRandomChunkLoader):
         _stall_timeout: float | None = 300.0,
     ) -> None:
         self.time_units = time_units
-        super().__init__(load_fn, total_timesteps, chunk_size, device=device, prefetch=prefetch,
-                         seed=seed, _gpu_prefetch=_gpu_prefetch, _align=time_units,
-                         _stall_timeout=_stall_timeout)  # fmt: skip
+        super().__init__(
+            load_fn,
+            total_timesteps,
+            chunk_size,
+            device=device,
+            prefetch=prefetch,
+            seed=seed,
+            _gpu_prefetch=_gpu_prefetch,
+            _align=time_units,
+            _stall_timeout=_stall_timeout,
+        )
 
     def get_next_chunk(self):  # type: ignore[override]
         """The next chunk as ``(start, data, stim)``; ``(None, None, None)`` after the epoch's last."""
@@ -246,8 +274,16 @@ class PipelineChunkLoader(RandomChunkLoader):
         _stall_timeout: float | None = 300.0,
     ) -> None:
         self.gpu_prefetch = gpu_prefetch
-        super().__init__(load_fn, total_timesteps, chunk_size, device=device, prefetch=prefetch,
-                         seed=seed, time_units=time_units, _gpu_prefetch=gpu_prefetch,
-                         _stall_timeout=_stall_timeout)  # fmt: skip
+        super().__init__(
+            load_fn,
+            total_timesteps,
+            chunk_size,
+            device=device,
+            prefetch=prefetch,
+            seed=seed,
+            time_units=time_units,
+            _gpu_prefetch=gpu_prefetch,
+            _stall_timeout=_stall_timeout,
+        )
         # The original's reader and transfer threads each held a chunk beyond their queues.
         self._depth = prefetch + gpu_prefetch + 2

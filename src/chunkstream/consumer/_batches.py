@@ -183,9 +183,11 @@ class BatchStream:
     ) -> None:
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
-                "loader", type(loader).__name__, "a cs.ChunkLoader",
+                "loader",
+                type(loader).__name__,
+                "a cs.ChunkLoader",
                 "Build one with cs.ChunkLoader(source, chunk_size, ...) and pass it.",
-            )  # fmt: skip
+            )
         if plan is not None:
             batch_size, batches_per_chunk, batches_per_epoch = _plan_defaults(
                 plan, batch_size, batches_per_chunk, chunks_per_epoch, batches_per_epoch
@@ -199,9 +201,11 @@ class BatchStream:
             fix="Pass the windows per batch (or plan=cs.plan_epoch(...)).",
         )
         self.batches_per_chunk = check_int(
-            "batches_per_chunk", batches_per_chunk, minimum=1,
+            "batches_per_chunk",
+            batches_per_chunk,
+            minimum=1,
             fix="Pass how many batches each chunk feeds (plan.batches_per_chunk).",
-        )  # fmt: skip
+        )
         self.chunks_per_epoch, self.batches_per_epoch = _epoch_length(
             loader, self.batches_per_chunk, chunks_per_epoch, batches_per_epoch
         )
@@ -219,13 +223,19 @@ class BatchStream:
         self.device = loader.device if device is None else resolve_device(device)
         tier, why = resolve_tier(check_buffer(buffer), loader.device, self.device)
         self.batch_prefetch = check_int(
-            "batch_prefetch", batch_prefetch, minimum=0,
+            "batch_prefetch",
+            batch_prefetch,
+            minimum=0,
             fix="Pass how many batches the host tier gathers ahead (0: none).",
-        )  # fmt: skip
+        )
         self._gather = gather_pool(check_gather_threads(gather_threads))
         if host_memory is not None:
-            check_int("host_memory", host_memory, minimum=1,
-                      fix="Pass a budget in bytes for the host tier's buffer, or None.")  # fmt: skip
+            check_int(
+                "host_memory",
+                host_memory,
+                minimum=1,
+                fix="Pass a budget in bytes for the host tier's buffer, or None.",
+            )
         #: The shuffle buffer: tier, chunks, bytes, share of the split, pieces per batch, why.
         self.buffer = self._size_buffer(mix, tier, why, host_memory)
         self.mix = self.buffer.mix
@@ -233,14 +243,24 @@ class BatchStream:
         if self.buffer.note and self.mix > 1:
             _log.info("%s", self.buffer.note)
         self._mixer = ChunkMixer(
-            self.mix, window=self.window, rows=loader.rows, fields=self.fields, align=self.align,
+            self.mix,
+            window=self.window,
+            rows=loader.rows,
+            fields=self.fields,
+            align=self.align,
             host=self._gather if tier == "host" else None,
-        )  # fmt: skip
+        )
         self._slots = (
-            BatchSlots(self.device, batch_size=self.batch_size, window=self.window,
-                       slots=self.batch_prefetch + 2, pool=self._gather)
-            if tier == "host" else None
-        )  # fmt: skip
+            BatchSlots(
+                self.device,
+                batch_size=self.batch_size,
+                window=self.window,
+                slots=self.batch_prefetch + 2,
+                pool=self._gather,
+            )
+            if tier == "host"
+            else None
+        )
         # Drawn on the host for both tiers: the same windows for the same seed on each.
         self._generator = torch.Generator()
         self._generation = 0
@@ -251,22 +271,32 @@ class BatchStream:
         loader = self.loader
         specs = loader.source.fields or {}
         chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in self.fields if n in specs)
-        segments = getattr(loader.plan, "segments", None)
+        segments = loader.plan.segments
         split = segments.timesteps if segments is not None else len(loader.source)
         pass_chunks = loader.chunks_per_pass or -(-split // loader.rows)
         if mix == "auto" and not chunk_nbytes:
             raise ConfigError.bad(
-                "mix", mix, "an int until the source's fields are known (its first read)",
+                "mix",
+                mix,
+                "an int until the source's fields are known (its first read)",
                 "Pass mix as a number of chunks.",
-            )  # fmt: skip
-        loader_nbytes = loader.config.host_sets(False) * loader.rows * sum(
-            f.step_nbytes for f in specs.values()
+            )
+        loader_nbytes = (
+            loader.config.host_sets(False)
+            * loader.rows
+            * sum(f.step_nbytes for f in specs.values())
         )
         return plan_buffer(
-            mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks,
-            pieces=int(getattr(loader.plan, "pieces", 1)), device=self.device,
-            host_memory=host_memory, loader_nbytes=loader_nbytes, why=why,
-        )  # fmt: skip
+            mix,
+            tier,
+            chunk_nbytes=chunk_nbytes,
+            pass_chunks=pass_chunks,
+            pieces=int(loader.plan.pieces),
+            device=self.device,
+            host_memory=host_memory,
+            loader_nbytes=loader_nbytes,
+            why=why,
+        )
 
     def _reset_position(self) -> None:
         """No epoch in progress and nothing to resume: the loader's own state rules."""
@@ -427,15 +457,18 @@ class BatchStream:
             raise ConfigError.bad("state", state, f"'batch' in [0, batches_per_chunk={per})")
         if isinstance(refill, bool) or not isinstance(refill, int) or not 0 <= refill < self.mix:
             raise ConfigError.bad(
-                "state", state, f"'refill' in [0, mix={self.mix})",
+                "state",
+                state,
+                f"'refill' in [0, mix={self.mix})",
                 "Resume with the stream's settings (mix) of the interrupted run.",
-            )  # fmt: skip
+            )
         if per_chunk != self.batches_per_chunk:
             raise ConfigError.bad(
-                "state", state,
+                "state",
+                state,
                 f"a state saved with batches_per_chunk={self.batches_per_chunk}",
                 "Resume with the stream's settings of the interrupted run.",
-            )  # fmt: skip
+            )
         for name in ("seed", "align"):  # draws differ, but every batch is still valid
             saved, own = state.get(name), getattr(self, name)
             if saved is not None and saved != own:
@@ -489,15 +522,18 @@ def _check_window(loader: ChunkLoader, window: object) -> int:
     window = check_int("window", window, minimum=1, fix="Pass the timesteps one sample needs.")
     if window > length:
         raise ConfigError.bad(
-            "window", window, f"at most the chunk length {length}",
+            "window",
+            window,
+            f"at most the chunk length {length}",
             "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
-        )  # fmt: skip
+        )
     if window > loader.plan.piece_size:
         raise ConfigError.bad(
-            "window", window,
+            "window",
+            window,
             f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
             "Use fewer pieces, a larger chunk_size or a shorter window.",
-        )  # fmt: skip
+        )
     return window
 
 
@@ -510,10 +546,11 @@ def _epoch_length(
     """``(chunks_per_epoch, batches_per_epoch)`` from whichever of the two was given."""
     if chunks_per_epoch is not None and batches_per_epoch is not None:
         raise ConfigError.bad(
-            "batches_per_epoch", batches_per_epoch,
+            "batches_per_epoch",
+            batches_per_epoch,
             f"None when chunks_per_epoch={chunks_per_epoch} is given (one epoch length)",
             "Give the epoch's length once: in batches or in chunks.",
-        )  # fmt: skip
+        )
     if batches_per_epoch is not None:
         batches_per_epoch = check_int(
             "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
@@ -523,10 +560,11 @@ def _epoch_length(
         chunks_per_epoch = loader.chunks_per_pass  # the loader's own rule for epoch(None)
         if chunks_per_epoch is None:
             raise ConfigError.bad(
-                "chunks_per_epoch", None,
+                "chunks_per_epoch",
+                None,
                 "a number of chunks for sampling='random' (it has no natural pass)",
                 "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
-            )  # fmt: skip
+            )
     chunks_per_epoch = check_int(
         "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
     )
@@ -547,7 +585,9 @@ def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
     unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
     if not chosen or unknown:
         raise ConfigError.bad(
-            "fields", fields, f"None, one name or a list of names from {names}",
+            "fields",
+            fields,
+            f"None, one name or a list of names from {names}",
             "Name fields of the loader's source.",
-        )  # fmt: skip
+        )
     return chosen

@@ -70,10 +70,12 @@ def check_gather_threads(threads: object) -> int:
     if threads is None:
         return default_gather_threads()
     return check_int(
-        "gather_threads", threads, 1,
+        "gather_threads",
+        threads,
+        1,
         "Pass None for this rank's share of the cores (at most 4), or e.g. 1 to gather "
         "each batch in the consuming thread alone.",
-    )  # fmt: skip
+    )
 
 
 class Job:
@@ -84,11 +86,22 @@ class Job:
     cancel; :meth:`wait` returns once it has run.
     """
 
-    __slots__ = ("cancelled", "claimed", "closed", "cond", "done", "error", "finished", "fn", "n",
-                 "then")  # fmt: skip
+    __slots__ = (
+        "cancelled",
+        "claimed",
+        "closed",
+        "cond",
+        "done",
+        "error",
+        "finished",
+        "fn",
+        "n",
+        "then",
+    )
 
-    def __init__(self, fn: Callable[[int], None], n: int,
-                 then: Callable[[bool], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[[int], None], n: int, then: Callable[[bool], None] | None = None
+    ) -> None:
         self.fn, self.n, self.then = fn, n, then
         self.claimed = 0  # blocks handed out (to the caller or a helper)
         self.done = 0  # blocks finished, with or without an error
@@ -176,8 +189,9 @@ class GatherPool:
         self._alive = 0
         self._started = 0  # helper names count up, so a name is never reused while alive
 
-    def submit(self, fn: Callable[[int], None], n: int,
-               then: Callable[[bool], None] | None = None) -> Job:  # fmt: skip
+    def submit(
+        self, fn: Callable[[int], None], n: int, then: Callable[[bool], None] | None = None
+    ) -> Job:
         job = Job(fn, n, then)
         if self.threads > 1 and n > 0:
             with self._cond:
@@ -285,8 +299,9 @@ def _numpy_window(src: np.ndarray, dst: np.ndarray, starts: list[int], window: i
     dst[b] = src[s : s + window]  # one memcpy (or cast) outside the GIL
 
 
-def _torch_window(src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int,
-                  b: int) -> None:  # fmt: skip
+def _torch_window(
+    src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int, b: int
+) -> None:
     s = starts[b]
     dst[b].copy_(src[s : s + window])
 
@@ -330,7 +345,9 @@ def check_host_starts(starts: torch.Tensor, length: int, window: int) -> list[in
     if values and (min(values) < 0 or max(values) > length - window):
         bad = next(v for v in values if not 0 <= v <= length - window)
         raise ConfigError.bad(
-            "starts", f"a start {bad}", f"starts in [0, {length - window}] (window={window})",
+            "starts",
+            f"a start {bad}",
+            f"starts in [0, {length - window}] (window={window})",
             "Draw them with cs.sample_windows(chunk, ...) over this tensor.",
-        )  # fmt: skip
+        )
     return values

@@ -58,12 +58,14 @@ __all__ = ["ChunkMixer", "check_mix"]
 def check_mix(mix: object) -> int:
     """``mix`` as an int >= 1, or a :class:`ConfigError` naming it."""
     return check_int(
-        "mix", mix, 1,
+        "mix",
+        mix,
+        1,
         "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
         "the last 8 chunks (memory: mix chunks held by the consumer; BatchStream also "
         "takes mix='auto').",
         expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
-    )  # fmt: skip
+    )
 
 
 class ChunkMixer:
@@ -124,14 +126,18 @@ class ChunkMixer:
         """Hold ``chunk`` (a copy when ``mix > 1``); ``before`` is the loader state before it."""
         if len(self._held) >= self.mix:
             raise ConfigError.bad(
-                "chunk", f"chunk {chunk.index}", f"at most mix={self.mix} held chunks",
+                "chunk",
+                f"chunk {chunk.index}",
+                f"at most mix={self.mix} held chunks",
                 "Evict the oldest (pop()) before adding another.",
-            )  # fmt: skip
+            )
         if chunk.length > self.rows:
             raise ConfigError.bad(
-                "chunk", f"a chunk of {chunk.length} timesteps", f"at most rows={self.rows}",
+                "chunk",
+                f"a chunk of {chunk.length} timesteps",
+                f"at most rows={self.rows}",
                 "Build the mixer with rows=loader.rows.",
-            )  # fmt: skip
+            )
         slot = self._arrivals % self.mix
         self._arrivals += 1
         starts = piece_starts(chunk.pieces, self.window, chunk.device, align=self.align)
@@ -147,8 +153,9 @@ class ChunkMixer:
                 src = chunk[name]
                 store = self._storage.get(name)
                 if store is None:
-                    store = torch.empty((self.mix * self.rows, *src.shape[1:]), dtype=src.dtype,
-                                        device=src.device)  # fmt: skip
+                    store = torch.empty(
+                        (self.mix * self.rows, *src.shape[1:]), dtype=src.dtype, device=src.device
+                    )
                     self._storage[name] = store
                 view = store[slot * self.rows : slot * self.rows + chunk.length]
                 if view.device.type == "cpu":  # the gather pool, not torch's spinning one
@@ -156,8 +163,14 @@ class ChunkMixer:
                 else:
                     view.copy_(src, non_blocking=True)
                 tensors[name] = view
-            held = Chunk(tensors, start=chunk.start, stop=chunk.stop, epoch=chunk.epoch,
-                         index=chunk.index, pieces=chunk.pieces)  # fmt: skip
+            held = Chunk(
+                tensors,
+                start=chunk.start,
+                stop=chunk.stop,
+                epoch=chunk.epoch,
+                index=chunk.index,
+                pieces=chunk.pieces,
+            )
             starts = starts + slot * self.rows
         self._held.append((slot, held, starts, before))
         self._union = None
@@ -188,8 +201,7 @@ class ChunkMixer:
         # A CPU generator draws on the host whatever the table's device, so that both
         # buffer tiers draw the same windows for the same seed (BatchStream's case).
         where = table.device if generator is None else generator.device
-        idx = torch.randint(0, int(table.numel()), (batch_size,), generator=generator,
-                            device=where)  # fmt: skip
+        idx = torch.randint(0, int(table.numel()), (batch_size,), generator=generator, device=where)
         if idx.device != table.device:
             idx = idx.pin_memory().to(table.device, non_blocking=True)
         return table[idx]

@@ -52,10 +52,12 @@ def _positive_int(name: str, value: object) -> int:
 def check_align(align: object) -> int:
     """``align`` as an int >= 1, or a :class:`ConfigError` naming it."""
     return check_int(
-        "align", align, 1,
+        "align",
+        align,
+        1,
         "Use align=1 for every window start, or the period (e.g. time_units) that window "
         "starts must be multiples of.",
-    )  # fmt: skip
+    )
 
 
 def _num_starts(length: int, window: int) -> int:
@@ -98,17 +100,20 @@ def piece_starts(
         longest = max((p.stop - p.start for p in pieces), default=0)
         if longest >= window:  # windows fit, but none starts on the grid
             raise ConfigError.bad(
-                "align", align,
+                "align",
+                align,
                 f"a period that leaves a window start on a multiple of it in some piece "
                 f"(pieces of up to {longest} timesteps, window={window})",
                 "Lower align, use longer pieces or chunks (fewer pieces, a larger chunk_size), "
                 "a shorter window, or align the chunks too (ChunkLoader(align=...)).",
-            )  # fmt: skip
+            )
         raise ConfigError.bad(
-            "window", window, f"at most the chunk's longest piece ({longest} timesteps)",
+            "window",
+            window,
+            f"at most the chunk's longest piece ({longest} timesteps)",
             "No window fits inside one piece: use fewer pieces, a larger chunk_size, longer "
             "segments or a shorter window.",
-        )  # fmt: skip
+        )
     starts = torch.cat(ranges)
     device = torch.device(device or "cpu")
     if device.type == "cuda":
@@ -238,16 +243,20 @@ class WindowSampler:
         self.chunk_len = _positive_int("chunk_len", chunk_len)
         self.window = window
         self.batch_size = _positive_int("batch_size", batch_size)
-        self.device = torch.device(device) if device is not None else (
-            generator.device if generator is not None else torch.device("cpu")
-        )  # fmt: skip
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (generator.device if generator is not None else torch.device("cpu"))
+        )
         _check_generator(generator, self.device)
         self.align = check_align(align)
         if self.align > 1 and not pieces:
             _num_starts(self.chunk_len, window)
             pieces = (Piece(0, 0, self.chunk_len),)
         tabled = pieces and (len(pieces) > 1 or self.align > 1)
-        self._table = piece_starts(pieces, window, self.device, align=self.align) if tabled else None
+        self._table = (
+            piece_starts(pieces, window, self.device, align=self.align) if tabled else None
+        )
         self.num_starts = (
             _num_starts(self.chunk_len, window) if self._table is None else self._table.numel()
         )
@@ -334,9 +343,11 @@ def gather_windows(
         return batch.to(target)
     if out.dtype != target:
         raise ConfigError.bad(
-            "out", f"a {out.dtype} tensor", f"a {target} tensor (dtype={target})",
+            "out",
+            f"a {out.dtype} tensor",
+            f"a {target} tensor (dtype={target})",
             "Allocate out with the dtype the batch is converted to.",
-        )  # fmt: skip
+        )
     return out.copy_(batch)
 
 
@@ -354,10 +365,11 @@ def _gather_on_host(
         out = torch.empty(shape, dtype=target)
     elif out.dtype != target or tuple(out.shape) != shape or out.device.type != "cpu":
         raise ConfigError.bad(
-            "out", f"a {out.dtype} tensor of shape {tuple(out.shape)} on {out.device}",
+            "out",
+            f"a {out.dtype} tensor of shape {tuple(out.shape)} on {out.device}",
             f"a {target} tensor of shape {shape} on the cpu",
             "Allocate out with the batch's shape and the dtype it is converted to.",
-        )  # fmt: skip
+        )
     return host_gather(tensor, values, window, out)
 
 
@@ -371,8 +383,10 @@ def _compute_dtype(dtype: object, stored: torch.dtype) -> torch.dtype:
         return stored
     if not any(dtype is d for d in COMPUTE_DTYPES):  # `is`: a numpy dtype's == would convert
         raise ConfigError.bad(
-            "dtype", dtype, f"None or one of {', '.join(map(str, COMPUTE_DTYPES))}",
+            "dtype",
+            dtype,
+            f"None or one of {', '.join(map(str, COMPUTE_DTYPES))}",
             "Pass a floating torch dtype such as torch.float32 (masks and indices keep "
             "their stored dtype on their own).",
-        )  # fmt: skip
+        )
     return dtype if stored.is_floating_point else stored

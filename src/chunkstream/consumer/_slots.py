@@ -57,8 +57,13 @@ class Pending:
 
     __slots__ = ("_job", "_out", "device", "event", "targets")
 
-    def __init__(self, job: Job | None, out: dict[str, torch.Tensor], device: torch.device,
-                 targets: dict[str, torch.dtype]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job: Job | None,
+        out: dict[str, torch.Tensor],
+        device: torch.device,
+        targets: dict[str, torch.dtype],
+    ) -> None:
         self._job = job
         self._out = out  # the slot's views (CPU) or, once copied, the device tensors (CUDA)
         self.device = device
@@ -94,8 +99,9 @@ class BatchSlots:
     Not thread-safe: one consumer loop owns it (module docs for the slots' owners).
     """
 
-    def __init__(self, device: torch.device, *, batch_size: int, window: int, slots: int,
-                 pool: GatherPool) -> None:  # fmt: skip
+    def __init__(
+        self, device: torch.device, *, batch_size: int, window: int, slots: int, pool: GatherPool
+    ) -> None:
         self.device = torch.device(device)
         self.batch_size, self.window, self.slots = int(batch_size), int(window), int(slots)
         self.pool = pool
@@ -118,8 +124,9 @@ class BatchSlots:
             if self._slots is not None:
                 self._slots.close()  # waits for its copies (bounded), then unpins
             if self._stream is not None:
-                self._slots = PinnedSlotPool(fields, self.batch_size, slots=self.slots,
-                                             device=self.device)  # fmt: skip
+                self._slots = PinnedSlotPool(
+                    fields, self.batch_size, slots=self.slots, device=self.device
+                )
             else:
                 self._slots = HostBufferPool(fields, self.batch_size, slots=self.slots)
             self._made.append(self._slots)
@@ -185,8 +192,14 @@ class _CopyToDevice:
 
     __slots__ = ("buffers", "out", "pending", "slots", "stream")
 
-    def __init__(self, slots: PinnedSlotPool, buffers: BufferSet, out: dict[str, torch.Tensor],
-                 pending: Pending, stream: torch.cuda.Stream) -> None:  # fmt: skip
+    def __init__(
+        self,
+        slots: PinnedSlotPool,
+        buffers: BufferSet,
+        out: dict[str, torch.Tensor],
+        pending: Pending,
+        stream: torch.cuda.Stream,
+    ) -> None:
         self.slots, self.buffers, self.out = slots, buffers, out
         self.pending, self.stream = pending, stream
 

@@ -35,8 +35,17 @@ import torch
 from .._errors import ConfigError
 from ._mixing import check_mix
 
-__all__ = ["DEVICE_MIX", "DEVICE_SHARE", "HOST_SHARE", "BufferInfo", "available_host_memory",
-           "check_buffer", "plan_buffer", "quality_note", "resolve_tier"]  # fmt: skip
+__all__ = [
+    "DEVICE_MIX",
+    "DEVICE_SHARE",
+    "HOST_SHARE",
+    "BufferInfo",
+    "available_host_memory",
+    "check_buffer",
+    "plan_buffer",
+    "quality_note",
+    "resolve_tier",
+]
 
 #: Of the host memory available at start, the share ``mix="auto"`` gives the host tier.
 HOST_SHARE = 0.5
@@ -57,11 +66,13 @@ _BUFFERS = ("auto", "host", "device")
 def check_buffer(buffer: object) -> str:
     if buffer not in _BUFFERS:
         raise ConfigError.bad(
-            "buffer", buffer, "one of 'auto', 'host', 'device'",
+            "buffer",
+            buffer,
+            "one of 'auto', 'host', 'device'",
             "Use buffer='host' to hold the shuffle buffer in host memory (loader on the "
             "CPU, batches to BatchStream(device=)), 'device' to hold it with the chunks, "
             "or 'auto'.",
-        )  # fmt: skip
+        )
     return str(buffer)
 
 
@@ -146,19 +157,25 @@ def resolve_mix(
         if host_memory is None:
             avail = available_host_memory()
             budget = int(avail * HOST_SHARE) - loader_nbytes
-            where = (f"{HOST_SHARE:.0%} of {avail / 1e9:.3g} GB available, less the loader's "
-                     f"{loader_nbytes / 1e9:.3g} GB")  # fmt: skip
+            where = (
+                f"{HOST_SHARE:.0%} of {avail / 1e9:.3g} GB available, less the loader's "
+                f"{loader_nbytes / 1e9:.3g} GB"
+            )
         else:
             budget, where = int(host_memory), f"host_memory={host_memory / 1e9:.3g} GB"
         fit = max(1, min(pass_chunks, budget // max(1, chunk_nbytes)))
-        why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
-               f"({where}; at most the {pass_chunks} chunks of one pass)")  # fmt: skip
+        why = (
+            f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
+            f"({where}; at most the {pass_chunks} chunks of one pass)"
+        )
         return fit, why
     total = device_total_memory(device) if device_memory is None else int(device_memory)
     bound = int(total * DEVICE_SHARE)
     fit = max(1, min(DEVICE_MIX, pass_chunks, bound // max(1, chunk_nbytes)))
-    why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
-           f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)")  # fmt: skip
+    why = (
+        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
+        f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)"
+    )
     return fit, why
 
 
@@ -167,23 +184,29 @@ def resolve_tier(buffer: str, source_device: torch.device, device: torch.device)
     if source_device.type == "cuda":
         if device != source_device:
             raise ConfigError.bad(
-                "device", str(device), f"the loader's device {source_device} (or None)",
+                "device",
+                str(device),
+                f"the loader's device {source_device} (or None)",
                 "Batches of a CUDA loader stay on its device; for the host tier build the "
                 "loader with device='cpu' and pass BatchStream(device='cuda', buffer='host').",
-            )  # fmt: skip
+            )
         if buffer == "host":
             raise ConfigError.bad(
-                "buffer", buffer, "'device' or 'auto' with a loader on a CUDA device",
+                "buffer",
+                buffer,
+                "'device' or 'auto' with a loader on a CUDA device",
                 "The host tier holds host chunks: build the loader with device='cpu' and pass "
                 "BatchStream(device='cuda', buffer='host').",
-            )  # fmt: skip
+            )
         return "device", "the loader delivers chunks to the device"
     if device.type == "cuda":
         if buffer == "device":
             raise ConfigError.bad(
-                "buffer", buffer, "'host' or 'auto' with a CPU loader and batches on CUDA",
+                "buffer",
+                buffer,
+                "'host' or 'auto' with a CPU loader and batches on CUDA",
                 "Use buffer='host', or build the loader with device='cuda' for the device tier.",
-            )  # fmt: skip
+            )
         return "host", f"the loader reads to host memory and batches go to {device}"
     if device.type != "cpu":
         raise ConfigError.bad("device", str(device), "None, 'cpu' or a CUDA device")
@@ -213,12 +236,21 @@ def plan_buffer(
     """
     pass_chunks = max(1, int(pass_chunks))
     mix, sized = resolve_mix(
-        mix, tier, chunk_nbytes=chunk_nbytes, pass_chunks=pass_chunks, device=device,
-        host_memory=host_memory, loader_nbytes=loader_nbytes, device_memory=device_memory,
-    )  # fmt: skip
+        mix,
+        tier,
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        device=device,
+        host_memory=host_memory,
+        loader_nbytes=loader_nbytes,
+        device_memory=device_memory,
+    )
     mix = check_mix(mix)
     return BufferInfo(
-        tier=tier, mix=mix, nbytes=chunk_nbytes * mix if mix > 1 else 0,
-        split_share=min(1.0, mix / pass_chunks), pieces=mix * max(1, int(pieces)),
+        tier=tier,
+        mix=mix,
+        nbytes=chunk_nbytes * mix if mix > 1 else 0,
+        split_share=min(1.0, mix / pass_chunks),
+        pieces=mix * max(1, int(pieces)),
         reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
-    )  # fmt: skip
+    )

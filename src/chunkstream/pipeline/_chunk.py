@@ -43,12 +43,25 @@ class Chunk(Mapping[str, torch.Tensor]):
 
     __slots__ = ("_ready", "_starts", "_tensors", "epoch", "index", "pieces", "start", "stop")
 
-    def __init__(self, tensors: dict[str, torch.Tensor], *, start: int, stop: int, epoch: int,
-                 index: int, ready: torch.cuda.Event | None = None,
-                 pieces: Sequence[Piece] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        start: int,
+        stop: int,
+        epoch: int,
+        index: int,
+        ready: torch.cuda.Event | None = None,
+        pieces: Sequence[Piece] | None = None,
+    ) -> None:
         self._tensors = tensors
         self._ready = ready  # the event recorded after the copy (CUDA), else None
-        self.start, self.stop, self.epoch, self.index = int(start), int(stop), int(epoch), int(index)
+        self.start, self.stop, self.epoch, self.index = (
+            int(start),
+            int(stop),
+            int(epoch),
+            int(index),
+        )
         self.pieces: tuple[Piece, ...] = (
             tuple(Piece(*p) for p in pieces) if pieces else (Piece(0, self.start, self.stop),)
         )

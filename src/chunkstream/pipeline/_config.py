@@ -12,8 +12,6 @@ from ..sources import Source, check_source, window_nbytes
 __all__ = ["LoaderConfig", "resolve_device"]
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
@@ -42,14 +40,21 @@ class LoaderConfig:
         check_int("gpu_prefetch", self.gpu_prefetch, fix="Use 1 or more chunks kept on the device.")
         check_int("workers", self.workers, fix="Use 1 or more reader threads.")
         if self.host_slots is not None:
-            check_int("host_slots", self.host_slots,
-                      fix="Use at least one pinned slot per reader worker (or leave it None).")  # fmt: skip
+            check_int(
+                "host_slots",
+                self.host_slots,
+                fix="Use at least one pinned slot per reader worker (or leave it None).",
+            )
         check_int("read_retries", self.read_retries, 0, "Use 0 to fail on the first error.")
         if not isinstance(self.check_finite, bool):  # a string such as "no" would be truthy
-            raise ConfigError.bad("check_finite", self.check_finite, "True or False", "Pass a bool.")
+            raise ConfigError.bad(
+                "check_finite", self.check_finite, "True or False", "Pass a bool."
+            )
         value = self.stall_timeout
         if value is not None and (not isinstance(value, int | float) or value <= 0):
-            raise ConfigError.bad("stall_timeout", value, "a number of seconds > 0, or None to disable")
+            raise ConfigError.bad(
+                "stall_timeout", value, "a number of seconds > 0, or None to disable"
+            )
         if not isinstance(self.close_timeout, int | float) or self.close_timeout <= 0:
             raise ConfigError.bad("close_timeout", self.close_timeout, "a number of seconds > 0")
 
@@ -69,40 +74,64 @@ class LoaderConfig:
 
     @classmethod
     def for_source(
-        cls, source: Source, chunk_size: int, *, on_cuda: bool, prefetch: int | None = None,
-        gpu_prefetch: int | None = None, workers: int = 2, host_slots: int | None = None,
-        host_memory: int | None = None, device_memory: int | None = None, **rest: object,
-    ) -> tuple[LoaderConfig, int]:  # fmt: skip
+        cls,
+        source: Source,
+        chunk_size: int,
+        *,
+        on_cuda: bool,
+        prefetch: int | None = None,
+        gpu_prefetch: int | None = None,
+        workers: int = 2,
+        host_slots: int | None = None,
+        host_memory: int | None = None,
+        device_memory: int | None = None,
+        **rest: object,
+    ) -> tuple[LoaderConfig, int]:
         """Validate a loader's settings for ``source``; derive depths from byte budgets.
 
         Returns ``(config, rows)``: the rows of one window (``chunk_size``, clamped to
         the source's length). Raises :class:`ConfigError` naming the parameter at fault.
         """
         total = len(check_source(source))
-        probe = chunk_size if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) else 0
+        probe = (
+            chunk_size if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) else 0
+        )
         rows = min(probe, total) if probe > 0 else 1
         check_int("workers", workers, fix="Use 1 or more reader threads.")  # the budget needs it
         fit: dict[str, int] = {}
         if host_memory is not None or device_memory is not None:
             if source.fields is None:
-                name, value = (("host_memory", host_memory) if host_memory is not None
-                               else ("device_memory", device_memory))  # fmt: skip
+                name, value = (
+                    ("host_memory", host_memory)
+                    if host_memory is not None
+                    else ("device_memory", device_memory)
+                )
                 raise ConfigError.bad(
-                    name, value,
+                    name,
+                    value,
                     "a source whose fields are known (this one learns them at its first read)",
                     "Pass the field specs to the source, or set prefetch and host_slots instead.",
-                )  # fmt: skip
-            fit = budget_depths(chunk_bytes=window_nbytes(source.fields, rows), workers=workers,
-                                host_memory=host_memory, device_memory=device_memory,
-                                on_cuda=on_cuda)  # fmt: skip
+                )
+            fit = budget_depths(
+                chunk_bytes=window_nbytes(source.fields, rows),
+                workers=workers,
+                host_memory=host_memory,
+                device_memory=device_memory,
+                on_cuda=on_cuda,
+            )
         config = cls(
-            chunk_size=chunk_size, workers=workers,
+            chunk_size=chunk_size,
+            workers=workers,
             prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,
             gpu_prefetch=fit.get("gpu_prefetch", 1) if gpu_prefetch is None else gpu_prefetch,
             host_slots=fit.get("host_slots") if host_slots is None else host_slots,
             **rest,  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
         if on_cuda and config.slots < config.workers:
-            raise ConfigError.bad("host_slots", config.slots, f"at least workers={workers} pinned slots",
-                                  "Raise host_slots (or host_memory), or use fewer workers.")  # fmt: skip
+            raise ConfigError.bad(
+                "host_slots",
+                config.slots,
+                f"at least workers={workers} pinned slots",
+                "Raise host_slots (or host_memory), or use fewer workers.",
+            )
         return config, rows

@@ -81,9 +81,16 @@ class _NoBuffer(Exception):
     """Taking a buffer set failed (its cause says why)."""
 
 
-def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
-             pool: HostBufferPool | PinnedSlotPool | LazyPool, check_finite: bool, retries: int,
-             turn: Turn | None = None) -> Loaded:  # fmt: skip
+def read_job(
+    pieces: Pieces,
+    dropped: Callable[[], bool],
+    *,
+    source: Source,
+    pool: HostBufferPool | PinnedSlotPool | LazyPool,
+    check_finite: bool,
+    retries: int,
+    turn: Turn | None = None,
+) -> Loaded:
     """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
     if the read fails. A source whose ``fields`` are still ``None`` learns them from this
     chunk's first piece (:class:`~chunkstream.sources.LearnsFields`) before the
@@ -124,16 +131,23 @@ def read_job(pieces: Pieces, dropped: Callable[[], bool], *, source: Source,
     begin = time.perf_counter() - learning_s
     try:
         with profiled(READ, window):
-            read_window(source, pieces, buffers.views(chunk_rows(pieces)),
-                        check_finite=check_finite, retries=retries, cancelled=dropped)  # fmt: skip
+            read_window(
+                source,
+                pieces,
+                buffers.views(chunk_rows(pieces)),
+                check_finite=check_finite,
+                retries=retries,
+                cancelled=dropped,
+            )
     except BaseException:
         pool.release(buffers)
         raise
     return Loaded(tuple(pieces), buffers, begin, time.perf_counter())
 
 
-def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool,
-                 **read: Any) -> Delivery:  # fmt: skip
+def read_to_host(
+    pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool, **read: Any
+) -> Delivery:
     """The CPU path: read ``pieces``, then hand the set over as the user's tensors
     (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
     chunk of a :class:`~chunkstream.sources.HandsOver` source takes no set at all."""
@@ -142,19 +156,30 @@ def read_to_host(pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBuffe
         with profiled(READ, (pieces[0].start, pieces[0].stop)):
             arrays = read_owned_window(pieces[0], cancelled=dropped, **read)
         tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}
-        return Delivery(tuple(pieces), tensors, begin, time.perf_counter(),
-                        read_thread=threading.current_thread().name)  # fmt: skip
+        return Delivery(
+            tuple(pieces),
+            tensors,
+            begin,
+            time.perf_counter(),
+            read_thread=threading.current_thread().name,
+        )
     loaded = read_job(pieces, dropped, pool=pool, **read)
     views = loaded.buffers.views(chunk_rows(loaded.pieces))
     tensors = {name: torch.from_numpy(a) for name, a in views.items()}
     pool.release(loaded.buffers)
-    return Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
-                    read_thread=loaded.thread)  # fmt: skip
+    return Delivery(
+        loaded.pieces, tensors, loaded.read_begin, loaded.read_end, read_thread=loaded.thread
+    )
 
 
-def copy_job(loaded: Loaded, dropped: Callable[[], bool], *,
-             pool: PinnedSlotPool | HostBufferPool | LazyPool, device: torch.device,
-             stream: Any) -> Delivery | None:  # fmt: skip
+def copy_job(
+    loaded: Loaded,
+    dropped: Callable[[], bool],
+    *,
+    pool: PinnedSlotPool | HostBufferPool | LazyPool,
+    device: torch.device,
+    stream: Any,
+) -> Delivery | None:
     """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to ``pool`` behind
     the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
     if dropped():
@@ -181,9 +206,15 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: 
     """Off CUDA the slot is given back once copied; on CUDA the caller gives it back
     behind ``Delivery.events[1]``."""
     rows, me = chunk_rows(loaded.pieces), threading.current_thread().name
-    done = partial(Delivery, loaded.pieces, read_begin=loaded.read_begin,
-                   read_end=loaded.read_end, issued=issued, read_thread=loaded.thread,
-                   transfer_thread=me)  # fmt: skip
+    done = partial(
+        Delivery,
+        loaded.pieces,
+        read_begin=loaded.read_begin,
+        read_end=loaded.read_end,
+        issued=issued,
+        read_thread=loaded.thread,
+        transfer_thread=me,
+    )
     if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
         views = loaded.buffers.views(rows)
         tensors = {name: torch.from_numpy(array).to(device) for name, array in views.items()}
@@ -194,11 +225,15 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: 
     # The thread's current device is ``device`` (set at thread start, with an index the
     # loader resolved), so no device guard is needed here.
     # Allocated on the transfer stream; the consumer calls record_stream.
-    tensors, events = on_stream(stream, lambda: {
-        name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
-            t[:rows], non_blocking=True)
-        for name, t in host.items()
-    })  # fmt: skip
+    tensors, events = on_stream(
+        stream,
+        lambda: {
+            name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
+                t[:rows], non_blocking=True
+            )
+            for name, t in host.items()
+        },
+    )
     return done(tensors, events=events)
 
 

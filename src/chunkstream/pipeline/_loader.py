@@ -127,21 +127,39 @@ class ChunkLoader:
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
         self.config, self.rows = LoaderConfig.for_source(
-            source, chunk_size, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
-            workers=workers, host_slots=host_slots, host_memory=host_memory,
-            device_memory=device_memory, stall_timeout=stall_timeout, close_timeout=close_timeout,
-            check_finite=check_finite, read_retries=read_retries,
-        )  # fmt: skip
+            source,
+            chunk_size,
+            on_cuda=on_cuda,
+            prefetch=prefetch,
+            gpu_prefetch=gpu_prefetch,
+            workers=workers,
+            host_slots=host_slots,
+            host_memory=host_memory,
+            device_memory=device_memory,
+            stall_timeout=stall_timeout,
+            close_timeout=close_timeout,
+            check_finite=check_finite,
+            read_retries=read_retries,
+        )
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.plan = loader_plan(
-            sampling, total=len(source), chunk_size=chunk_size, align=align, seed=seed,
-            pieces=pieces, segments=segments, window=window, grid=stored_time_chunk(source),
-        )  # fmt: skip
+            sampling,
+            total=len(source),
+            chunk_size=chunk_size,
+            align=align,
+            seed=seed,
+            pieces=pieces,
+            segments=segments,
+            window=window,
+            grid=stored_time_chunk(source),
+        )
         if stats is not None and not isinstance(stats, LatencyStats):
             raise ConfigError.bad(
-                "stats", type(stats).__name__, "a cs.LatencyStats or None",
+                "stats",
+                type(stats).__name__,
+                "a cs.LatencyStats or None",
                 "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
-            )  # fmt: skip
+            )
         self.stats = stats if stats is not None else LatencyStats()
         self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
         self._lock = threading.Lock()
@@ -164,8 +182,12 @@ class ChunkLoader:
         sets = self.config.host_sets(on_cuda)
         if self._resident is not None:  # chunks are views or gathers: no host set is used
             return HostBufferPool(self.source.fields, self.rows, slots=0)
-        make = partial(PinnedSlotPool if on_cuda else HostBufferPool, rows=self.rows, slots=sets,
-                       **({"device": self.device} if on_cuda else {}))  # fmt: skip
+        make = partial(
+            PinnedSlotPool if on_cuda else HostBufferPool,
+            rows=self.rows,
+            slots=sets,
+            **({"device": self.device} if on_cuda else {}),
+        )
         if self.source.fields is None:  # learned at the first read: allocate after it
             return LazyPool(lambda source=self.source: make(source.fields))
         return make(self.source.fields)
@@ -185,8 +207,13 @@ class ChunkLoader:
         else:
             self._executors.append(Executor("transfer", 1, init))
             # No more reads than slots: the oldest read finds one once the copies ahead finish.
-            self._stage = CopyStage(self._pool, min(c.reader_capacity, c.slots),
-                                    device=self.device, stream=self._stream, **reading)  # fmt: skip
+            self._stage = CopyStage(
+                self._pool,
+                min(c.reader_capacity, c.slots),
+                device=self.device,
+                stream=self._stream,
+                **reading,
+            )
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -208,9 +235,15 @@ class ChunkLoader:
             self._drop_run()
             stage = self._stage
             self._run = EpochRun(
-                span.windows, read=stage.read, readers=self._executors[0], depth=stage.depth,
-                copy=stage.transfer, copier=self._executors[1] if stage.transfer else None,
-                copy_depth=self.config.gpu_prefetch, reclaim=stage.reclaim, ordered=stage.ordered,
+                span.windows,
+                read=stage.read,
+                readers=self._executors[0],
+                depth=stage.depth,
+                copy=stage.transfer,
+                copier=self._executors[1] if stage.transfer else None,
+                copy_depth=self.config.gpu_prefetch,
+                reclaim=stage.reclaim,
+                ordered=stage.ordered,
             )
             run = self._run
         self.stats.epoch_started()
@@ -231,25 +264,49 @@ class ChunkLoader:
         asked = time.perf_counter()
         first = span.windows[span.received - span.first][0]
         with profiled(WAIT, (first.start, first.stop)):
-            delivery = self._wait(future, (first.start, first.stop), asked, failed=run.failed,
-                                  since=run.started)  # fmt: skip
+            delivery = self._wait(
+                future, (first.start, first.stop), asked, failed=run.failed, since=run.started
+            )
         received = time.perf_counter()
         tensors, ready = receive(delivery, self.device)
         start, stop = delivery.pieces[0].start, delivery.pieces[0].stop
-        chunk = Chunk(tensors, start=start, stop=stop, epoch=span.epoch, index=span.received,
-                      ready=ready, pieces=delivery.pieces)  # fmt: skip
+        chunk = Chunk(
+            tensors,
+            start=start,
+            stop=stop,
+            epoch=span.epoch,
+            index=span.received,
+            ready=ready,
+            pieces=delivery.pieces,
+        )
         record = ChunkRecord(
-            epoch=span.epoch, index=span.received, start=start, stop=stop, nbytes=chunk.nbytes,
-            wait_s=received - asked, read_s=delivery.read_end - delivery.read_begin,
-            queue_depth=depth, read_begin=delivery.read_begin, read_end=delivery.read_end,
-            received=received, transfer_begin=delivery.issued,
-            read_thread=delivery.read_thread, transfer_thread=delivery.transfer_thread,
-        )  # fmt: skip
+            epoch=span.epoch,
+            index=span.received,
+            start=start,
+            stop=stop,
+            nbytes=chunk.nbytes,
+            wait_s=received - asked,
+            read_s=delivery.read_end - delivery.read_begin,
+            queue_depth=depth,
+            read_begin=delivery.read_begin,
+            read_end=delivery.read_end,
+            received=received,
+            transfer_begin=delivery.issued,
+            read_thread=delivery.read_thread,
+            transfer_thread=delivery.transfer_thread,
+        )
         self.stats.record_chunk(record, events=delivery.events)
         return chunk
 
-    def _wait(self, future: Future, window: tuple[int, int], asked: float, *,
-              failed: Callable[[], Future | None], since: float) -> Any:  # fmt: skip
+    def _wait(
+        self,
+        future: Future,
+        window: tuple[int, int],
+        asked: float,
+        *,
+        failed: Callable[[], Future | None],
+        since: float,
+    ) -> Any:
         """``future``'s value (for ``window``). Its error, or the error of a later future
         (``failed()``), shuts the loader down and is raised as it is (within one poll)."""
         while not wait_futures([future], timeout=POLL_S).done:
@@ -285,7 +342,9 @@ class ChunkLoader:
         asked, started = time.perf_counter(), time.monotonic()
 
         def failed() -> Future | None:
-            return next((f for f in reads if f.done() and not f.cancelled() and f.exception()), None)
+            return next(
+                (f for f in reads if f.done() and not f.cancelled() and f.exception()), None
+            )
 
         for future in reads:
             self._wait(future, (resident.lo, resident.hi), asked, failed=failed, since=started)
@@ -354,9 +413,12 @@ class ChunkLoader:
             self.stats.epoch_ended()
         finally:
             note = shutdown(
-                self._executors, self._pool, self.source if self._close_source else None,
-                deadline_s=deadline_s, warn_after=self.config.close_timeout if warn else None,
-            )  # fmt: skip
+                self._executors,
+                self._pool,
+                self.source if self._close_source else None,
+                deadline_s=deadline_s,
+                warn_after=self.config.close_timeout if warn else None,
+            )
         return note
 
     @property
@@ -429,4 +491,3 @@ class ChunkLoader:
             f"device={self.device}, prefetch={c.prefetch}, gpu_prefetch={c.gpu_prefetch}, "
             f"workers={c.workers}, plan={type(self.plan).__name__})"
         )
-

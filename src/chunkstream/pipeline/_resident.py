@@ -48,22 +48,43 @@ def resident_rows(plan: Plan, total: int) -> tuple[int, int]:
 
 
 def make_resident(
-    plan: Plan, source: Source, device: torch.device, stream: Any, resident: object,
-    host_memory: int | None, device_memory: int | None,
-) -> tuple[ResidentStore | None, str]:  # fmt: skip
+    plan: Plan,
+    source: Source,
+    device: torch.device,
+    stream: Any,
+    resident: object,
+    host_memory: int | None,
+    device_memory: int | None,
+) -> tuple[ResidentStore | None, str]:
     """A loader's resident store (``None``: it streams) and the reason, logged once."""
     lo, hi = resident_rows(plan, len(source))
     if resident is False:  # decided without the fields, which a source may learn later
-        return None, resident_decision(False, device=device, nbytes=0, rows=hi - lo,
-                                       device_memory=device_memory, host_memory=host_memory)[1]
+        return None, resident_decision(
+            False,
+            device=device,
+            nbytes=0,
+            rows=hi - lo,
+            device_memory=device_memory,
+            host_memory=host_memory,
+        )[1]
     if source.fields is None and resident == "auto":
         return None, "streaming: the source learns its fields' sizes at its first read"
     if source.fields is None:
-        raise ConfigError.bad("resident", resident, "False or 'auto' for a source whose fields "
-                              "are learned at its first read", "Pass the field specs to the source.")
+        raise ConfigError.bad(
+            "resident",
+            resident,
+            "False or 'auto' for a source whose fields are learned at its first read",
+            "Pass the field specs to the source.",
+        )
     nbytes = window_nbytes(source.fields, hi - lo)
-    on, why = resident_decision(resident, device=device, nbytes=nbytes, rows=hi - lo,
-                                device_memory=device_memory, host_memory=host_memory)  # fmt: skip
+    on, why = resident_decision(
+        resident,
+        device=device,
+        nbytes=nbytes,
+        rows=hi - lo,
+        device_memory=device_memory,
+        host_memory=host_memory,
+    )
     _log.info("chunkstream: %s", why)
     return (ResidentStore(source.fields, lo, hi, device, stream) if on else None), why
 
@@ -75,8 +96,9 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 class ResidentStore:
     """Rows ``[lo, hi)`` of every field on ``device``, read once by :meth:`load`."""
 
-    def __init__(self, fields: Mapping[str, FieldSpec], lo: int, hi: int,
-                 device: torch.device, stream: Any) -> None:  # fmt: skip
+    def __init__(
+        self, fields: Mapping[str, FieldSpec], lo: int, hi: int, device: torch.device, stream: Any
+    ) -> None:
         self.lo, self.hi, self.device, self._stream = lo, hi, device, stream
         self._fields = dict(fields)
         self.tensors: dict[str, torch.Tensor] = {}  # allocated by load()
@@ -87,18 +109,22 @@ class ResidentStore:
         call, on ``readers``; each future's error is a :class:`~chunkstream.ChunkLoadError`
         naming its window. Call :meth:`finish` once they all succeeded."""
         self.tensors = {
-            name: torch.empty((self.hi - self.lo, *spec.shape), dtype=_torch_dtype(spec.dtype),
-                              device=self.device)
+            name: torch.empty(
+                (self.hi - self.lo, *spec.shape), dtype=_torch_dtype(spec.dtype), device=self.device
+            )
             for name, spec in self._fields.items()
-        }  # fmt: skip
+        }
         if self.device.type == "cuda":
             # The blocks come from this thread's current stream, whose queued work may
             # still use them; the readers write on their own streams, so wait for it.
             torch.cuda.current_stream(self.device).synchronize()
-        fill = partial(self._fill, source, check_finite=config.check_finite,
-                       retries=config.read_retries)  # fmt: skip
-        return [readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
-                for a in range(self.lo, self.hi, rows)]  # fmt: skip
+        fill = partial(
+            self._fill, source, check_finite=config.check_finite, retries=config.read_retries
+        )
+        return [
+            readers.submit(fill, a, min(a + rows, self.hi), what=f"resident [{a}, ...)")
+            for a in range(self.lo, self.hi, rows)
+        ]
 
     def finish(self) -> None:
         """After every read of :meth:`start` succeeded: the tensors are complete."""
@@ -110,15 +136,19 @@ class ResidentStore:
                 tensor.record_stream(self._stream)
         self.loaded = True
 
-    def _fill(self, source: Source, start: int, stop: int, *, check_finite: bool,
-              retries: int) -> None:  # fmt: skip
+    def _fill(
+        self, source: Source, start: int, stop: int, *, check_finite: bool, retries: int
+    ) -> None:
         rows = {name: t[start - self.lo : stop - self.lo] for name, t in self.tensors.items()}
         on_cpu = self.device.type == "cpu"
         # On the CPU the rows are read in place (a leading-axis slice is C-contiguous).
-        out = {name: (t.numpy() if on_cpu else np.empty(tuple(t.shape), self._fields[name].dtype))
-               for name, t in rows.items()}  # fmt: skip
-        read_window(source, (Piece(0, start, stop),), out, check_finite=check_finite,
-                    retries=retries)  # fmt: skip
+        out = {
+            name: (t.numpy() if on_cpu else np.empty(tuple(t.shape), self._fields[name].dtype))
+            for name, t in rows.items()
+        }
+        read_window(
+            source, (Piece(0, start, stop),), out, check_finite=check_finite, retries=retries
+        )
         if not on_cpu:
             for name, t in rows.items():
                 t.copy_(torch.from_numpy(out[name]))
@@ -129,8 +159,13 @@ class ResidentStore:
         first = pieces[0]
         if len(pieces) == 1:
             tensors = {n: t[first.start - lo : first.stop - lo] for n, t in self.tensors.items()}
-            return Delivery(pieces, tensors, begin, time.perf_counter(),
-                            read_thread=threading.current_thread().name)  # fmt: skip
+            return Delivery(
+                pieces,
+                tensors,
+                begin,
+                time.perf_counter(),
+                read_thread=threading.current_thread().name,
+            )
         with profiled(COPY, (first.start, first.stop)):
             return self._gather(pieces, begin)
 
@@ -138,13 +173,23 @@ class ResidentStore:
         lo, stream, events = self.lo, self._stream, None
 
         def gather() -> dict[str, torch.Tensor]:
-            return {name: torch.cat([t[p.start - lo : p.stop - lo] for p in pieces])
-                    for name, t in self.tensors.items()}  # fmt: skip
+            return {
+                name: torch.cat([t[p.start - lo : p.stop - lo] for p in pieces])
+                for name, t in self.tensors.items()
+            }
 
         if stream is None:
             tensors = gather()
         else:  # on the transfer stream, between two events
             tensors, events = on_stream(stream, gather)
         me = threading.current_thread().name
-        return Delivery(pieces, tensors, begin, time.perf_counter(), begin if events else None,
-                        events, read_thread=me, transfer_thread=me if events else None)  # fmt: skip
+        return Delivery(
+            pieces,
+            tensors,
+            begin,
+            time.perf_counter(),
+            begin if events else None,
+            events,
+            read_thread=me,
+            transfer_thread=me if events else None,
+        )

@@ -76,10 +76,19 @@ class EpochRun:
     their buffers in window order.
     """
 
-    def __init__(self, windows: Sequence[Any], *, read: Callable[[Any, Callable[[], bool]], Any],
-                 readers: Executor, depth: int, copy: Callable[..., Any] | None = None,
-                 copier: Executor | None = None, copy_depth: int = 1,
-                 reclaim: Callable[[Any], None] | None = None, ordered: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        windows: Sequence[Any],
+        *,
+        read: Callable[[Any, Callable[[], bool]], Any],
+        readers: Executor,
+        depth: int,
+        copy: Callable[..., Any] | None = None,
+        copier: Executor | None = None,
+        copy_depth: int = 1,
+        reclaim: Callable[[Any], None] | None = None,
+        ordered: bool = False,
+    ) -> None:
         self._windows = windows
         self._read, self._readers, self._depth = read, readers, depth
         self._copy, self._copier, self._copy_depth = copy, copier, copy_depth
@@ -99,8 +108,11 @@ class EpochRun:
     def ready(self) -> int:
         """How many futures at the head of the delivery deque are done (the queue depth)."""
         with self._lock:
-            delivery = [copy for copy, _ in self._copies] if self._copier else [
-                read for _, read in self._reads]  # fmt: skip
+            delivery = (
+                [copy for copy, _ in self._copies]
+                if self._copier
+                else [read for _, read in self._reads]
+            )
         return sum(1 for _ in takewhile(Future.done, delivery))
 
     def failed(self) -> Future | None:
@@ -139,8 +151,9 @@ class EpochRun:
                 if self._ordered:
                     self._last_turn = Turn(self._last_turn)
                     read_fn = partial(self._read, turn=self._last_turn)
-                self._reads.append((job, self._readers.submit(read_fn, window, self.dropped,
-                                                              what=f"job {job}")))  # fmt: skip
+                self._reads.append(
+                    (job, self._readers.submit(read_fn, window, self.dropped, what=f"job {job}"))
+                )
             if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
                 return
             job, read = self._reads.popleft()
@@ -209,9 +222,13 @@ class EpochIterator:
 
 
 def shutdown(
-    executors: Sequence[Executor], pool: Any, owned_source: Any, *, deadline_s: float,
+    executors: Sequence[Executor],
+    pool: Any,
+    owned_source: Any,
+    *,
+    deadline_s: float,
     warn_after: float | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """Stop the executors (the copy one first), close the pool, close ``owned_source``.
 
     One deadline covers everything; every step runs even if an earlier one raises.

@@ -75,8 +75,14 @@ def HostStage(pool: HostBufferPool | LazyPool, depth: int, **reading: Any) -> De
     return DeliveryStage("host", partial(read_to_host, pool=pool, **reading), depth)
 
 
-def CopyStage(pool: PinnedSlotPool | HostBufferPool | LazyPool, depth: int, *,
-              device: torch.device, stream: Any, **reading: Any) -> DeliveryStage:  # fmt: skip
+def CopyStage(
+    pool: PinnedSlotPool | HostBufferPool | LazyPool,
+    depth: int,
+    *,
+    device: torch.device,
+    stream: Any,
+    **reading: Any,
+) -> DeliveryStage:
     """An accelerator: pinned slots (on CUDA) copied on the transfer thread."""
     return DeliveryStage(
         "copy",

@@ -141,10 +141,11 @@ class EpochCursor:
             num_chunks = self.chunks_per_pass
             if num_chunks is None:
                 raise ConfigError.bad(
-                    "num_chunks", None,
+                    "num_chunks",
+                    None,
                     "a number of chunks for sampling='random' (it has no natural pass)",
                     "Use cs.plan_epoch(...).chunks_per_epoch.",
-                )  # fmt: skip
+                )
         check_int("num_chunks", num_chunks, 0, "Use cs.plan_epoch(...).chunks_per_epoch.")
         check_int("at", at, 0, f"Pass a step in [0, num_chunks={num_chunks}].")
         if at > num_chunks:
@@ -154,9 +155,11 @@ class EpochCursor:
         pending = self._resume_step > 0 or self._resume_global is not None
         if at and pending:
             raise ConfigError.bad(
-                "at", at, "0 while a load_state_dict() resume is pending",
+                "at",
+                at,
+                "0 while a load_state_dict() resume is pending",
                 "The resumed state already says where the epoch starts; pass at=0.",
-            )  # fmt: skip
+            )
         if self.active is not None:
             self.active.dropped = True
         world = self.world_size
@@ -166,8 +169,14 @@ class EpochCursor:
             consumed = min(max(self._resume_step, at), num_chunks) * world
             total = num_chunks * world
         self._resume_step, self._resume_global = 0, None
-        share = epoch_share(epoch=self.epoch, consumed=consumed, total=total, rank=self.rank,
-                            world_size=world, uneven=self._uneven)  # fmt: skip
+        share = epoch_share(
+            epoch=self.epoch,
+            consumed=consumed,
+            total=total,
+            rank=self.rank,
+            world_size=world,
+            uneven=self._uneven,
+        )
         windows = self.plan.chunks(self.epoch, np.asarray(share.indices, dtype=np.int64))
         first = share.first_step
         span = EpochSpan(self.epoch, share, windows, first, first + len(windows), first)
@@ -182,13 +191,25 @@ class EpochCursor:
         seed = self.plan.seed
         span = self.active
         if span is not None and not span.finished and not span.dropped:
-            return {"epoch": span.epoch, "step": span.received, "num_chunks": span.stop,
-                    "seed": seed, "world_size": self.world_size,
-                    "consumed": span.share.consumed_after(span.received - span.first),
-                    "total": span.share.total}  # fmt: skip
+            return {
+                "epoch": span.epoch,
+                "step": span.received,
+                "num_chunks": span.stop,
+                "seed": seed,
+                "world_size": self.world_size,
+                "consumed": span.share.consumed_after(span.received - span.first),
+                "total": span.share.total,
+            }
         consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
-        return {"epoch": self.epoch, "step": self._resume_step, "num_chunks": 0, "seed": seed,
-                "world_size": self.world_size, "consumed": consumed, "total": total}  # fmt: skip
+        return {
+            "epoch": self.epoch,
+            "step": self._resume_step,
+            "num_chunks": 0,
+            "seed": seed,
+            "world_size": self.world_size,
+            "consumed": consumed,
+            "total": total,
+        }
 
     def load_state(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
         """Make the next :meth:`begin` resume ``state`` (see ``ChunkLoader.load_state_dict``)."""
@@ -207,9 +228,11 @@ class EpochCursor:
             raise ConfigError.bad("state", state, f"'consumed'={consumed} at most 'total'={total}")
         if saved_world != self.world_size and consumed and not total:
             raise ConfigError.bad(
-                "state", state, "'total' or 'num_chunks' to re-split the epoch over another "
-                "world size", "Save the state with ChunkLoader.state_dict() during the epoch.",
-            )  # fmt: skip
+                "state",
+                state,
+                "'total' or 'num_chunks' to re-split the epoch over another world size",
+                "Save the state with ChunkLoader.state_dict() during the epoch.",
+            )
         if uneven not in _UNEVEN:
             raise ConfigError.bad(
                 "uneven", uneven, "'exact', 'pad' or 'drop'", "'exact' repeats and skips nothing."

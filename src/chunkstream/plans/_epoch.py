@@ -175,7 +175,11 @@ def calculate_chunk_params(
 ) -> tuple[int, int, int]:
     """``(chunks_per_epoch, batches_per_chunk, batches_per_epoch)``, as the original."""
     passes = check_int(
-        "data_passes_per_epoch", data_passes_per_epoch, 1, "Pass a positive data_passes_per_epoch.", numpy=True
+        "data_passes_per_epoch",
+        data_passes_per_epoch,
+        1,
+        "Pass a positive data_passes_per_epoch.",
+        numpy=True,
     )
     plan = plan_epoch(total_timesteps, chunk_size, batch_size, passes)
     return plan.chunks_per_epoch, plan.batches_per_chunk, plan.batches_per_epoch

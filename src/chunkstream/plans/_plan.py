@@ -10,7 +10,7 @@ A :class:`Plan` is three parts, each written once:
   a ring cut into the fewest equal tiles that turn between passes (so a chunk
   longer than a segment holds pieces of several segments, and every segment is
   visited every pass);
-* a **sampling mode** (:class:`~chunkstream.plans._sampling.Sampling`): which
+* a **sampling mode** (:class:`Sampling`, the modes in :mod:`._sampling`): which
   virtual stretches chunk ``i`` of epoch ``e`` holds;
 * a **stream**: the hash words (or, for the drop-in, the original's draws) the
   mode turns into choices.
@@ -32,10 +32,9 @@ import numpy as np
 from .._errors import ConfigError, check_int
 
 if TYPE_CHECKING:
-    from ._sampling import Sampling
     from ._segments import Segments
 
-__all__ = ["Draw", "Layout", "Piece", "Plan", "Table"]
+__all__ = ["Draw", "Layout", "Piece", "Plan", "Sampling", "Table"]
 
 _MAX_INDEX = 2**63 - 1  # the vectorised path holds indices in int64
 
@@ -250,6 +249,25 @@ class Layout:
     def time_draw(self, owner: np.ndarray, v0: np.ndarray, v1: np.ndarray) -> Draw:
         """Virtual ``[v0, v1)`` of the segments in time order (``0 <= v0 < length``)."""
         return Draw(owner, v0, np.minimum(v1, self.length), self.time)
+
+
+class Sampling:
+    """A sampling mode (modes live in :mod:`._sampling`). Subclasses set ``name`` and implement
+    :meth:`draw` and, for a mode with passes, :meth:`per_pass`. A mode holds no
+    state: the same plan and arguments give the same draw, from any thread."""
+
+    name: str = ""
+
+    def per_pass(self, plan: Plan) -> int | None:
+        """Chunks in one pass of ``plan`` (``None``: the mode has no passes)."""
+        return None
+
+    def draw(self, plan: Plan, epoch: int, index: np.ndarray) -> Draw:
+        """What the chunks ``index`` (int64, global) of ``epoch`` hold."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
 class Plan:

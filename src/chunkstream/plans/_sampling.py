@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._hash import hash_words, mix, permute, seed_key
-from ._plan import Draw
+from ._plan import Draw, Sampling
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -80,25 +80,6 @@ class HashStream:
 
 WINDOW_STREAM = HashStream(random_tag=0x52414E44, shuffle_tag=0x53485546, per_piece=False)
 PIECE_STREAM = HashStream(random_tag=0x50494543, shuffle_tag=0x54494C45, per_piece=True)
-
-
-class Sampling:
-    """A sampling mode (see the module). Subclasses set ``name`` and implement
-    :meth:`draw` and, for a mode with passes, :meth:`per_pass`. A mode holds no
-    state: the same plan and arguments give the same draw, from any thread."""
-
-    name: str = ""
-
-    def per_pass(self, plan: Plan) -> int | None:
-        """Chunks in one pass of ``plan`` (``None``: the mode has no passes)."""
-        return None
-
-    def draw(self, plan: Plan, epoch: int, index: np.ndarray) -> Draw:
-        """What the chunks ``index`` (int64, global) of ``epoch`` hold."""
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 def slots(index: np.ndarray, pieces: int) -> tuple[np.ndarray, np.ndarray]:

@@ -74,10 +74,11 @@ class Segments(Sequence[Segment]):
             return
         if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
             raise ConfigError.bad(
-                "segments", type(items).__name__,
+                "segments",
+                type(items).__name__,
                 "a sequence of (start, stop) or (start, stop, name), or a cs.Segments",
                 "Read a file with cs.Segments.read(path).",
-            )  # fmt: skip
+            )
         parsed = []
         for i, item in enumerate(items):
             where = f"segment {i}"
@@ -101,23 +102,28 @@ class Segments(Sequence[Segment]):
         for i, seg in enumerate(parsed):
             if seg.start < 0:
                 raise ConfigError.bad(
-                    "segments", (seg.start, seg.stop, seg.name), "start >= 0",
+                    "segments",
+                    (seg.start, seg.stop, seg.name),
+                    "start >= 0",
                     "Segments index the source's time axis [0, T).",
-                )  # fmt: skip
+                )
             if seg.stop <= seg.start:
                 raise ConfigError.bad(
-                    "segments", (seg.start, seg.stop, seg.name), "a non-empty range (stop > start)",
+                    "segments",
+                    (seg.start, seg.stop, seg.name),
+                    "a non-empty range (stop > start)",
                     f"Drop segment {i} or fix its bounds.",
-                )  # fmt: skip
+                )
             if i and seg.start < parsed[i - 1].stop:
                 prev = parsed[i - 1]
                 order = "overlaps" if seg.start >= prev.start else "comes before"
                 raise ConfigError.bad(
-                    "segments", (seg.start, seg.stop, seg.name),
+                    "segments",
+                    (seg.start, seg.stop, seg.name),
                     f"segments sorted by start and disjoint ({seg.name!r} {order} "
                     f"{prev.name!r} = [{prev.start}, {prev.stop}))",
                     "Sort them by start and merge or trim the overlapping ones.",
-                )  # fmt: skip
+                )
         names = [s.name for s in parsed]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
@@ -160,10 +166,11 @@ class Segments(Sequence[Segment]):
         last = self._items[-1]
         if last.stop > total_timesteps:
             raise ConfigError.bad(
-                "segments", (last.start, last.stop, last.name),
+                "segments",
+                (last.start, last.stop, last.name),
                 f"ranges inside [0, {total_timesteps}) (the source's timesteps)",
                 "Check the segments belong to this source.",
-            )  # fmt: skip
+            )
         return self
 
     # -- files -------------------------------------------------------------------------
@@ -188,9 +195,11 @@ class Segments(Sequence[Segment]):
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError.bad(
-                "segments", str(path), "valid JSON",
+                "segments",
+                str(path),
+                "valid JSON",
                 f"Line {exc.lineno}, column {exc.colno}: {exc.msg}.",
-            ) from None  # fmt: skip
+            ) from None
         if isinstance(data, Mapping):
             data = [(*v, k) if isinstance(v, list) else v for k, v in data.items()]
         if not isinstance(data, list):
@@ -222,10 +231,11 @@ class Segments(Sequence[Segment]):
                 start, stop = int(cells[0]), int(cells[1])
             except ValueError as exc:
                 raise ConfigError.bad(
-                    "segments", f"{path} line {lineno}: {','.join(row)!r}",
+                    "segments",
+                    f"{path} line {lineno}: {','.join(row)!r}",
                     "start,stop or start,stop,name with integer start and stop",
                     f"Fix line {lineno} ({exc}).",
-                ) from None  # fmt: skip
+                ) from None
             items.append((start, stop, cells[2]) if len(cells) == 3 else (start, stop))
         return cls(items)
 
@@ -268,9 +278,11 @@ def split_segments(
         raise ConfigError.bad("fractions", fractions, "numbers in [0, 1]") from None
     if any(not 0 <= s <= 1 for s in shares) or not math.isclose(sum(shares), 1.0, abs_tol=1e-6):
         raise ConfigError.bad(
-            "fractions", fractions, f"fractions in [0, 1] that sum to 1 (they sum to {sum(shares):g})",
+            "fractions",
+            fractions,
+            f"fractions in [0, 1] that sum to 1 (they sum to {sum(shares):g})",
             "E.g. (0.7, 0.1, 0.2) for train/val/test.",
-        )  # fmt: skip
+        )
     check_int("gap", gap, 0, "Use the batch window minus one.")
     out: dict[str, list[tuple[int, int, str]]] = {n: [] for n in names}
     for seg in segs:
@@ -288,11 +300,12 @@ def split_segments(
     empty = [n for n, ranges in out.items() if not ranges]
     if empty:
         raise ConfigError.bad(
-            "fractions", fractions, f"a share that leaves split {empty[0]!r} at least one timestep",
+            "fractions",
+            fractions,
+            f"a share that leaves split {empty[0]!r} at least one timestep",
             "Raise its fraction, lower gap, or use longer segments.",
-        )  # fmt: skip
+        )
     return {name: Segments(ranges) for name, ranges in out.items()}
-
 
 
 @dataclass(frozen=True)
@@ -344,10 +357,11 @@ def held_out_split(
         )
     except ConfigError as exc:  # said in split_segments' terms: say it in the caller's
         raise ConfigError.bad(
-            "val_fraction", val_fraction,
+            "val_fraction",
+            val_fraction,
             f"a share of every segment that holds at least one timestep after the "
             f"{window - 1}-step gap before it (window - 1)",
             "Raise val_fraction, use longer segments or a shorter window.",
-        ) from exc  # fmt: skip
+        ) from exc
     val = [(v.name, v.start, v.stop) for v in splits["val"] if len(v) >= window]
     return HeldOutSplit(splits["train"].timesteps, splits["train"], val)

@@ -38,17 +38,35 @@ import numpy as np
 
 from .._errors import ConfigError, FieldDtypeError, FieldLengthError
 
-__all__ = ["FieldSpec", "Source", "check_dtype", "check_lengths", "check_source", "field_context", "settle",
-           "stored_time_chunk", "window_nbytes"]  # fmt: skip
+__all__ = [
+    "FieldSpec",
+    "Source",
+    "check_dtype",
+    "check_lengths",
+    "check_source",
+    "field_context",
+    "settle",
+    "stored_time_chunk",
+    "window_nbytes",
+]
 
 # dtypes torch can hold without conversion.
 _TORCH_DTYPES = frozenset(
     np.dtype(t)
     for t in (
-        "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-        "uint8", "bool", "complex64", "complex128",
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
     )
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -210,8 +228,9 @@ def check_source(source: object) -> Source:
         raise ConfigError.bad("source", f"{len(source)} timesteps", "at least 1 timestep")
     if source.fields is None and not isinstance(source, LearnsFields):
         raise ConfigError.bad(
-            "source", f"{type(source).__name__} with fields=None",
+            "source",
+            f"{type(source).__name__} with fields=None",
             "a source whose fields are known, or one that learns them (names, learn, forget)",
             "Return the fields from `fields`, or use cs.CallableSource(..., specs='first').",
-        )  # fmt: skip
+        )
     return source

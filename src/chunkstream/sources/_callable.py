@@ -57,8 +57,9 @@ class CallableSource:
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, stop)")
-        total_timesteps = check_int("total_timesteps", total_timesteps, expected="a positive int",
-                                    numpy=True)  # fmt: skip
+        total_timesteps = check_int(
+            "total_timesteps", total_timesteps, expected="a positive int", numpy=True
+        )
         names = tuple(names)
         if not names or len(set(names)) != len(names):
             raise ConfigError.bad("names", names, "a non-empty sequence of distinct names")
@@ -72,8 +73,12 @@ class CallableSource:
         self._lock = threading.Lock()
         if isinstance(specs, str):
             if specs != "first":
-                raise ConfigError.bad("specs", specs, "a mapping of FieldSpec, None or 'first'",
-                                      "Pass the specs, None to probe, or 'first' to learn them.")  # fmt: skip
+                raise ConfigError.bad(
+                    "specs",
+                    specs,
+                    "a mapping of FieldSpec, None or 'first'",
+                    "Pass the specs, None to probe, or 'first' to learn them.",
+                )
         elif specs is None:
             self._learn_from(self._call(0, min(2, self._len)))
         elif set(specs) != set(names):
@@ -91,10 +96,13 @@ class CallableSource:
         return self._fields
 
     def _learn_from(self, arrays: Sequence[np.ndarray]) -> None:
-        specs = {n: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
-                 for n, a in zip(self._names, arrays, strict=True)}  # fmt: skip
-        self._fields = {n: FieldSpec(s.shape, check_dtype(n, s.dtype, "load_fn"))
-                        for n, s in specs.items()}  # fmt: skip
+        specs = {
+            n: FieldSpec(tuple(np.shape(a)[1:]), np.asarray(a).dtype)
+            for n, a in zip(self._names, arrays, strict=True)
+        }
+        self._fields = {
+            n: FieldSpec(s.shape, check_dtype(n, s.dtype, "load_fn")) for n, s in specs.items()
+        }
 
     def learn(self, start: int, stop: int) -> None:
         """Call ``load_fn(start, stop)`` and, if the specs are unknown, learn them from its

@@ -75,7 +75,6 @@ __all__ = [
 ]
 
 
-
 class FrameError(CorruptChunkError):
     """A chunk frame that does not decode to a whole chunk; says what, not where."""
 
@@ -125,8 +124,10 @@ def blosc_frame_error(raw: np.ndarray | memoryview, frame_size: int | None = Non
         return f"holds {len(raw)} bytes, shorter than a blosc header"
     nbytes, _, cbytes = struct.unpack("<III", bytes(raw[4:16]))
     if cbytes != len(raw) or nbytes != (frame_size or nbytes):
-        return (f"is {len(raw)} bytes decoding to {frame_size or 'its frame'}; header says "
-                f"{cbytes} bytes decoding to {nbytes}")  # fmt: skip
+        return (
+            f"is {len(raw)} bytes decoding to {frame_size or 'its frame'}; header says "
+            f"{cbytes} bytes decoding to {nbytes}"
+        )
     return None
 
 
@@ -203,8 +204,9 @@ class CheckedShardReads:
         elif len(buf) != _requested(byte_range, len(buf)):  # as short a file would give
             await self._check_size(byte_range, len(buf), None)
         elif self._is_index(byte_range):
-            self._index = _check_index(buf.to_bytes(), self._layout, self.label,
-                                       (self._lo, NO_FILE_END))  # fmt: skip
+            self._index = _check_index(
+                buf.to_bytes(), self._layout, self.label, (self._lo, NO_FILE_END)
+            )
         return buf
 
     @property
@@ -314,9 +316,11 @@ def _checked_v3(codecs: tuple) -> tuple:
     for codec in codecs:
         if isinstance(codec, ShardingCodec):
             codec = CheckedShardingCodec(
-                chunk_shape=codec.chunk_shape, codecs=_checked_v3(tuple(codec.codecs)),
-                index_codecs=codec.index_codecs, index_location=codec.index_location,
-            )  # fmt: skip
+                chunk_shape=codec.chunk_shape,
+                codecs=_checked_v3(tuple(codec.codecs)),
+                index_codecs=codec.index_codecs,
+                index_location=codec.index_location,
+            )
         elif type(codec) is BloscCodec:
             codec = CheckedBloscCodec.from_dict(codec.to_dict())
         out.append(codec)

@@ -50,11 +50,13 @@ def choose_engine(
     decoder = fast_decoder(arr) if engine in ("auto", "chunkstream") else None
     if engine == "chunkstream" and decoder is None:
         raise ConfigError.bad(
-            "engine", engine, '"auto", "zarrs" or "zarr" for this array',
+            "engine",
+            engine,
+            '"auto", "zarrs" or "zarr" for this array',
             "chunkstream's reader takes local arrays: zarr v2 with any numcodecs "
             "compressor and filters; zarr v3, sharded or not, with a bytes codec, at most "
             "one of blosc, zstd or gzip and a trailing crc32c, and no transpose.",
-        )  # fmt: skip
+        )
     if decoder is not None:
         return Engine("chunkstream", arr, decoder)
     if engine != "zarrs":
@@ -63,23 +65,32 @@ def choose_engine(
         # zarrs does a remote store's I/O in Rust and reports an HTTP 500 or a 403 as
         # a RuntimeError like a bad frame's: it could not be told from a corrupt chunk
         raise ConfigError.bad(
-            "engine", engine, f'"auto" or "zarr" for the remote array {path!r}',
-            'zarrs reads remote stores without chunkstream\'s error mapping (a server '
+            "engine",
+            engine,
+            f'"auto" or "zarr" for the remote array {path!r}',
+            "zarrs reads remote stores without chunkstream's error mapping (a server "
             'error would read as a corrupt chunk); use engine="auto".',
-        )  # fmt: skip
+        )
     defect = zarrs_defect(arr)
     if defect is not None:
         raise ConfigError.bad(
-            "engine", engine, f'"auto" or "zarr" for {path!r}',
+            "engine",
+            engine,
+            f'"auto" or "zarr" for {path!r}',
             f'{defect}, so it is refused for this array; engine="auto" reads it.',
-        )  # fmt: skip
+        )
     return Engine("zarrs", with_zarrs_pipeline(arr, read_threads), None)
 
 
 def read_checks(
-    arr: zarr.Array, path: str, local: Path | None, selections: Mapping[str, Selection],
-    mode: object, check_missing: object, zarrs: bool,
-) -> ReadChecks | None:  # fmt: skip
+    arr: zarr.Array,
+    path: str,
+    local: Path | None,
+    selections: Mapping[str, Selection],
+    mode: object,
+    check_missing: object,
+    zarrs: bool,
+) -> ReadChecks | None:
     """The general path's checks before each read (:mod:`._read_checks`), or ``None``
     when there is nothing to check. ``arr`` is the array as opened (before a
     pipeline was swapped in); ``mode`` is ``check_missing`` with ``"auto"`` resolved."""
@@ -103,9 +114,15 @@ def read_checks(
     if not wanted:
         return None
     return ReadChecks(
-        arr, path, local, selections, check_missing=mode is not False,
-        shards=shards, raw_nbytes=raw_nbytes, zstd_bound=zstd_bound,
-    )  # fmt: skip
+        arr,
+        path,
+        local,
+        selections,
+        check_missing=mode is not False,
+        shards=shards,
+        raw_nbytes=raw_nbytes,
+        zstd_bound=zstd_bound,
+    )
 
 
 def _is_remote_store(store: Any) -> bool:

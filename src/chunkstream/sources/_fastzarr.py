@@ -122,8 +122,12 @@ def fast_decoder(arr: zarr.Array) -> tuple[ChunkCodec, ShardLayout | None] | Non
         return None
     meta = arr.metadata
     if meta.zarr_format == 2:
-        codec = ChunkCodec(meta.compressor, filters=tuple(meta.filters or ()),
-                           swap=dtype.itemsize > 1 and not dtype.isnative, order=meta.order)  # fmt: skip
+        codec = ChunkCodec(
+            meta.compressor,
+            filters=tuple(meta.filters or ()),
+            swap=dtype.itemsize > 1 and not dtype.isnative,
+            order=meta.order,
+        )
         return codec, None
     codecs = list(meta.codecs)
     layout = None
@@ -387,8 +391,10 @@ class FastChunkReader:
             if read.shards[where] is None:
                 what = f"zarr shard {key!r} is missing: no file {self.chunk_path(where)}"
             else:  # zarr skips an inner chunk equal to the fill value unless told otherwise
-                what = (f"inner chunk {position} of zarr shard {key!r} is missing: the "
-                        "shard's index marks it empty")  # fmt: skip
+                what = (
+                    f"inner chunk {position} of zarr shard {key!r} is missing: the "
+                    "shard's index marks it empty"
+                )
         start, stop = read.window
         return MissingChunkError(
             f"{what} (needed for timesteps [{start}, {stop})). zarr would read it as the fill "

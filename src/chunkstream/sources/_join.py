@@ -73,25 +73,33 @@ class JoinSource:
             rename = False
         if not labelled:
             raise ConfigError.bad(
-                "sources", sources, "at least one source, or a non-empty mapping label -> source",
+                "sources",
+                sources,
+                "at least one source, or a non-empty mapping label -> source",
                 "Pass the sources to join: cs.JoinSource(traces, mask, ...).",
-            )  # fmt: skip
+            )
         for label, part in labelled.items():
             if not isinstance(part, Source) or isinstance(part, Mapping):
                 raise ConfigError.bad(
-                    f"sources[{label!r}]", type(part).__name__,
+                    f"sources[{label!r}]",
+                    type(part).__name__,
                     "a source (fields, __len__, read_into, close)",
                     "Open each store as a source first, e.g. cs.ZarrSource(path).",
-                )  # fmt: skip
+                )
         if read_threads is None:
             read_threads = max(1, 4 * (len(labelled) - 1))
-        check_int("read_threads", read_threads, 1,
-                  "Pass None for one thread per extra part and reader worker.",
-                  expected="an int >= 1, or None")  # fmt: skip
+        check_int(
+            "read_threads",
+            read_threads,
+            1,
+            "Pass None for one thread per extra part and reader worker.",
+            expected="an int >= 1, or None",
+        )
         lengths = {label: len(part) for label, part in labelled.items()}
         if len(set(lengths.values())) != 1:
             detail = ", ".join(
-                f"{label} {describe_source(labelled[label])} has {n}" for label, n in lengths.items()
+                f"{label} {describe_source(labelled[label])} has {n}"
+                for label, n in lengths.items()
             )
             raise FieldLengthError(
                 f"the sources of a JoinSource must share one time length, but {detail} "
@@ -108,11 +116,12 @@ class JoinSource:
             for exposed, inner in names.items():
                 if exposed in fields:
                     raise ConfigError.bad(
-                        "sources", f"field {exposed!r} in both {owner[exposed]} and {label}",
+                        "sources",
+                        f"field {exposed!r} in both {owner[exposed]} and {label}",
                         "unique field names across the joined sources",
                         "Rename a field in one source (e.g. fields={'mask': ...}), or pass a "
                         "mapping label -> source so that one-field sources take their label.",
-                    )  # fmt: skip
+                    )
                 fields[exposed] = part.fields[inner]
                 owner[exposed] = f"{label} {describe_source(part)}"
             self._parts.append((label, part, names))
@@ -150,9 +159,7 @@ class JoinSource:
             (label, part, {inner: out[exposed] for exposed, inner in names.items()}, names)
             for label, part, names in self._parts
         ]
-        pending = [
-            (job, self._pool.submit(self._read_part, job, start, stop)) for job in jobs[1:]
-        ]
+        pending = [(job, self._pool.submit(self._read_part, job, start, stop)) for job in jobs[1:]]
         # The first part in this thread; then every other part's end, errors or not.
         settle([partial(self._read_part, jobs[0], start, stop), *(f.result for _, f in pending)])
 

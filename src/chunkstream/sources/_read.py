@@ -43,13 +43,20 @@ def reading(source: Source, piece: Any) -> Iterator[None]:
         raise ChunkLoadError(
             f"reading window [{piece.start}, {piece.stop}){where} of "
             f"{describe_source(source)} failed: {type(exc).__name__}: {exc}",
-            window=(piece.start, piece.stop), field=name,
-        ) from exc  # fmt: skip
+            window=(piece.start, piece.stop),
+            field=name,
+        ) from exc
 
 
-def read_window(source: Source, pieces: Sequence[Any], out: Mapping[str, np.ndarray], *,
-                check_finite: bool, retries: int,
-                cancelled: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+def read_window(
+    source: Source,
+    pieces: Sequence[Any],
+    out: Mapping[str, np.ndarray],
+    *,
+    check_finite: bool,
+    retries: int,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> None:
     """Read ``pieces`` of every field into consecutive rows of ``out``.
 
     Piece ``p`` fills rows ``[p.offset, p.offset + p.length)`` with one
@@ -66,21 +73,30 @@ def read_window(source: Source, pieces: Sequence[Any], out: Mapping[str, np.ndar
                 _check_finite(rows, *window)
 
 
-def read_owned_window(piece: Any, *, source: Any, check_finite: bool, retries: int,
-                      cancelled: Callable[[], bool] = lambda: False) -> dict[str, np.ndarray]:  # fmt: skip
+def read_owned_window(
+    piece: Any,
+    *,
+    source: Any,
+    check_finite: bool,
+    retries: int,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> dict[str, np.ndarray]:
     """``source.read_owned`` of ``piece``'s window (a :class:`~._base.HandsOver` source),
     retried and checked as :func:`read_window` reads."""
     window = (piece.start, piece.stop)
     with reading(source, piece):
-        arrays = call_with_retries(partial(source.read_owned, *window), retries, window,
-                                   cancelled)  # fmt: skip
+        arrays = call_with_retries(partial(source.read_owned, *window), retries, window, cancelled)
         if check_finite:
             _check_finite(arrays, *window)
     return arrays
 
 
-def call_with_retries(call: Callable[[], _T], retries: int, window: tuple[int, int],
-                      cancelled: Callable[[], bool] = lambda: False) -> _T:  # fmt: skip
+def call_with_retries(
+    call: Callable[[], _T],
+    retries: int,
+    window: tuple[int, int],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> _T:
     """``call()``, retried up to ``retries`` times after a transient error (I/O and network
     hiccups, not bad data or a missing path), waiting ``_RETRY_BACKOFF_S * 2**attempt``
     between tries; the last error is raised as it is."""
@@ -93,8 +109,13 @@ def call_with_retries(call: Callable[[], _T], retries: int, window: tuple[int, i
             delay = _RETRY_BACKOFF_S * 2**attempt
             _log.warning(
                 "chunkstream: transient error reading [%d, %d) (%s: %s); retry %d/%d in %.2f s",
-                *window, type(exc).__name__, exc, attempt + 1, retries, delay,
-            )  # fmt: skip
+                *window,
+                type(exc).__name__,
+                exc,
+                attempt + 1,
+                retries,
+                delay,
+            )
             time.sleep(delay)
     raise AssertionError("unreachable")  # the last attempt returns or raises
 

@@ -115,18 +115,22 @@ def shard_index_layout(arr: zarr.Array, path: str, check_missing: object) -> Sha
         return sharded[0]
     if check_missing is False:  # only zarrs' checks need the index then
         raise ConfigError.bad(
-            "engine", "zarrs", f'"auto" or "zarr" for {path!r}',
+            "engine",
+            "zarrs",
+            f'"auto" or "zarr" for {path!r}',
             "zarrs aborts the process on a damaged zstd frame claiming a huge size or a "
             "shard index entry past the file's end, and this array's shard index is not one "
             'chunkstream reads to check them first; engine="auto" reads it.',
-        )  # fmt: skip
+        )
     raise ConfigError.bad(
-        "check_missing", check_missing, "False for this array",
+        "check_missing",
+        check_missing,
+        "False for this array",
         "Its shard index is not bytes (+ crc32c), which chunkstream reads, so "
         "inner chunks left out of a shard could not be told from fill values. Rewrite the "
         "array with zarr's default index codecs, or pass check_missing=False if absent "
         "chunks are meant to be fill values.",
-    )  # fmt: skip
+    )
 
 
 class ReadChecks:
@@ -140,10 +144,17 @@ class ReadChecks:
     """
 
     def __init__(
-        self, arr: zarr.Array, path: str, root: Path | None, selections: Mapping[str, Selection],
-        *, check_missing: bool, shards: ShardLayout | None, raw_nbytes: int | None,
+        self,
+        arr: zarr.Array,
+        path: str,
+        root: Path | None,
+        selections: Mapping[str, Selection],
+        *,
+        check_missing: bool,
+        shards: ShardLayout | None,
+        raw_nbytes: int | None,
         zstd_bound: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._arr = arr
         self._path = path
         self._root = root
@@ -180,9 +191,11 @@ class ReadChecks:
             if not present and self._check_missing:
                 raise missing_error(f"zarr chunk {key!r}", name, repr(self._path), (start, stop))
             if present and self._raw_nbytes not in (None, size):
-                raise corrupt_error(f"zarr chunk file {self._root / key}",
-                                    f"holds {size} bytes, expected {self._raw_nbytes}",
-                                    (start, stop))  # fmt: skip
+                raise corrupt_error(
+                    f"zarr chunk file {self._root / key}",
+                    f"holds {size} bytes, expected {self._raw_nbytes}",
+                    (start, stop),
+                )
 
     def _check_shards(self, name: str, sel: Selection, window: tuple[int, int]) -> None:
         layout = self._shards
@@ -203,12 +216,19 @@ class ReadChecks:
                 entry = index_entry(index, position, layout.chunks_per_shard)
                 if entry is not None:
                     if size is not None:  # zarrs aborts the process on an entry past the file
-                        check_entry(entry, data_bounds(layout, size),
-                                    f"zarr shard file {self._root / key}", position, window)  # fmt: skip
+                        check_entry(
+                            entry,
+                            data_bounds(layout, size),
+                            f"zarr shard file {self._root / key}",
+                            position,
+                            window,
+                        )
                     offsets.append(entry[0])
                 elif self._check_missing:
-                    what = (f"inner chunk {position} of zarr shard {key!r} (the shard's index "
-                            "marks it empty)")  # fmt: skip
+                    what = (
+                        f"inner chunk {position} of zarr shard {key!r} (the shard's index "
+                        "marks it empty)"
+                    )
                     raise missing_error(what, name, repr(self._path), window)
             if self._zstd_bound is not None and self._root is not None:
                 self._check_zstd_frames(self._root / key, offsets, window)
@@ -229,8 +249,9 @@ class ReadChecks:
             try:
                 size = os.fstat(fd).st_size
                 if size < need:
-                    raise corrupt_error(label, f"holds {size} bytes, fewer than its "
-                                        f"{need}-byte index", window)  # fmt: skip
+                    raise corrupt_error(
+                        label, f"holds {size} bytes, fewer than its {need}-byte index", window
+                    )
                 raw = os.pread(fd, need, 0 if layout.index_at_start else size - need)
             finally:
                 os.close(fd)
@@ -263,20 +284,28 @@ class ReadChecks:
                 header = memoryview(os.pread(fd, _ZSTD_HEADER, offset))
                 declared = declared_size(numcodecs.Zstd(), header)
                 if declared is not None and declared > self._zstd_bound:
-                    where = (f"zarr chunk file {path}" if self._shards is None
-                             else f"the inner chunk at byte {offset} of zarr shard file {path}")  # fmt: skip
+                    where = (
+                        f"zarr chunk file {path}"
+                        if self._shards is None
+                        else f"the inner chunk at byte {offset} of zarr shard file {path}"
+                    )
                     raise corrupt_error(
-                        where, f"holds a zstd frame declaring {declared} bytes, more than the "
-                        f"{self._zstd_bound} its content can hold", window,
-                    )  # fmt: skip
+                        where,
+                        f"holds a zstd frame declaring {declared} bytes, more than the "
+                        f"{self._zstd_bound} its content can hold",
+                        window,
+                    )
         finally:
             os.close(fd)
 
 
 def check_all_chunks(
-    array: zarr.Array, selections: Mapping[str, Selection], length: int, path: str,
+    array: zarr.Array,
+    selections: Mapping[str, Selection],
+    length: int,
+    path: str,
     local: Path | None,
-) -> None:  # fmt: skip
+) -> None:
     """List the store once (``local``: its root on disk; else through zarr) and raise
     ``MissingChunkError`` for the first chunk a field needs over ``[0, length)`` that
     is absent."""

@@ -107,17 +107,24 @@ class RemoteOptions:
 
     def client_config(self) -> dict[str, Any]:
         """obstore's ``ClientConfig`` for these bounds."""
-        return {"timeout": timedelta(seconds=self.timeout),
-                "connect_timeout": timedelta(seconds=self.timeout)}  # fmt: skip
+        return {
+            "timeout": timedelta(seconds=self.timeout),
+            "connect_timeout": timedelta(seconds=self.timeout),
+        }
 
     def retry_config(self) -> dict[str, Any]:
         """obstore's ``RetryConfig`` for these bounds."""
         # retry_timeout stops further retries once it has passed since the first attempt:
         # room for every attempt and every wait, so ``retries`` is the bound that acts.
         budget = (self.retries + 1) * (self.timeout + self.max_backoff)
-        return {"max_retries": self.retries, "retry_timeout": timedelta(seconds=budget),
-                "backoff": {"init_backoff": timedelta(seconds=self.backoff),
-                            "max_backoff": timedelta(seconds=self.max_backoff)}}  # fmt: skip
+        return {
+            "max_retries": self.retries,
+            "retry_timeout": timedelta(seconds=budget),
+            "backoff": {
+                "init_backoff": timedelta(seconds=self.backoff),
+                "max_backoff": timedelta(seconds=self.max_backoff),
+            },
+        }
 
 
 def _first_line(exc: BaseException) -> str:
@@ -162,11 +169,13 @@ def _obstore_store(url: str, given: dict[str, Any], opts: RemoteOptions) -> Any:
         store = from_url(url, client_options=client, retry_config=retry, **given)
     except (*STORE_ERRORS, TypeError, ValueError) as exc:
         raise ConfigError.bad(
-            "storage_options", sorted(given), f"obstore's options for {url!r}",
+            "storage_options",
+            sorted(given),
+            f"obstore's options for {url!r}",
             f"These are obstore's store settings (e.g. for S3: access_key_id, "
             f"secret_access_key, endpoint, region, skip_signature), plus client_options "
             f"and retry_config; obstore said: {_first_line(exc)}",
-        ) from exc  # fmt: skip
+        ) from exc
     return ObjectStore(store, read_only=True)
 
 

@@ -114,9 +114,14 @@ class Shard:
     """
 
     def __init__(
-        self, path: Path, data: memoryview, index: np.ndarray, shape: tuple[int, ...],
-        bounds: tuple[int, int], window: tuple[int, int],
-    ) -> None:  # fmt: skip
+        self,
+        path: Path,
+        data: memoryview,
+        index: np.ndarray,
+        shape: tuple[int, ...],
+        bounds: tuple[int, int],
+        window: tuple[int, int],
+    ) -> None:
         self.path = path
         self._data = data
         self._index = index  # (inner chunks, 2) uint64, C order of position in the shard
@@ -150,8 +155,9 @@ def open_shard(path: Path, layout: ShardLayout, window: tuple[int, int]) -> Shar
         size = os.fstat(fd).st_size
         need = layout.index_nbytes
         if size < need:
-            raise corrupt_error(label, f"holds {size} bytes, fewer than its {need}-byte index",
-                                window)  # fmt: skip
+            raise corrupt_error(
+                label, f"holds {size} bytes, fewer than its {need}-byte index", window
+            )
         data = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))  # keeps its own fd
     finally:
         os.close(fd)
@@ -191,9 +197,11 @@ def crc32c_problem(raw: memoryview | bytes, fails: str = "fails its crc32c check
 
 
 def check_crc32c(
-    raw: memoryview | bytes, label: str, window: tuple[int, int],
+    raw: memoryview | bytes,
+    label: str,
+    window: tuple[int, int],
     fails: str = "fails its crc32c checksum",
-) -> memoryview | bytes:  # fmt: skip
+) -> memoryview | bytes:
     """``raw`` less its trailing crc32c; ``CorruptChunkError`` naming ``label`` and
     ``window`` for what :func:`crc32c_problem` finds."""
     problem = crc32c_problem(raw, fails)
@@ -210,9 +218,12 @@ def data_bounds(layout: ShardLayout, size: int) -> tuple[int, int]:
 
 
 def check_entry(
-    entry: tuple[int, int], bounds: tuple[int, int], label: str, position: tuple[int, ...],
+    entry: tuple[int, int],
+    bounds: tuple[int, int],
+    label: str,
+    position: tuple[int, ...],
     window: tuple[int, int],
-) -> None:  # fmt: skip
+) -> None:
     """``CorruptChunkError`` naming ``label`` and ``window`` unless the index ``entry``
     ``(offset, nbytes)`` of the inner chunk at ``position`` lies inside ``bounds``
     (:func:`data_bounds`): without its checksum a damaged index is found only so."""
@@ -222,13 +233,17 @@ def check_entry(
         raise corrupt_error(label, entry_outside(entry, bounds, position), window)
 
 
-def entry_outside(entry: tuple[int, int], bounds: tuple[int, int], position: tuple[int, ...]) -> str:
+def entry_outside(
+    entry: tuple[int, int], bounds: tuple[int, int], position: tuple[int, ...]
+) -> str:
     """What is wrong with the index ``entry`` of the inner chunk at ``position``, which
     lies outside ``bounds`` (a ``hi`` of :data:`NO_FILE_END`: the file's size unknown)."""
     (offset, nbytes), (lo, hi) = entry, bounds
     end = "the file's end" if hi == NO_FILE_END else hi
-    return (f"has an index entry for inner chunk {position} at bytes "
-            f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {end})")  # fmt: skip
+    return (
+        f"has an index entry for inner chunk {position} at bytes "
+        f"[{offset}, {offset + nbytes}), outside its data bytes [{lo}, {end})"
+    )
 
 
 def index_entry(

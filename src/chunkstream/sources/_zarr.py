@@ -88,9 +88,15 @@ __all__ = ["ENGINES", "ZarrSource", "open_zarr_array"]
 #: What codecs raise for a bad frame (bz2 and zarrs: a bare ``OSError``, see _is_decode;
 #: zstd: ``MemoryError`` for a damaged size field; blosc: ``SystemError``).
 _DECODE_ERRORS: tuple[type[Exception], ...] = (
-    ValueError, RuntimeError, EOFError, OSError, zlib.error, lzma.LZMAError, MemoryError,
+    ValueError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    zlib.error,
+    lzma.LZMAError,
+    MemoryError,
     SystemError,
-)  # fmt: skip
+)
 #: The zarrs engine's: its Rust codecs also raise ``IndexError`` for a chunk they cannot
 #: decode. zarr's own pipeline raises none for a damaged chunk, so there an
 #: ``IndexError`` is a bug and propagates as one.
@@ -192,9 +198,11 @@ def _select_array(node: zarr.Array | zarr.Group, array: str | None, text: str) -
     if isinstance(node, zarr.Group):
         members = sorted(k for k, v in node.members() if isinstance(v, zarr.Array))
         raise ConfigError.bad(
-            "array", None, f"the name of an array, since {text!r} is a zarr group",
+            "array",
+            None,
+            f"the name of an array, since {text!r} is a zarr group",
             f"Pass array= one of {members}.",
-        )  # fmt: skip
+        )
     return node
 
 
@@ -294,14 +302,25 @@ class ZarrSource:
         self.engine, self.array = chosen.name, chosen.array
         self._decode_errors = _ZARRS_DECODE_ERRORS if self.engine == "zarrs" else _DECODE_ERRORS
         if chosen.decoder is None:
-            self._checks = read_checks(arr, self.path, local, self._selections, mode,
-                                       check_missing, zarrs=chosen.name == "zarrs")  # fmt: skip
+            self._checks = read_checks(
+                arr,
+                self.path,
+                local,
+                self._selections,
+                mode,
+                check_missing,
+                zarrs=chosen.name == "zarrs",
+            )
         else:
             self._pool = decode_pool(read_threads)
             self._fast = FastChunkReader(
-                arr, chosen.decoder[0], self._selections, fill_missing=mode is False,
-                pool=self._pool, shards=chosen.decoder[1],
-            )  # fmt: skip
+                arr,
+                chosen.decoder[0],
+                self._selections,
+                fill_missing=mode is False,
+                pool=self._pool,
+                shards=chosen.decoder[1],
+            )
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]:
@@ -337,9 +356,7 @@ class ZarrSource:
                 try:
                     # zarr writes into the wrapped array in place: no intermediate copy
                     with store_errors(self.path, f"timesteps [{start}, {stop}) of field {name!r}"):
-                        self.array.get_basic_selection(
-                            index, out=nd_buffer.from_numpy_array(view)
-                        )
+                        self.array.get_basic_selection(index, out=nd_buffer.from_numpy_array(view))
                 except FrameError as exc:
                     raise self._corrupt(name, sel, start, stop, str(exc)) from exc
                 except ChunkstreamError:
@@ -376,8 +393,10 @@ class ZarrSource:
         for chunk in coords:
             # The chunk's region, not get_block_selection: on a sharded array zarr's
             # blocks are whole shards, and a region reads only its inner chunks.
-            region = tuple(slice(c * n, min((c + 1) * n, size))
-                           for c, n, size in zip(chunk, self.chunks, shape, strict=True))  # fmt: skip
+            region = tuple(
+                slice(c * n, min((c + 1) * n, size))
+                for c, n, size in zip(chunk, self.chunks, shape, strict=True)
+            )
             try:
                 self.array.get_basic_selection(region)
             except Exception:  # any failure marks the chunk; the caller raises the error

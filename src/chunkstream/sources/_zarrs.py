@@ -67,9 +67,11 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
             # a store zarrs cannot rebuild in Rust (e.g. obstore's MemoryStore) is a ValueError
             # ("Expected an object store-compatible instance"), unsupported codecs the others
             raise ConfigError.bad(
-                "engine", "zarrs", f'"auto" or "zarr" for {arr.store_path}',
+                "engine",
+                "zarrs",
+                f'"auto" or "zarr" for {arr.store_path}',
                 f"zarrs cannot read this array's codecs or store ({exc}).",
-            ) from exc  # fmt: skip
+            ) from exc
     return zarr.Array(inner)
 
 
@@ -91,30 +93,42 @@ def zarrs_defect(arr: zarr.Array) -> str | None:
         codecs = list(meta.codecs)
         if codecs and isinstance(codecs[0], ShardingCodec):
             chunks, codecs = tuple(codecs[0].chunk_shape), list(codecs[0].codecs)
-        big = any(isinstance(c, BytesCodec) and c.endian is not None and c.endian.value == "big"
-                  for c in codecs)  # fmt: skip
+        big = any(
+            isinstance(c, BytesCodec) and c.endian is not None and c.endian.value == "big"
+            for c in codecs
+        )
     else:
         big = dtype.byteorder == ">"
         if getattr(meta.compressor, "codec_id", None) == "zlib":
-            return ("zarrs does not check a zlib stream's trailing adler32 checksum, so a "
-                    "truncated or altered zlib chunk can read without an error")  # fmt: skip
+            return (
+                "zarrs does not check a zlib stream's trailing adler32 checksum, so a "
+                "truncated or altered zlib chunk can read without an error"
+            )
     if big and dtype.kind == "c":
-        return ("zarrs swaps the real and imaginary parts of big-endian complex data on reads "
-                "of part of a chunk")  # fmt: skip
+        return (
+            "zarrs swaps the real and imaginary parts of big-endian complex data on reads "
+            "of part of a chunk"
+        )
     if any(isinstance(c, ZstdCodec) for c in codecs) and zstd_frame_bound(arr) is None:
-        return ("zarrs aborts the whole process (a failed allocation in Rust) on a damaged "
-                "zstd frame that claims a huge decoded size, and chunkstream checks the "
-                "frame only where zstd is the outermost codec")  # fmt: skip
+        return (
+            "zarrs aborts the whole process (a failed allocation in Rust) on a damaged "
+            "zstd frame that claims a huge decoded size, and chunkstream checks the "
+            "frame only where zstd is the outermost codec"
+        )
     if any(isinstance(c, Crc32cCodec) for c in codecs) and all(
         isinstance(c, (BytesCodec, Crc32cCodec, TransposeCodec)) for c in codecs
     ):
-        return ("zarrs reads part of an uncompressed chunk without checking its crc32c "
-                "checksum, so a damaged chunk can read as data")  # fmt: skip
+        return (
+            "zarrs reads part of an uncompressed chunk without checking its crc32c "
+            "checksum, so a damaged chunk can read as data"
+        )
     nbytes = math.prod(chunks) * dtype.itemsize
     for codec in codecs:
         if isinstance(codec, BloscCodec) and codec.typesize and nbytes % codec.typesize:
-            return (f"zarrs fails on blosc chunks of {nbytes} bytes, not a multiple of the "
-                    f"codec's typesize {codec.typesize}")  # fmt: skip
+            return (
+                f"zarrs fails on blosc chunks of {nbytes} bytes, not a multiple of the "
+                f"codec's typesize {codec.typesize}"
+            )
     return None
 
 

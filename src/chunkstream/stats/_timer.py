@@ -29,10 +29,12 @@ __all__ = ["BatchTimer"]
 class BatchSink(Protocol):
     """Where timed batches go (a :class:`~chunkstream.LatencyStats`)."""
 
-    def record_batch(self, forward_s: float, backward_s: float, step_s: float,
-                     begin: float = 0.0) -> None: ...  # fmt: skip
+    def record_batch(
+        self, forward_s: float, backward_s: float, step_s: float, begin: float = 0.0
+    ) -> None: ...
 
     def record_batch_events(self, begin: float, events: tuple) -> None: ...
+
 
 _PHASES = ("forward", "backward")
 

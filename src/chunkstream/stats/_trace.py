@@ -79,8 +79,9 @@ def chrome_trace(records: Iterable[Any]) -> dict[str, Any]:
         reader = r.read_thread or f"reader {lanes[i]}"
         spans.append((READ, reader, r.read_begin, r.read_end, r))
         if r.transfer_begin is not None and r.transfer_end is not None:
-            spans.append((COPY, r.transfer_thread or "transfer", r.transfer_begin,
-                          r.transfer_end, r))  # fmt: skip
+            spans.append(
+                (COPY, r.transfer_thread or "transfer", r.transfer_begin, r.transfer_end, r)
+            )
         spans.append((WAIT, "consumer", r.received - r.wait_s, r.received, r))
     origin = min((begin for _, _, begin, _, _ in spans), default=0.0)
     # The consumer first, then the readers and the transfer thread, each in name order.
@@ -92,17 +93,37 @@ def chrome_trace(records: Iterable[Any]) -> dict[str, Any]:
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "chunkstream"}}
     ]
     for track, tid in tids.items():
-        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                       "args": {"name": track}})  # fmt: skip
-        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                       "args": {"sort_index": tid}})  # fmt: skip
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": track}}
+        )
+        events.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
     for stage, track, begin, end, r in spans:
-        events.append({
-            "name": stage, "cat": "chunkstream", "ph": "X", "pid": pid, "tid": tids[track],
-            "ts": (begin - origin) * 1e6, "dur": max(0.0, end - begin) * 1e6,
-            "args": {"start": r.start, "stop": r.stop, "epoch": r.epoch, "index": r.index,
-                     "bytes": r.nbytes},
-        })  # fmt: skip
+        events.append(
+            {
+                "name": stage,
+                "cat": "chunkstream",
+                "ph": "X",
+                "pid": pid,
+                "tid": tids[track],
+                "ts": (begin - origin) * 1e6,
+                "dur": max(0.0, end - begin) * 1e6,
+                "args": {
+                    "start": r.start,
+                    "stop": r.stop,
+                    "epoch": r.epoch,
+                    "index": r.index,
+                    "bytes": r.nbytes,
+                },
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -32,6 +32,9 @@ from ._synth import SynthInfo, default_chunks, ensure_synthetic, write_synthetic
 from ._bench import compare_local as compare_local  # isort: skip
 from ._codecs import CODECS as CODECS  # isort: skip
 from ._convert import OUT_DTYPES as OUT_DTYPES  # isort: skip
+from ._layout import check_flyvis_stim_dims as check_flyvis_stim_dims  # isort: skip
+from ._stores import is_remote as is_remote  # isort: skip
+from ._stores import open_arrays as open_arrays  # isort: skip
 
 __all__ = [
     "ArrayReport",

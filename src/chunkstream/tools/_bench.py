@@ -69,9 +69,10 @@ class BenchReport:
             if (s.prefetch, s.workers) == (prefetch, workers):
                 return s
         raise ConfigError.bad(
-            "--plot-setting", f"{prefetch},{workers}",
+            "--plot-setting",
+            f"{prefetch},{workers}",
             f"one of the settings run: {[(s.prefetch, s.workers) for s in self.settings]}",
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -131,9 +132,15 @@ def compare_local(
     )
     local_root = f"{str(local).rstrip('/')}/timeseries.zarr" if flyvis else str(local)
     return compare_throughput(
-        root, local_root, fields=selection, array=array.path or None, chunk_size=chunk_size,
-        windows=windows, workers=workers, seed=seed,
-    )  # fmt: skip
+        root,
+        local_root,
+        fields=selection,
+        array=array.path or None,
+        chunk_size=chunk_size,
+        windows=windows,
+        workers=workers,
+        seed=seed,
+    )
 
 
 def _bench_selection(
@@ -210,16 +217,32 @@ def _trainer(kind: str, train_ms: float, device: torch.device, steps: int) -> Ca
 
 
 def _run_setting(
-    source: Source, *, chunk_size: int, prefetch: int, workers: int, gpu_prefetch: int,
-    device: torch.device, num_chunks: int, train: Callable[[Any], None], seed: int,
-    amplification: float, compressed: bool,
-) -> SettingResult:  # fmt: skip
+    source: Source,
+    *,
+    chunk_size: int,
+    prefetch: int,
+    workers: int,
+    gpu_prefetch: int,
+    device: torch.device,
+    num_chunks: int,
+    train: Callable[[Any], None],
+    seed: int,
+    amplification: float,
+    compressed: bool,
+) -> SettingResult:
     stats = LatencyStats()
     spans: list[tuple[float, float]] = []
     with ChunkLoader(
-        source, chunk_size, device=device, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
-        workers=workers, sampling="random", seed=seed, stats=stats,
-    ) as loader:  # fmt: skip
+        source,
+        chunk_size,
+        device=device,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        sampling="random",
+        seed=seed,
+        stats=stats,
+    ) as loader:
         on_cuda = loader.device.type == "cuda"
         capacity = gpu_prefetch if on_cuda else loader.config.reader_capacity
         t0 = time.perf_counter()
@@ -235,14 +258,24 @@ def _run_setting(
     chunks = []
     for record, (begin, end) in zip(stats.chunks, spans, strict=True):
         record.compute_end = end  # the training span, for the timeline
-        chunks.append(BenchChunk(
-            index=record.index, start=record.start, queue_depth=record.queue_depth,
-            wait_s=record.wait_s, read_s=record.read_s, transfer_s=record.transfer_s,
-            train_s=end - begin, read_begin=record.read_begin - t0,
-            read_end=record.read_end - t0,
-            transfer_begin=None if record.transfer_begin is None else record.transfer_begin - t0,
-            received=record.received - t0, train_end=end - t0,
-        ))  # fmt: skip
+        chunks.append(
+            BenchChunk(
+                index=record.index,
+                start=record.start,
+                queue_depth=record.queue_depth,
+                wait_s=record.wait_s,
+                read_s=record.read_s,
+                transfer_s=record.transfer_s,
+                train_s=end - begin,
+                read_begin=record.read_begin - t0,
+                read_end=record.read_end - t0,
+                transfer_begin=None
+                if record.transfer_begin is None
+                else record.transfer_begin - t0,
+                received=record.received - t0,
+                train_end=end - t0,
+            )
+        )
     result = summarise(
         prefetch, workers, gpu_prefetch, capacity, epoch_s, chunks, amplification, compressed
     )
@@ -267,8 +300,12 @@ def run_bench(
     path: str | None = None,
 ) -> BenchReport:
     """Run every (prefetch, workers) setting on ``source`` and diagnose it (module docs)."""
-    check_int("--chunks", num_chunks, 2,
-              expected="an integer >= 2 (the first one only fills the pipeline)")  # fmt: skip
+    check_int(
+        "--chunks",
+        num_chunks,
+        2,
+        expected="an integer >= 2 (the first one only fills the pipeline)",
+    )
     if train_ms < 0:
         raise ConfigError.bad("--train-ms", train_ms, "a time >= 0")
     for name, values in (("--prefetch", prefetch), ("--workers", workers)):
@@ -291,18 +328,32 @@ def run_bench(
     with tqdm(grid, desc="bench", unit="setting", disable=not progress) as bar:
         for p, w in bar:
             bar.set_postfix_str(f"prefetch={p} workers={w}")
-            results.append(_run_setting(
-                source, chunk_size=chunk_size, prefetch=p, workers=w, gpu_prefetch=gpu_prefetch,
-                device=resolved, num_chunks=num_chunks, train=trainer, seed=seed,
-                amplification=amplification, compressed=compressed,
-            ))  # fmt: skip
+            results.append(
+                _run_setting(
+                    source,
+                    chunk_size=chunk_size,
+                    prefetch=p,
+                    workers=w,
+                    gpu_prefetch=gpu_prefetch,
+                    device=resolved,
+                    num_chunks=num_chunks,
+                    train=trainer,
+                    seed=seed,
+                    amplification=amplification,
+                    compressed=compressed,
+                )
+            )
     what = f"sleep {train_ms:g} ms" if train == "sleep" else f"matmul x{train_steps} on {resolved}"
     return BenchReport(
         path=str(path if path is not None else getattr(source, "path", type(source).__name__)),
-        device=str(resolved), chunk_size=chunk_size,
-        chunk_bytes=window_nbytes(source.fields, min(chunk_size, total)), num_chunks=num_chunks,
-        train=what, settings=results, recommendation=recommend(results),
-    )  # fmt: skip
+        device=str(resolved),
+        chunk_size=chunk_size,
+        chunk_bytes=window_nbytes(source.fields, min(chunk_size, total)),
+        num_chunks=num_chunks,
+        train=what,
+        settings=results,
+        recommendation=recommend(results),
+    )
 
 
 def plot_bench(

@@ -121,9 +121,11 @@ def flyvis_fields(column: str | int = "voltage", stim_dims: int = 1736) -> list[
     name = _FLYVIS_IDS.get(column, column) if isinstance(column, int) else str(column).lower()
     if isinstance(column, int) and column not in _FLYVIS_IDS:
         raise ConfigError.bad(
-            "column", column, "a dynamic column id (3, 4, 7 or 8)",
+            "column",
+            column,
+            "a dynamic column id (3, 4, 7 or 8)",
             "Static columns (0-2, 5, 6) are in metadata.zarr: read it directly.",
-        )  # fmt: skip
+        )
     if name not in _FLYVIS_COLUMNS:
         raise ConfigError.bad("column", column, f"one of {sorted(_FLYVIS_COLUMNS)} or 3, 4, 7, 8")
     check_int("stim_dims", stim_dims)
@@ -197,16 +199,20 @@ def _out_dtype(dtype: str | None) -> np.dtype | None:
         out_dtype = None
     if out_dtype is None or out_dtype.name not in OUT_DTYPES:
         raise ConfigError.bad(
-            "dtype", dtype, f"None or one of {', '.join(OUT_DTYPES)}",
+            "dtype",
+            dtype,
+            f"None or one of {', '.join(OUT_DTYPES)}",
             "Pass --dtype float16 for a half-precision copy.",
-        )  # fmt: skip
+        )
     return out_dtype
 
 
 def _plan_fields(
-    source: str | os.PathLike, fields: Iterable[str] | Mapping[str, Any], chunk_mb: float,
+    source: str | os.PathLike,
+    fields: Iterable[str] | Mapping[str, Any],
+    chunk_mb: float,
     out_dtype: np.dtype | None = None,
-) -> list[FieldPlan]:  # fmt: skip
+) -> list[FieldPlan]:
     """Each requested field resolved in ``source``, with a time chunk of ~``chunk_mb`` MiB
     as written (in ``out_dtype`` when given).
 
@@ -217,8 +223,10 @@ def _plan_fields(
     if not requests:
         raise ConfigError.bad("fields", fields, "at least one NAME=INDEX", "Pass --fields.")
     resolved = [resolve_field(req, arrays) for req in requests]
-    check_lengths({r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved, strict=True)},
-                  str(source))  # fmt: skip
+    check_lengths(
+        {r.name: int(a.shape[0]) for r, (_, a, _) in zip(requests, resolved, strict=True)},
+        str(source),
+    )
     plan = []
     for req, (name, array, index) in zip(requests, resolved, strict=True):
         step_shape = selected_shape(index, tuple(array.shape[1:]))
@@ -226,8 +234,9 @@ def _plan_fields(
         step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * itemsize)
         total = int(array.shape[0])
         t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
-        plan.append(FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index,
-                               step_shape, t_chunk))  # fmt: skip
+        plan.append(
+            FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index, step_shape, t_chunk)
+        )
     return plan
 
 
@@ -238,15 +247,21 @@ def _create_out(
     import zarr
 
     group = zarr.open_group(str(out), mode="w", zarr_format=args["zarr_format"])
-    group.attrs["chunkstream"] = {"layout": "per-field", "source": args["source"],
-                                  "fields": args["fields"]}  # fmt: skip
+    group.attrs["chunkstream"] = {
+        "layout": "per-field",
+        "source": args["source"],
+        "fields": args["fields"],
+    }
     for f in plan:
         group.create_array(
-            f.name, shape=(int(f.array.shape[0]), *f.step_shape),
-            dtype=out_dtype or native(f.array.dtype), chunks=(f.t_chunk, *f.step_shape),
-            compressors=compressors, fill_value=0,
+            f.name,
+            shape=(int(f.array.shape[0]), *f.step_shape),
+            dtype=out_dtype or native(f.array.dtype),
+            chunks=(f.t_chunk, *f.step_shape),
+            compressors=compressors,
+            fill_value=0,
             config={"write_empty_chunks": True},
-        )  # fmt: skip
+        )
 
 
 def _check_out(source: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, str]:
@@ -262,9 +277,13 @@ def _check_out(source: str | os.PathLike, out: str | os.PathLike) -> tuple[Path,
 
 
 def _field_result(
-    f: FieldPlan, state: dict[str, Any], outs: list[str] | None, out: Path, target: Any,
+    f: FieldPlan,
+    state: dict[str, Any],
+    outs: list[str] | None,
+    out: Path,
+    target: Any,
     out_dtype: Any,
-) -> FieldResult:  # fmt: skip
+) -> FieldResult:
     """``f``'s report; raises ``CorruptChunkError`` when its read-back digests ``outs``
     disagree with the input's."""
     done, n = state["done"], f.slabs
@@ -276,31 +295,49 @@ def _field_result(
     checksum_out = combine(outs) if outs is not None else None
     if outs is not None and checksum_out != checksum_in:
         bad = next((i for i in range(n) if ins and ins[i] != outs[i]), None)
-        where = "" if bad is None else (
-            f" slab {bad} (timesteps {bad * f.t_chunk}..{min(int(f.array.shape[0]), (bad + 1) * f.t_chunk)})"
-        )  # fmt: skip
+        where = (
+            ""
+            if bad is None
+            else (
+                f" slab {bad} (timesteps {bad * f.t_chunk}..{min(int(f.array.shape[0]), (bad + 1) * f.t_chunk)})"
+            )
+        )
         raise CorruptChunkError(
             f"verification failed: field {f.name!r}{where} in {str(out)!r} differs from the "
             "input: delete OUT and convert again (and check the disk)."
         )
     return FieldResult(
-        name=f.name, source=f.source, shape=(int(f.array.shape[0]), *f.step_shape),
-        chunks=(f.t_chunk, *f.step_shape), dtype=str(out_dtype or native(f.array.dtype)),
-        slabs=n, checksum_in=checksum_in, checksum_out=checksum_out,
-        max_abs_error=None if out_dtype is None else rounding_error(
-            f.array, f.index, target, f.t_chunk, n),
-    )  # fmt: skip
+        name=f.name,
+        source=f.source,
+        shape=(int(f.array.shape[0]), *f.step_shape),
+        chunks=(f.t_chunk, *f.step_shape),
+        dtype=str(out_dtype or native(f.array.dtype)),
+        slabs=n,
+        checksum_in=checksum_in,
+        checksum_out=checksum_out,
+        max_abs_error=None
+        if out_dtype is None
+        else rounding_error(f.array, f.index, target, f.t_chunk, n),
+    )
 
 
 def _run_args(
-    src_text: str, plan: list[FieldPlan], *, chunk_mb: float, codec: str, zarr_format: int,
+    src_text: str,
+    plan: list[FieldPlan],
+    *,
+    chunk_mb: float,
+    codec: str,
+    zarr_format: int,
     out_dtype: Any,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The arguments a conversion is recorded and resumed by."""
     args = {
-        "source": src_text, "fields": {f.name: f.source for f in plan}, "chunk_mb": float(chunk_mb),
-        "codec": codec, "zarr_format": zarr_format,
-    }  # fmt: skip
+        "source": src_text,
+        "fields": {f.name: f.source for f in plan},
+        "chunk_mb": float(chunk_mb),
+        "codec": codec,
+        "zarr_format": zarr_format,
+    }
     if out_dtype is not None:  # only when given, so earlier conversions still resume
         args["dtype"] = out_dtype.name
     return args
@@ -350,8 +387,9 @@ def convert_store(
         raise ConfigError.bad("out", str(out), "a local directory (progress is kept on disk)")
     plan = _plan_fields(source, fields, chunk_mb, out_dtype)
     out, src_text = _check_out(source, out)
-    args = _run_args(src_text, plan, chunk_mb=chunk_mb, codec=codec, zarr_format=zarr_format,
-                     out_dtype=out_dtype)  # fmt: skip
+    args = _run_args(
+        src_text, plan, chunk_mb=chunk_mb, codec=codec, zarr_format=zarr_format, out_dtype=out_dtype
+    )
     saved = _prepare_out(out, args, overwrite)
     state = saved or {"args": args, "done": {f.name: {} for f in plan}}
     if saved is None:
@@ -371,19 +409,36 @@ def convert_store(
 
     with (
         cf.ThreadPoolExecutor(workers, thread_name_prefix="chunkstream-convert") as pool,
-        tqdm(total=len(slabs), initial=len(slabs) - len(pending), unit="slab", desc="convert",
-             disable=None if progress else True) as bar,
-    ):  # fmt: skip
+        tqdm(
+            total=len(slabs),
+            initial=len(slabs) - len(pending),
+            unit="slab",
+            desc="convert",
+            disable=None if progress else True,
+        ) as bar,
+    ):
         copy = functools.partial(copy_slab, targets=targets, out_dtype=out_dtype)
         written = copy_slabs(pool, pending, copy, workers, record)
         # Streamed: each task reads one output slab back and keeps only its digest.
-        checks = {(s.name, s.i): pool.submit(lambda s=s: digest(targets[s.name][s.t0 : s.t1]))
-                  for s in slabs} if verify else {}  # fmt: skip
+        checks = (
+            {
+                (s.name, s.i): pool.submit(lambda s=s: digest(targets[s.name][s.t0 : s.t1]))
+                for s in slabs
+            }
+            if verify
+            else {}
+        )
     results = [
-        _field_result(f, state, [checks[(f.name, i)].result() for i in range(f.slabs)]
-                      if verify else None, out, targets[f.name], out_dtype)
+        _field_result(
+            f,
+            state,
+            [checks[(f.name, i)].result() for i in range(f.slabs)] if verify else None,
+            out,
+            targets[f.name],
+            out_dtype,
+        )
         for f in plan
-    ]  # fmt: skip
+    ]
     if verify and done is not None:
         _finish(out, group, args, results)
     stored = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -391,7 +446,14 @@ def convert_store(
         int(np.prod(r.shape, dtype=np.int64)) * np.dtype(r.dtype).itemsize for r in results
     )
     return ConvertReport(
-        source=src_text, out=str(out), codec=codec, fields=results, slabs_written=written,
-        slabs_skipped=len(slabs) - len(pending), decoded_bytes=decoded, stored_bytes=stored,
-        verified=verify, seconds=time.perf_counter() - begin,
-    )  # fmt: skip
+        source=src_text,
+        out=str(out),
+        codec=codec,
+        fields=results,
+        slabs_written=written,
+        slabs_skipped=len(slabs) - len(pending),
+        decoded_bytes=decoded,
+        stored_bytes=stored,
+        verified=verify,
+        seconds=time.perf_counter() - begin,
+    )

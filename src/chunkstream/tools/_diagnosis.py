@@ -91,11 +91,16 @@ class SettingResult:
         return f"prefetch={self.prefetch} workers={self.workers}"
 
 
-
 def summarise(
-    prefetch: int, workers: int, gpu_prefetch: int, capacity: int, epoch_s: float,
-    chunks: list[BenchChunk], amplification: float, compressed: bool,
-) -> SettingResult:  # fmt: skip
+    prefetch: int,
+    workers: int,
+    gpu_prefetch: int,
+    capacity: int,
+    epoch_s: float,
+    chunks: list[BenchChunk],
+    amplification: float,
+    compressed: bool,
+) -> SettingResult:
     """The figures and verdict of one setting from its ``chunks`` (at least one).
 
     ``capacity`` is the queue depth counted as full; ``amplification`` (bytes
@@ -124,19 +129,41 @@ def summarise(
             f"chunk (mean {mean_after * _MS:.1f} ms, max "
             f"{max(after, default=0.0) * _MS:.1f} ms; queue empty {empty}/{n - 1} times)."
         )
-        bottleneck, fix = _slow_fix(prefetch, workers, read_mean, max(reads), transfer_mean,
-                                    train_mean, amplification, compressed)  # fmt: skip
+        bottleneck, fix = _slow_fix(
+            prefetch,
+            workers,
+            read_mean,
+            max(reads),
+            transfer_mean,
+            train_mean,
+            amplification,
+            compressed,
+        )
         verdict = f"{head} {fix}"
     return SettingResult(
-        prefetch=prefetch, workers=workers, gpu_prefetch=gpu_prefetch, capacity=capacity,
-        epoch_s=epoch_s, ideal_s=ideal, overlap=epoch_s / ideal if ideal > 0 else 0.0,
-        first_read_s=first_read, wait_mean_s=sum(waits) / n, wait_max_s=max(waits),
-        wait_after_first_mean_s=mean_after, stall_fraction=stall, queue_empty=empty,
+        prefetch=prefetch,
+        workers=workers,
+        gpu_prefetch=gpu_prefetch,
+        capacity=capacity,
+        epoch_s=epoch_s,
+        ideal_s=ideal,
+        overlap=epoch_s / ideal if ideal > 0 else 0.0,
+        first_read_s=first_read,
+        wait_mean_s=sum(waits) / n,
+        wait_max_s=max(waits),
+        wait_after_first_mean_s=mean_after,
+        stall_fraction=stall,
+        queue_empty=empty,
         queue_full=sum(1 for c in chunks[1:] if c.queue_depth >= capacity),
-        read_mean_s=read_mean, read_max_s=max(reads), transfer_mean_s=transfer_mean,
-        train_mean_s=train_mean, keeping_up=keeping_up, bottleneck=bottleneck,
-        verdict=verdict, chunks=chunks,
-    )  # fmt: skip
+        read_mean_s=read_mean,
+        read_max_s=max(reads),
+        transfer_mean_s=transfer_mean,
+        train_mean_s=train_mean,
+        keeping_up=keeping_up,
+        bottleneck=bottleneck,
+        verdict=verdict,
+        chunks=chunks,
+    )
 
 
 def versus_bound(epoch_s: float, ideal: float) -> str:
@@ -147,8 +174,10 @@ def versus_bound(epoch_s: float, ideal: float) -> str:
     ratio = epoch_s / ideal
     if ratio >= 1:
         return f"epoch {ratio:.2f}x the ideal bound"
-    return (f"epoch {(1 - ratio):.0%} under the ideal bound's estimate (the bound adds mean "
-            "read, copy and train times, and this run's overlapped better): as fast as it gets")  # fmt: skip
+    return (
+        f"epoch {(1 - ratio):.0%} under the ideal bound's estimate (the bound adds mean "
+        "read, copy and train times, and this run's overlapped better): as fast as it gets"
+    )
 
 
 def _keeping_up(
@@ -168,9 +197,15 @@ def _keeping_up(
 
 
 def _slow_fix(
-    prefetch: int, workers: int, read_mean: float, read_max: float, transfer_mean: float | None,
-    train_mean: float, amplification: float, compressed: bool,
-) -> tuple[str, str]:  # fmt: skip
+    prefetch: int,
+    workers: int,
+    read_mean: float,
+    read_max: float,
+    transfer_mean: float | None,
+    train_mean: float,
+    amplification: float,
+    compressed: bool,
+) -> tuple[str, str]:
     """``(bottleneck, fix)`` of a setting that does not keep up."""
     per_chunk_read = read_mean / workers
     if transfer_mean is not None and transfer_mean >= max(per_chunk_read, 0.9 * train_mean):

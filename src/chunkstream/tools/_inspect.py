@@ -149,12 +149,23 @@ def _array_report(name: str, array: Any) -> ArrayReport:
                 if len(examples) < 3:
                     examples.append(key)
     return ArrayReport(
-        name=name, path=str(root) if root is not None else str(array.store),
-        zarr_format=int(array.metadata.zarr_format), shape=shape, dtype=str(array.dtype),
-        chunks=chunks, shards=shards, grid=grid, codecs=describe_codecs(array),
-        decoded_bytes=decoded, stored_bytes=stored, ratio=ratio, chunk_bytes=chunk_bytes,
-        stored_chunk_bytes=stored_per, missing_chunks=missing, missing_examples=examples,
-    )  # fmt: skip
+        name=name,
+        path=str(root) if root is not None else str(array.store),
+        zarr_format=int(array.metadata.zarr_format),
+        shape=shape,
+        dtype=str(array.dtype),
+        chunks=chunks,
+        shards=shards,
+        grid=grid,
+        codecs=describe_codecs(array),
+        decoded_bytes=decoded,
+        stored_bytes=stored,
+        ratio=ratio,
+        chunk_bytes=chunk_bytes,
+        stored_chunk_bytes=stored_per,
+        missing_chunks=missing,
+        missing_examples=examples,
+    )
 
 
 def inspect_store(
@@ -192,10 +203,11 @@ def inspect_store(
     ]
     # The fix converts every requested field at once, so the command is shared.
     spec = " ".join(
-        f"{req.name}={format_index(index)}" if req.array is None
+        f"{req.name}={format_index(index)}"
+        if req.array is None
         else f"{req.name}={name}[{format_index(index)}]"
         for req, (name, _, index) in zip(requests, resolved, strict=True)
-    )  # fmt: skip
+    )
     fix = f"run `chunkstream convert {path} OUT --fields {spec}`"
     field_reports: list[FieldReport] = []
     for req, (name, array, index), amp in zip(requests, resolved, amps, strict=True):

@@ -31,11 +31,21 @@ __all__ = [
 ]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-    "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -48,9 +58,11 @@ def parse_bytes(text: str | int, name: str = "size") -> int:
         unit = match[2].lower() if match else None
         if match is None or unit not in _UNITS:
             raise ConfigError.bad(
-                name, text, "a size such as 8GB, 512MiB or 1000000 (bytes)",
+                name,
+                text,
+                "a size such as 8GB, 512MiB or 1000000 (bytes)",
                 "Units: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).",
-            )  # fmt: skip
+            )
         value = int(float(match[1]) * _UNITS[unit])
     if value <= 0:
         raise ConfigError.bad(name, text, "a positive size")
@@ -104,9 +116,11 @@ def layout_from_shape(
         for request in parse_fields(fields):
             if request.array is not None:
                 raise ConfigError.bad(
-                    "--fields", f"{request.name}={request.array}[...]", "NAME=INDEX with --shape",
+                    "--fields",
+                    f"{request.name}={request.array}[...]",
+                    "NAME=INDEX with --shape",
                     "--shape describes one array: drop the array name.",
-                )  # fmt: skip
+                )
             index = validate_index(request.name, request.index, shape[1:], where)
             specs[request.name] = FieldSpec(selected_shape(index, shape[1:]), np_dtype)
     else:
@@ -127,9 +141,11 @@ def check_flyvis_stim_dims(arrays: Mapping[str, object], stim_dims: int | None, 
         return
     if stim_dims > shape[1]:
         raise ConfigError.bad(
-            "--stim-dims", stim_dims, f"at most the {shape[1]} neurons of {where}",
+            "--stim-dims",
+            stim_dims,
+            f"at most the {shape[1]} neurons of {where}",
             f"Pass --stim-dims {shape[1]} or fewer.",
-        )  # fmt: skip
+        )
 
 
 def flyvis_requests(column: str | int, stim_dims: int | None) -> list[FieldRequest]:
@@ -141,9 +157,11 @@ def flyvis_requests(column: str | int, stim_dims: int | None) -> list[FieldReque
     pos = next((p for cid, (n, p) in flyvis.DYNAMIC_COLUMNS.items() if key in (cid, n)), None)
     if pos is None:
         raise ConfigError.bad(
-            "--column", column, f"a dynamic column: one of {sorted(by_name)} or ids "
-            f"{sorted(flyvis.DYNAMIC_COLUMNS)}", "Static columns live in metadata.zarr.",
-        )  # fmt: skip
+            "--column",
+            column,
+            f"a dynamic column: one of {sorted(by_name)} or ids {sorted(flyvis.DYNAMIC_COLUMNS)}",
+            "Static columns live in metadata.zarr.",
+        )
     name = next(n for n, (_, p) in by_name.items() if p == pos)
     stim = FieldRequest(name="stimulus", array="timeseries", index=(slice(0, stim_dims), 1))
     if name == "stimulus":
@@ -189,6 +207,9 @@ def layout_from_store(
         time_chunk = math.lcm(time_chunk, int(array.chunks[0]))
     total = check_lengths(lengths, f"store {str(path)!r}")
     return DataLayout(
-        total_timesteps=total, fields=specs, where=str(path), zarr_chunk_bytes=chunk_bytes,
+        total_timesteps=total,
+        fields=specs,
+        where=str(path),
+        zarr_chunk_bytes=chunk_bytes,
         time_chunk=time_chunk,
-    )  # fmt: skip
+    )

@@ -118,37 +118,57 @@ class PlanReport:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["epoch"] = {**asdict(self.epoch), "global_chunks_per_epoch":
-                        self.epoch.global_chunks_per_epoch,
-                        "chunk_batches": self.epoch.chunk_batches}  # fmt: skip
+        out["epoch"] = {
+            **asdict(self.epoch),
+            "global_chunks_per_epoch": self.epoch.global_chunks_per_epoch,
+            "chunk_batches": self.epoch.chunk_batches,
+        }
         return out
 
 
 def _streaming_bytes(
-    cb: int, *, on_cuda: bool, prefetch: int, gpu_prefetch: int, workers: int,
-    host_slots: int, val_bytes: int,
-) -> tuple[int | None, int, int]:  # fmt: skip
+    cb: int,
+    *,
+    on_cuda: bool,
+    prefetch: int,
+    gpu_prefetch: int,
+    workers: int,
+    host_slots: int,
+    val_bytes: int,
+) -> tuple[int | None, int, int]:
     """(device, pinned host, pipeline host) bytes of a streaming configuration: the
     loader's memory model (:func:`chunkstream._memory.streaming_bytes`) plus validation."""
-    device, pinned, host = streaming_bytes(cb, on_cuda=on_cuda, prefetch=prefetch,
-                                           gpu_prefetch=gpu_prefetch, workers=workers,
-                                           host_slots=host_slots)  # fmt: skip
+    device, pinned, host = streaming_bytes(
+        cb,
+        on_cuda=on_cuda,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        host_slots=host_slots,
+    )
     if on_cuda:
         return (device or 0) + val_bytes, pinned, host
     return None, pinned, host + val_bytes
 
 
-def resident_mode(device: str, train: int, step: int, gpu_mem: int | None,
-                  host_mem: int | None) -> str:  # fmt: skip
+def resident_mode(
+    device: str, train: int, step: int, gpu_mem: int | None, host_mem: int | None
+) -> str:
     """What ``ChunkLoader(resident="auto")`` chooses for ``train`` timesteps, and why."""
     on_cuda = device == "cuda"
     if on_cuda and gpu_mem is None and not torch.cuda.is_available():
-        return ("streaming: no --gpu-mem given and no CUDA device here to measure (on CUDA, "
-                "resident='auto' compares with the free memory minus a margin)")  # fmt: skip
+        return (
+            "streaming: no --gpu-mem given and no CUDA device here to measure (on CUDA, "
+            "resident='auto' compares with the free memory minus a margin)"
+        )
     _, why = resident_decision(
-        "auto", device=torch.device(device), nbytes=train * step, rows=train,
-        device_memory=gpu_mem if on_cuda else None, host_memory=host_mem,
-    )  # fmt: skip
+        "auto",
+        device=torch.device(device),
+        nbytes=train * step,
+        rows=train,
+        device_memory=gpu_mem if on_cuda else None,
+        host_memory=host_mem,
+    )
     return why
 
 
@@ -176,9 +196,15 @@ def _budget_cost(
     at that ``gpu_prefetch`` / ``prefetch`` depth, validation data included."""
 
     def model(cb: int, p: int, gp: int) -> tuple[int | None, int, int]:
-        return _streaming_bytes(cb, on_cuda=on_cuda, prefetch=p, gpu_prefetch=gp,
-                                workers=workers, host_slots=p + workers,
-                                val_bytes=val_bytes)  # fmt: skip
+        return _streaming_bytes(
+            cb,
+            on_cuda=on_cuda,
+            prefetch=p,
+            gpu_prefetch=gp,
+            workers=workers,
+            host_slots=p + workers,
+            val_bytes=val_bytes,
+        )
 
     def device(cb: int, depth: int) -> int:
         return model(cb, prefetch, depth)[0] or 0
@@ -198,9 +224,14 @@ def _deepest(cost: Callable[[int, int], int], cb: int, budget: int, at_least: in
 
 
 def _budget_rows(
-    limits: dict[str, int], smallest: int, step: int, costs: tuple, budgets: dict[str, int | None],
-    val_bytes: int, depths: dict[str, int],
-) -> tuple[str, int]:  # fmt: skip
+    limits: dict[str, int],
+    smallest: int,
+    step: int,
+    costs: tuple,
+    budgets: dict[str, int | None],
+    val_bytes: int,
+    depths: dict[str, int],
+) -> tuple[str, int]:
     """``(the binding budget's flag, the most timesteps per chunk it allows)``; raises
     :class:`ConfigError` when that is below ``smallest``, naming the budget that would do."""
     limited_by, rows = min(limits.items(), key=lambda kv: kv[1])
@@ -247,20 +278,29 @@ def fit_budget(
     total = layout.total_timesteps
     val_bytes = held_out_split(total, val_fraction, window, segments).val_len * step
     smallest = max(window, min(batch_size, total), align)
-    costs = _budget_cost(on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
-                         workers=workers, val_bytes=val_bytes)  # fmt: skip
+    costs = _budget_cost(
+        on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers, val_bytes=val_bytes
+    )
     budgets = {"--gpu-mem": gpu_mem if on_cuda else None, "--host-mem": host_mem}
     # Timesteps per chunk each budget allows: what is left after the fixed bytes
     # (validation), over the bytes one timestep of every chunk held costs.
     limits = {}
-    for (flag, budget), cost, depth in zip(budgets.items(), costs, (gpu_prefetch, prefetch),
-                                           strict=True):  # fmt: skip
+    for (flag, budget), cost, depth in zip(
+        budgets.items(), costs, (gpu_prefetch, prefetch), strict=True
+    ):
         if budget is not None:
             limits[flag] = (budget - cost(0, depth)) // (cost(step, depth) - cost(0, depth))
     if not limits:
         raise ConfigError("fit_budget needs gpu_mem or host_mem (and gpu_mem only on cuda)")
-    limited_by, rows = _budget_rows(limits, smallest, step, costs, budgets, val_bytes,
-                                    {"gpu_prefetch": gpu_prefetch, "prefetch": prefetch})  # fmt: skip
+    limited_by, rows = _budget_rows(
+        limits,
+        smallest,
+        step,
+        costs,
+        budgets,
+        val_bytes,
+        {"gpu_prefetch": gpu_prefetch, "prefetch": prefetch},
+    )
     best = total if rows >= total else _candidates_below(rows, align=align, batch=batch_size)
     if best is None or best < smallest:
         raise ConfigError(
@@ -268,23 +308,39 @@ def fit_budget(
             f"--align={align}: lower --align or raise the budget."
         )
     cb = window_nbytes(layout.fields, min(best, total))
-    deepest_gpu = gpu_prefetch if budgets["--gpu-mem"] is None else _deepest(
-        costs[0], cb, gpu_mem, gpu_prefetch)  # fmt: skip
+    deepest_gpu = (
+        gpu_prefetch
+        if budgets["--gpu-mem"] is None
+        else _deepest(costs[0], cb, gpu_mem, gpu_prefetch)
+    )
     deepest_host = prefetch if host_mem is None else _deepest(costs[1], cb, host_mem, prefetch)
     slots = deepest_host + workers
     device_b, pinned_b, _ = _streaming_bytes(
-        cb, on_cuda=on_cuda, prefetch=deepest_host, gpu_prefetch=deepest_gpu, workers=workers,
-        host_slots=slots, val_bytes=val_bytes,
-    )  # fmt: skip
+        cb,
+        on_cuda=on_cuda,
+        prefetch=deepest_host,
+        gpu_prefetch=deepest_gpu,
+        workers=workers,
+        host_slots=slots,
+        val_bytes=val_bytes,
+    )
     req_cb = window_nbytes(layout.fields, min(chunk_size, total))
     fits = (gpu_mem is None or not on_cuda or costs[0](req_cb, gpu_prefetch) <= gpu_mem) and (
         host_mem is None or costs[1](req_cb, prefetch) <= host_mem
     )
     return BudgetFit(
-        gpu_mem=gpu_mem, host_mem=host_mem, requested_fits=fits, chunk_size=best,
-        chunk_bytes=cb, prefetch=deepest_host, gpu_prefetch=deepest_gpu, host_slots=slots,
-        device_bytes=device_b, pinned_bytes=pinned_b, limited_by=limited_by,
-    )  # fmt: skip
+        gpu_mem=gpu_mem,
+        host_mem=host_mem,
+        requested_fits=fits,
+        chunk_size=best,
+        chunk_bytes=cb,
+        prefetch=deepest_host,
+        gpu_prefetch=deepest_gpu,
+        host_slots=slots,
+        device_bytes=device_b,
+        pinned_bytes=pinned_b,
+        limited_by=limited_by,
+    )
 
 
 def _check_plan_args(
@@ -311,45 +367,71 @@ def _check_plan_args(
     train, val_steps = split.train_len, split.val_len
     if window > chunk_size:
         raise ConfigError.bad(
-            "--window", window, f"at most --chunk-size={chunk_size}",
+            "--window",
+            window,
+            f"at most --chunk-size={chunk_size}",
             "Every training window must lie inside one chunk: raise --chunk-size or shorten "
             "the window (time_units * evolve_multiple_steps).",
-        )  # fmt: skip
+        )
     if window > train:
         raise ConfigError.bad("--window", window, f"at most the {train} training timesteps")
     if batch_size > train:
         raise ConfigError.bad(
-            "--batch-size", batch_size, f"at most the {train} training timesteps",
+            "--batch-size",
+            batch_size,
+            f"at most the {train} training timesteps",
             "Lower --batch-size: not one batch fits in the data.",
-        )  # fmt: skip
+        )
     if chunk_size % align:
         raise ConfigError.bad("--chunk-size", chunk_size, f"a multiple of --align={align}")
     return val_steps, train, split.train_segments
 
 
 def _memory_rows(
-    on_cuda: bool, full_bytes: int, streamed: tuple[int | None, int, int], scratch: int | None,
-    *, prefetch: int, gpu_prefetch: int, workers: int, slots: int, val_bytes: int,
-) -> tuple[MemoryRow, MemoryRow, float]:  # fmt: skip
+    on_cuda: bool,
+    full_bytes: int,
+    streamed: tuple[int | None, int, int],
+    scratch: int | None,
+    *,
+    prefetch: int,
+    gpu_prefetch: int,
+    workers: int,
+    slots: int,
+    val_bytes: int,
+) -> tuple[MemoryRow, MemoryRow, float]:
     """``(full-dataset row, streaming row, device saving)`` of the memory table;
     ``streamed`` is :func:`_streaming_bytes`'s ``(device, pinned, host)``."""
     dev, pinned, host = streamed
     if on_cuda:
-        full = MemoryRow(name="full dataset on the device", device_bytes=full_bytes,
-                         pinned_bytes=0, host_bytes=full_bytes,
-                         note="host: staged once while loading")  # fmt: skip
+        full = MemoryRow(
+            name="full dataset on the device",
+            device_bytes=full_bytes,
+            pinned_bytes=0,
+            host_bytes=full_bytes,
+            note="host: staged once while loading",
+        )
         note = f"device: (gpu_prefetch {gpu_prefetch} + 1 held) chunks"
         note += " + validation" if val_bytes else ""
         note += f"; pinned: {slots} host slots"
-        streaming = MemoryRow(name="streaming", device_bytes=dev, pinned_bytes=pinned,
-                              host_bytes=scratch, note=note + "; other: decode scratch (known for a store)")  # fmt: skip
+        streaming = MemoryRow(
+            name="streaming",
+            device_bytes=dev,
+            pinned_bytes=pinned,
+            host_bytes=scratch,
+            note=note + "; other: decode scratch (known for a store)",
+        )
         return full, streaming, 1.0 - dev / full_bytes if dev is not None else 0.0
-    full = MemoryRow(name="full dataset in memory", device_bytes=None, pinned_bytes=0,
-                     host_bytes=full_bytes)  # fmt: skip
-    streaming = MemoryRow(name="streaming", device_bytes=None, pinned_bytes=0,
-                          host_bytes=host + (scratch or 0),
-                          note=f"(prefetch + workers + {LOOP_HELD} arena) = {prefetch + workers + LOOP_HELD} "
-                               "chunks + validation + decode scratch")  # fmt: skip
+    full = MemoryRow(
+        name="full dataset in memory", device_bytes=None, pinned_bytes=0, host_bytes=full_bytes
+    )
+    streaming = MemoryRow(
+        name="streaming",
+        device_bytes=None,
+        pinned_bytes=0,
+        host_bytes=host + (scratch or 0),
+        note=f"(prefetch + workers + {LOOP_HELD} arena) = {prefetch + workers + LOOP_HELD} "
+        "chunks + validation + decode scratch",
+    )
     return full, streaming, 1.0 - (host or 0) / full_bytes
 
 
@@ -385,9 +467,17 @@ def plan_memory(
     than the chunk or the data, a batch larger than the data, budgets too small
     for one chunk, a validation fraction outside ``[0, 1)``.
     """
-    ints = {"--chunk-size": chunk_size, "--batch-size": batch_size, "--window": window,
-            "--prefetch": prefetch, "--gpu-prefetch": gpu_prefetch, "--workers": workers,
-            "--passes": passes, "--world-size": world_size, "--align": align}  # fmt: skip
+    ints = {
+        "--chunk-size": chunk_size,
+        "--batch-size": batch_size,
+        "--window": window,
+        "--prefetch": prefetch,
+        "--gpu-prefetch": gpu_prefetch,
+        "--workers": workers,
+        "--passes": passes,
+        "--world-size": world_size,
+        "--align": align,
+    }
     val_steps, train, train_segments = _check_plan_args(
         layout, ints, device, val_fraction, segments
     )
@@ -395,8 +485,15 @@ def plan_memory(
         epoch = plan_epoch(train, chunk_size, batch_size, passes, world_size=world_size)
     else:  # as the trainer: a chunk is at most the source, a pass whole tiles and the pool
         total = layout.total_timesteps
-        epoch = plan_epoch(total, min(chunk_size, total), batch_size, passes,
-                           world_size=world_size, segments=train_segments, pieces=pieces)  # fmt: skip
+        epoch = plan_epoch(
+            total,
+            min(chunk_size, total),
+            batch_size,
+            passes,
+            world_size=world_size,
+            segments=train_segments,
+            pieces=pieces,
+        )
     on_cuda = device == "cuda"
     slots = host_slots if host_slots is not None else prefetch + workers
     if on_cuda and slots < workers:
@@ -408,13 +505,25 @@ def plan_memory(
     threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
     scratch = None if layout.zarr_chunk_bytes is None else 2 * threads * layout.zarr_chunk_bytes
     streamed = _streaming_bytes(
-        cb, on_cuda=on_cuda, prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
-        host_slots=slots, val_bytes=val_bytes,
-    )  # fmt: skip
+        cb,
+        on_cuda=on_cuda,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        host_slots=slots,
+        val_bytes=val_bytes,
+    )
     full, streaming, saving = _memory_rows(
-        on_cuda, total * step, streamed, scratch, prefetch=prefetch, gpu_prefetch=gpu_prefetch,
-        workers=workers, slots=slots, val_bytes=val_bytes,
-    )  # fmt: skip
+        on_cuda,
+        total * step,
+        streamed,
+        scratch,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        slots=slots,
+        val_bytes=val_bytes,
+    )
     notes: list[str] = []
     if chunk_size > train:
         notes.append(
@@ -426,17 +535,40 @@ def plan_memory(
     budget = None
     if (on_cuda and gpu_mem is not None) or host_mem is not None:
         budget = fit_budget(
-            layout, chunk_size=chunk_size, batch_size=batch_size, window=window,
-            prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers,
-            val_fraction=val_fraction, device=device, align=align,
-            gpu_mem=gpu_mem if on_cuda else None, host_mem=host_mem, segments=segments,
-        )  # fmt: skip
+            layout,
+            chunk_size=chunk_size,
+            batch_size=batch_size,
+            window=window,
+            prefetch=prefetch,
+            gpu_prefetch=gpu_prefetch,
+            workers=workers,
+            val_fraction=val_fraction,
+            device=device,
+            align=align,
+            gpu_mem=gpu_mem if on_cuda else None,
+            host_mem=host_mem,
+            segments=segments,
+        )
     return PlanReport(
-        where=layout.where, total_timesteps=total, train_timesteps=train,
+        where=layout.where,
+        total_timesteps=total,
+        train_timesteps=train,
         val_timesteps=val_steps,
         fields={n: [list(s.shape), str(s.dtype)] for n, s in layout.fields.items()},
-        step_bytes=step, device=device, chunk_size=chunk_size, chunk_bytes=cb, window=window,
-        prefetch=prefetch, gpu_prefetch=gpu_prefetch, workers=workers, host_slots=slots,
-        epoch=epoch, full=full, streaming=streaming, saving=saving, budget=budget, notes=notes,
+        step_bytes=step,
+        device=device,
+        chunk_size=chunk_size,
+        chunk_bytes=cb,
+        window=window,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        host_slots=slots,
+        epoch=epoch,
+        full=full,
+        streaming=streaming,
+        saving=saving,
+        budget=budget,
+        notes=notes,
         mode=resident_mode(device, train, step, gpu_mem, host_mem),
-    )  # fmt: skip
+    )

@@ -66,17 +66,27 @@ class Slab(NamedTuple):
 def slabs_of(plan: Iterable[FieldPlan]) -> list[Slab]:
     """Every slab of every field, field by field in time order."""
     return [
-        Slab(f.name, i, i * f.t_chunk, min(int(f.array.shape[0]), (i + 1) * f.t_chunk), f.array,
-             f.index)
+        Slab(
+            f.name,
+            i,
+            i * f.t_chunk,
+            min(int(f.array.shape[0]), (i + 1) * f.t_chunk),
+            f.array,
+            f.index,
+        )
         for f in plan
         for i in range(f.slabs)
-    ]  # fmt: skip
+    ]
 
 
 def rounding_error(array: Any, index: tuple, target: Any, t_chunk: int, slabs: int) -> float:
     """The largest ``|IN - OUT|`` over up to ``ERROR_SAMPLE_SLABS`` slabs spread over time."""
-    picks = sorted({round(i * (slabs - 1) / max(1, ERROR_SAMPLE_SLABS - 1))
-                    for i in range(min(slabs, ERROR_SAMPLE_SLABS))})  # fmt: skip
+    picks = sorted(
+        {
+            round(i * (slabs - 1) / max(1, ERROR_SAMPLE_SLABS - 1))
+            for i in range(min(slabs, ERROR_SAMPLE_SLABS))
+        }
+    )
     worst = 0.0
     for i in picks:
         t0, t1 = i * t_chunk, min(int(array.shape[0]), (i + 1) * t_chunk)
@@ -106,7 +116,6 @@ def combine(digests: list[str]) -> str:
     return hashlib.blake2b("".join(digests).encode(), digest_size=16).hexdigest()
 
 
-
 def copy_slab(slab: Slab, targets: dict[str, Any], out_dtype: Any) -> str:
     """Read one slab from IN, write it to its output chunk, return its digest.
 
@@ -120,7 +129,8 @@ def copy_slab(slab: Slab, targets: dict[str, Any], out_dtype: Any) -> str:
                 data = data.astype(out_dtype)
         except FloatingPointError:  # a finite value would become inf: refuse, not round
             raise ConfigError.bad(
-                "dtype", out_dtype.name,
+                "dtype",
+                out_dtype.name,
                 f"a dtype that holds field {name!r}: timesteps [{t0}, {t1}) reach "
                 f"{np.nanmax(np.abs(data)):.6g}, beyond {out_dtype.name}'s "
                 f"{float(np.finfo(out_dtype).max):.6g}",
@@ -131,9 +141,12 @@ def copy_slab(slab: Slab, targets: dict[str, Any], out_dtype: Any) -> str:
 
 
 def copy_slabs(
-    pool: cf.Executor, pending: Iterable[Slab], copy: Callable[[Slab], str], workers: int,
+    pool: cf.Executor,
+    pending: Iterable[Slab],
+    copy: Callable[[Slab], str],
+    workers: int,
     record: Callable[[Slab, str, int], None],
-) -> int:  # fmt: skip
+) -> int:
     """Run ``copy`` on every pending slab, at most ``2 * workers`` in flight; returns how
     many finished.
 

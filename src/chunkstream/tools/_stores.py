@@ -93,8 +93,11 @@ def resolve_field(request: FieldRequest, arrays: dict[str, Any]) -> tuple[str, A
     (the FlyVis convention); otherwise the request must name one.
     """
     if request.array is not None:
-        matches = [n for n in arrays if n == request.array or n.removesuffix(".zarr") ==
-                   request.array.removesuffix(".zarr")]  # fmt: skip
+        matches = [
+            n
+            for n in arrays
+            if n == request.array or n.removesuffix(".zarr") == request.array.removesuffix(".zarr")
+        ]
         if not matches:
             raise ConfigError.bad(
                 f"field {request.name!r} array", request.array, f"one of {sorted(arrays)}"

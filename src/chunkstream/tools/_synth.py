@@ -116,8 +116,9 @@ def _validate(layout, timesteps, neurons, stim_dims, dtype, chunks) -> tuple[np.
         raise ConfigError.bad("layout", layout, "'flyvis' or 'arrays'")
     check_int("timesteps", timesteps)
     check_int("neurons", neurons)
-    check_int("stim_dims", stim_dims, 0, maximum=neurons,
-              expected=f"an integer in [0, neurons={neurons}]")  # fmt: skip
+    check_int(
+        "stim_dims", stim_dims, 0, maximum=neurons, expected=f"an integer in [0, neurons={neurons}]"
+    )
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -247,9 +248,17 @@ def _prepare_out(out: Path, names: tuple[str, ...], overwrite: bool) -> None:
 
 
 def _create_arrays(
-    out: Path, layout: str, timesteps: int, neurons: int, stim_dims: int, dt: np.dtype,
-    chunks: tuple, compressors: Any, zarr_format: int, seed: int,
-) -> tuple[dict[str, tuple[int, ...]], dict[str, Any], int]:  # fmt: skip
+    out: Path,
+    layout: str,
+    timesteps: int,
+    neurons: int,
+    stim_dims: int,
+    dt: np.dtype,
+    chunks: tuple,
+    compressors: Any,
+    zarr_format: int,
+    seed: int,
+) -> tuple[dict[str, tuple[int, ...]], dict[str, Any], int]:
     """``(shapes, {name: zarr array}, bytes per timestep)`` of the layout's new arrays;
     the flyvis metadata is written here, the dynamic arrays are left to fill."""
     import zarr
@@ -260,9 +269,15 @@ def _create_arrays(
             shutil.rmtree(path)
         chunk = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True)) if all(shape) else chunk
         return zarr.create_array(
-            str(path), shape=shape, chunks=chunk, dtype=dt, compressors=compressors,
-            zarr_format=zarr_format, fill_value=0.0, config={"write_empty_chunks": True},
-        )  # fmt: skip
+            str(path),
+            shape=shape,
+            chunks=chunk,
+            dtype=dt,
+            compressors=compressors,
+            zarr_format=zarr_format,
+            fill_value=0.0,
+            config={"write_empty_chunks": True},
+        )
 
     if layout == "flyvis":
         shapes = {"timeseries": (timesteps, neurons, 4), "metadata": (neurons, 5)}
@@ -278,9 +293,13 @@ def _create_arrays(
 
 
 def _write_slab(
-    arrays: dict[str, Any], t0: int, t1: int, parts: tuple[np.ndarray, ...], dt: np.dtype,
+    arrays: dict[str, Any],
+    t0: int,
+    t1: int,
+    parts: tuple[np.ndarray, ...],
+    dt: np.dtype,
     stim_dims: int,
-) -> None:  # fmt: skip
+) -> None:
     """Write the simulated ``(voltage, stimulus, calcium, fluorescence)`` of ``[t0, t1)``."""
     volt, stim, calc, fluo = parts
     if "timeseries" in arrays:
@@ -329,8 +348,14 @@ def write_synthetic(
     from tqdm.auto import tqdm
 
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
-    check_int("regimes", regimes, 1, "Use 1 for no regimes.", maximum=timesteps,
-              expected=f"an integer in [1, timesteps={timesteps}]")  # fmt: skip
+    check_int(
+        "regimes",
+        regimes,
+        1,
+        "Use 1 for no regimes.",
+        maximum=timesteps,
+        expected=f"an integer in [1, timesteps={timesteps}]",
+    )
     # Checked here, before anything is written: numpy's own refusal came after the arrays.
     check_int("seed", seed, 0, "Pass a seed >= 0.")
     compressors = compressors_for(codec, zarr_format)
@@ -338,8 +363,9 @@ def write_synthetic(
     names = ("timeseries", "metadata") if layout == "flyvis" else ("voltage", "stimulus")
     _prepare_out(out, names, overwrite)
     begin = time.perf_counter()
-    shapes, arrays, step_bytes = _create_arrays(out, layout, timesteps, neurons, stim_dims, dt,
-                                                chunks, compressors, zarr_format, seed)  # fmt: skip
+    shapes, arrays, step_bytes = _create_arrays(
+        out, layout, timesteps, neurons, stim_dims, dt, chunks, compressors, zarr_format, seed
+    )
     t_chunk = next(iter(arrays.values())).chunks[0]
     # A slab is a whole number of time chunks so each write fills chunks exactly once.
     slab = t_chunk * max(1, _SLAB_BYTES // max(1, step_bytes * t_chunk))
@@ -354,22 +380,39 @@ def write_synthetic(
             _write_slab(arrays, t0, t1, net.run(t0, t1), dt, stim_dims)
             bar.update(t1 - t0)
     info = SynthInfo(
-        out=str(out), layout=layout, timesteps=timesteps, neurons=neurons,
-        stim_dims=stim_dims, dtype=dt.name, zarr_format=zarr_format, codec=codec,
-        chunks=chunks, seed=seed, arrays={n: str(out / f"{n}.zarr") for n in names},
-        shapes=shapes, nbytes=int(timesteps * step_bytes),
-        seconds=time.perf_counter() - begin, regimes=regimes,
-    )  # fmt: skip
+        out=str(out),
+        layout=layout,
+        timesteps=timesteps,
+        neurons=neurons,
+        stim_dims=stim_dims,
+        dtype=dt.name,
+        zarr_format=zarr_format,
+        codec=codec,
+        chunks=chunks,
+        seed=seed,
+        arrays={n: str(out / f"{n}.zarr") for n in names},
+        shapes=shapes,
+        nbytes=int(timesteps * step_bytes),
+        seconds=time.perf_counter() - begin,
+        regimes=regimes,
+    )
     log.info("synth wrote %s (%.1f MB) in %.1f s", out, info.nbytes / 1e6, info.seconds)
     return info
 
 
 def _stamp_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     args = {
-        "layout": "flyvis", "timesteps": 4096, "neurons": 512, "stim_dims": 64,
-        "dtype": "float32", "zarr_format": 3, "codec": "none", "chunks": None, "seed": 0,
+        "layout": "flyvis",
+        "timesteps": 4096,
+        "neurons": 512,
+        "stim_dims": 64,
+        "dtype": "float32",
+        "zarr_format": 3,
+        "codec": "none",
+        "chunks": None,
+        "seed": 0,
         "regimes": 1,
-    }  # fmt: skip
+    }
     unknown = set(kwargs) - set(args) - {"progress"}
     if unknown:
         raise ConfigError.bad("ensure_synthetic kwargs", sorted(unknown), f"any of {sorted(args)}")

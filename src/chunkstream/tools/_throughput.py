@@ -65,6 +65,7 @@ def compare_throughput(
     was read before; run it twice for a cached baseline. Both sources are
     closed before returning.
     """
+
     def run(path: str | Path, options: Mapping[str, Any] | None) -> tuple[float, int]:
         with (
             ZarrSource(path, fields, array=array, storage_options=options) as source,

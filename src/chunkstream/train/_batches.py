@@ -34,8 +34,9 @@ def _union_batches(
     n = int(table.numel())
     while True:
         if replacement:
-            yield table[torch.randint(0, n, (batch_size,), generator=generator,
-                                      device=table.device)]  # fmt: skip
+            yield table[
+                torch.randint(0, n, (batch_size,), generator=generator, device=table.device)
+            ]
             continue
         perm = table[torch.randperm(n, generator=generator, device=table.device)]
         yield from perm.split(batch_size)

@@ -10,8 +10,15 @@ import torch
 
 from .._errors import ConfigError, check_int
 
-__all__ = ["MIX_AUTO", "MIX_MEMORY_FRACTION", "PIECES_AUTO", "EpochRecord", "TrainConfig",
-           "TrainResult", "resolve_mix"]  # fmt: skip
+__all__ = [
+    "MIX_AUTO",
+    "MIX_MEMORY_FRACTION",
+    "PIECES_AUTO",
+    "EpochRecord",
+    "TrainConfig",
+    "TrainResult",
+    "resolve_mix",
+]
 
 #: Pieces per chunk ``pieces="auto"`` asks for: the best setting of the quality race
 #: (BENCHMARKS.md, "batch correlation"), fewer where a piece would be shorter than the
@@ -92,29 +99,46 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size", "batch_size", "passes_per_epoch", "time_units",
-                     "evolve_multiple_steps", "latent_dim", "hidden_dim", "val_windows",
-                     "prefetch", "workers", "time_every"):  # fmt: skip
+        for name in (
+            "chunk_size",
+            "batch_size",
+            "passes_per_epoch",
+            "time_units",
+            "evolve_multiple_steps",
+            "latent_dim",
+            "hidden_dim",
+            "val_windows",
+            "prefetch",
+            "workers",
+            "time_every",
+        ):
             check_int(name, getattr(self, name), expected="an int >= 1")
         if self.pieces != "auto":
             check_int(
-                "pieces", self.pieces, 1,
+                "pieces",
+                self.pieces,
+                1,
                 f'Pass pieces="auto" (up to {PIECES_AUTO}, each at least a stored time chunk), '
                 "or e.g. pieces=1 (contiguous chunks).",
                 expected='an int >= 1 (pieces per chunk) or "auto"',
-            )  # fmt: skip
+            )
         if self.mix != "auto":
             check_int(
-                "mix", self.mix, 1,
+                "mix",
+                self.mix,
+                1,
                 f'Pass mix="auto" ({MIX_AUTO} chunks, fewer when they would take more than '
                 f"{MIX_MEMORY_FRACTION:.3g} of the device's memory), or e.g. mix=1 (no mixing).",
                 expected='an int >= 1 (chunks held and mixed per batch) or "auto"',
-            )  # fmt: skip
+            )
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
             check_int(name, getattr(self, name), 0, expected="an int >= 0")
         if self.batches_per_epoch is not None:
-            check_int("batches_per_epoch", self.batches_per_epoch,
-                      expected="an int >= 1, or None (the plan's)")  # fmt: skip
+            check_int(
+                "batches_per_epoch",
+                self.batches_per_epoch,
+                expected="an int >= 1, or None (the plan's)",
+            )
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError.bad("val_fraction", self.val_fraction, "a fraction in (0, 1)")
         if self.lr <= 0 or self.recon_weight < 0:
@@ -148,8 +172,10 @@ def resolve_mix(mix: int | str, chunk_nbytes: int, memory: int) -> tuple[int, st
         return int(mix), f"mix={mix}"
     bound = int(memory * MIX_MEMORY_FRACTION)
     fit = max(1, min(MIX_AUTO, bound // max(1, chunk_nbytes)))
-    why = (f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB '
-           f"(at most {MIX_AUTO}, within {MIX_MEMORY_FRACTION:.3g} of {memory / 1e9:.3g} GB)")  # fmt: skip
+    why = (
+        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB '
+        f"(at most {MIX_AUTO}, within {MIX_MEMORY_FRACTION:.3g} of {memory / 1e9:.3g} GB)"
+    )
     return fit, why
 
 

@@ -42,15 +42,17 @@ def split_source(config: TrainConfig, total: int) -> Split:
     split = held_out_split(total, c.val_fraction, c.window, c.segments)
     if c.segments is None and split.train_len < c.window:
         raise ConfigError.bad(
-            "val_fraction", c.val_fraction,
+            "val_fraction",
+            c.val_fraction,
             f"a split leaving >= {c.window} training timesteps",
-        )  # fmt: skip
+        )
     if not split.val_ranges:
         raise ConfigError.bad(
-            "val_fraction", c.val_fraction,
+            "val_fraction",
+            c.val_fraction,
             f"held-out ranges of >= {c.window} timesteps (the window) in some segment",
             "Raise val_fraction or use longer segments.",
-        )  # fmt: skip
+        )
     return split
 
 

@@ -43,11 +43,12 @@ def trainer_device(
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not 0 <= local < count:
             raise ConfigError.bad(
-                "device", f"cuda (LOCAL_RANK={local})",
+                "device",
+                f"cuda (LOCAL_RANK={local})",
                 f"a GPU per rank on this node ({count} visible)",
                 "Start at most one rank per visible GPU (torchrun --nproc_per_node), "
                 "or pass device='cpu' with the gloo backend.",
-            )  # fmt: skip
+            )
         asked = torch.device("cuda", local)
     return resolve_device(asked)
 
@@ -60,9 +61,11 @@ def field_sizes(source: Any, c: TrainConfig) -> tuple[int, int]:
     fields = source.fields
     if fields is None:  # a source that learns them at its first read: the model needs sizes
         raise ConfigError.bad(
-            "source", type(source).__name__, "a source whose fields are known before training",
+            "source",
+            type(source).__name__,
+            "a source whose fields are known before training",
             "Pass the field specs (CallableSource(..., specs={...}) or specs=None to probe).",
-        )  # fmt: skip
+        )
     for name in (c.data_field, c.stim_field):
         if name is not None and name not in fields:
             raise ConfigError.bad("data_field/stim_field", name, f"one of {sorted(fields)}")
@@ -89,9 +92,11 @@ def fit_pieces(c: TrainConfig, chunk_size: int, grid: int = 1) -> tuple[int, int
     """
     if c.window > chunk_size:
         raise ConfigError.bad(
-            "chunk_size", c.chunk_size, f">= the window {c.window}",
+            "chunk_size",
+            c.chunk_size,
+            f">= the window {c.window}",
             "Raise chunk_size or shorten the rollout (time_units * evolve_multiple_steps).",
-        )  # fmt: skip
+        )
     auto = c.pieces == "auto"
     want = PIECES_AUTO if auto else int(c.pieces)
     grid = grid if auto else 1
@@ -101,7 +106,14 @@ def fit_pieces(c: TrainConfig, chunk_size: int, grid: int = 1) -> tuple[int, int
         default=1,
     )
     if pieces != want:
-        _log.info("pieces=%s: using %d pieces, the most up to %d whose pieces of "
-                  "chunk_size=%d hold >= %d timesteps (the window%s)", c.pieces, pieces, want,
-                  chunk_size, shortest, ", a stored time chunk" if auto else "")  # fmt: skip
+        _log.info(
+            "pieces=%s: using %d pieces, the most up to %d whose pieces of "
+            "chunk_size=%d hold >= %d timesteps (the window%s)",
+            c.pieces,
+            pieces,
+            want,
+            chunk_size,
+            shortest,
+            ", a stored time chunk" if auto else "",
+        )
     return pieces, grid if (chunk_size // pieces) % grid == 0 else 1

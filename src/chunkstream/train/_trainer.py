@@ -118,13 +118,17 @@ class Trainer:
         # With segments an epoch is the chunks a pass reads (plan_epoch's segments rule).
         self.plan = plan_epoch(
             total_timesteps=self.train_len if self.train_segments is None else len(source),
-            chunk_size=self.chunk_size, batch_size=c.batch_size,
-            passes_per_epoch=c.passes_per_epoch, world_size=self.world_size,
-            segments=self.train_segments, pieces=self.pieces,
-        )  # fmt: skip
+            chunk_size=self.chunk_size,
+            batch_size=c.batch_size,
+            passes_per_epoch=c.passes_per_epoch,
+            world_size=self.world_size,
+            segments=self.train_segments,
+            pieces=self.pieces,
+        )
         # Held-out ranges, kept on the device; each rank validates its share of the windows.
-        self.val_parts: list[HeldOut] = held_out_parts(source, split, c, self.device,
-                                                        self.rank, self.world_size)  # fmt: skip
+        self.val_parts: list[HeldOut] = held_out_parts(
+            source, split, c, self.device, self.rank, self.world_size
+        )
         self.val_segments: dict[str, float] = {}
         torch.manual_seed(c.seed)  # the same initial weights on every rank
         self.model = LatentDynamics(
@@ -135,9 +139,10 @@ class Trainer:
         if is_distributed():
             cuda = self.device.type == "cuda" and self.device.index is not None
             self.net = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if cuda else None,
+                self.model,
+                device_ids=[self.device.index] if cuda else None,
                 find_unused_parameters=c.warmup_epochs > 0,  # warm-up leaves the evolver idle
-            )  # fmt: skip
+            )
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=c.lr)
         #: Moments of every rank's rows up to the last sync (the same on every rank).
         self.moments = RunningMoments(self.neurons, self.device)
@@ -167,8 +172,9 @@ class Trainer:
         Under torch.distributed each rank evaluates its share of the windows and the
         sums are all-reduced, so every rank returns the mean over all of them.
         """
-        per_part = evaluate(self.model, self.val_parts, self.moments.mean, self.config,
-                            self.neurons)  # fmt: skip
+        per_part = evaluate(
+            self.model, self.val_parts, self.moments.mean, self.config, self.neurons
+        )
         overall = per_part.sum(0)
         self.val_segments = {
             name: float(row[0] / row[2])
@@ -269,13 +275,22 @@ class Trainer:
             else self.source
         )
         loader = ChunkLoader(
-            source, self.chunk_size, device=self.device, prefetch=c.prefetch, workers=c.workers,
-            sampling=c.sampling, seed=c.seed, pieces=self.pieces, segments=self.train_segments,
-            window=c.window, align=self._align,
-        )  # fmt: skip
+            source,
+            self.chunk_size,
+            device=self.device,
+            prefetch=c.prefetch,
+            workers=c.workers,
+            sampling=c.sampling,
+            seed=c.seed,
+            pieces=self.pieces,
+            segments=self.train_segments,
+            window=c.window,
+            align=self._align,
+        )
         self.loader = loader
-        self.mixer = ChunkMixer(self.mix, window=c.window, rows=loader.rows,
-                                fields=self._mixed_fields)  # fmt: skip
+        self.mixer = ChunkMixer(
+            self.mix, window=c.window, rows=loader.rows, fields=self._mixed_fields
+        )
         try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
@@ -299,13 +314,18 @@ class Trainer:
         self.sync_moments()
         val_loss, baseline_val = self.validate()
         return TrainResult(
-            history=list(self.history), val_loss=val_loss, baseline_val=baseline_val,
-            baseline_train=self.moments.constant_loss(), latency=loader.stats.summary(),
-            memory=self._memory(loader), device=str(self.device),
+            history=list(self.history),
+            val_loss=val_loss,
+            baseline_val=baseline_val,
+            baseline_train=self.moments.constant_loss(),
+            latency=loader.stats.summary(),
+            memory=self._memory(loader),
+            device=str(self.device),
             seconds=time.perf_counter() - began,
             checkpoint=str(self.checkpoint_path) if self.checkpoint_path else None,
-            windows=list(self.windows), val_segments=dict(self.val_segments),
-        )  # fmt: skip
+            windows=list(self.windows),
+            val_segments=dict(self.val_segments),
+        )
 
     def _epoch(self, loader: ChunkLoader, epoch: int, timer: Any) -> EpochRecord:
         c, began, meter = self.config, time.perf_counter(), LossMeter()
@@ -348,8 +368,11 @@ class Trainer:
             # Not after the epoch's last chunk: the loader's state is then the next epoch's,
             # and a resume from it would skip this epoch's validation and record; the
             # checkpoint written after them follows at once.
-            if (c.checkpoint_every and chunks % c.checkpoint_every == 0
-                    and loader.state_dict()["epoch"] == epoch):  # fmt: skip
+            if (
+                c.checkpoint_every
+                and chunks % c.checkpoint_every == 0
+                and loader.state_dict()["epoch"] == epoch
+            ):
                 self.save_checkpoint()
             if bar is not None:  # only a shown bar: reading the loss is a host sync
                 bar.update(1)
@@ -364,10 +387,16 @@ class Trainer:
         self.sync_moments()
         val_loss, baseline_val = self.validate()
         return EpochRecord(
-            epoch=epoch, losses=meter.means(), val_loss=val_loss, baseline_val=baseline_val,
-            baseline_train=self.moments.constant_loss(), chunks=chunks, batches=batches,
-            seconds=time.perf_counter() - began, val_segments=dict(self.val_segments),
-        )  # fmt: skip
+            epoch=epoch,
+            losses=meter.means(),
+            val_loss=val_loss,
+            baseline_val=baseline_val,
+            baseline_train=self.moments.constant_loss(),
+            chunks=chunks,
+            batches=batches,
+            seconds=time.perf_counter() - began,
+            val_segments=dict(self.val_segments),
+        )
 
     def _mixer_chunk_bytes(self) -> int:
         """Bytes of one chunk of the fields the shuffle buffer copies."""
@@ -376,7 +405,10 @@ class Trainer:
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
-        return self.config.batches_per_epoch or self.plan.chunks_per_epoch * self.plan.batches_per_chunk
+        return (
+            self.config.batches_per_epoch
+            or self.plan.chunks_per_epoch * self.plan.batches_per_chunk
+        )
 
     def _events_per_epoch(self) -> int:
         """Chunks per epoch on this rank, one event each: the batch budget in chunks."""
