@@ -20,7 +20,6 @@ results file present. Stores are written once by ``synth`` under
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -281,17 +280,19 @@ def main(argv: list[str] | None = None) -> int:
              "steady state; resident: resident mode against streaming",
     )  # fmt: skip
     p.add_argument(
-        "--epochs", type=int, default=None,
-        help="quality-scale only: train this many epochs instead of the mode's (6 in the full "
-             "run); what a shared machine finishes",
+        "--preset", choices=("full", "shared", "quick", "smoke"), default=None,
+        help="quality-scale only: the race's size (benchmarks/_quality_scale.ScaleReps; "
+             "default: full, quick with --quick, smoke with --tiny); shared: the full split "
+             "with 2 epochs and a smaller model, what 2 shared cores finish in an hour",
     )  # fmt: skip
     args = p.parse_args(argv)
-    if args.epochs is not None and (args.only != "quality-scale" or args.epochs < 2):
-        p.error(f"--epochs {args.epochs}: only with --only quality-scale, and >= 2 (the first "
-                "epoch warms up on reconstruction only)")  # fmt: skip
+    if args.preset is not None and args.only != "quality-scale":
+        p.error(f"--preset {args.preset}: only with --only quality-scale")
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
     if args.only is not None:  # one race alone: its own results file, quick or not
         mode = f"{args.only}-quick" if args.quick else args.only
+    if args.preset not in (None, "full"):
+        mode = f"{args.only}-{args.preset}"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -313,10 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"quality": quality(reps)}
     elif args.only == "quality-scale":
-        scale = ScaleReps.quick() if args.quick else ScaleReps.full()
-        scale = ScaleReps.smoke() if args.tiny else scale
-        if args.epochs is not None:
-            scale = dataclasses.replace(scale, epochs=args.epochs)
+        preset = args.preset or ("smoke" if args.tiny else ("quick" if args.quick else "full"))
+        scale = getattr(ScaleReps, preset)()
         results = {"quality_scale": quality_scale(scale)}
     elif args.only == "resident":
         from ._resident import run_resident
