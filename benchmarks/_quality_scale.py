@@ -17,8 +17,12 @@ ratio to i.i.d.:
 * ``buffer <share>``: contiguous chunks, each batch drawn over the last ``mix``
   chunks (``TrainConfig(mix=)``, the consumer's chunk shuffle buffer, kept
   across epochs), ``mix`` chosen so that the buffer holds :data:`SHARES` of
-  the split. The buffer's tier (device or host memory) does not change which
-  windows are drawn, so the race holds for either.
+  the split;
+* ``pieces=k + buffer <share>``: the same buffer of pieced chunks, at
+  :data:`PIECED_SHARES` (what the trainer's default ``pieces="auto"`` streams).
+
+The buffer's tier (device or host memory) does not change which windows are
+drawn, so the race holds for either.
 
 On two datasets: stationary synthetic data (``synth``), the last 10% held out;
 and a recording of :data:`REGIMES` stimulus regimes in consecutive blocks
@@ -49,6 +53,7 @@ from chunkstream.tools import ensure_synthetic
 from ._stores import DATA_DIR
 
 __all__ = [
+    "PIECED_SHARES",
     "REGIMES",
     "SHARES",
     "ScaleReps",
@@ -60,6 +65,7 @@ __all__ = [
 ]
 
 SHARES = (0.02, 0.10, 0.25, 0.50, 1.0)  # of the training split, held by the buffer
+PIECED_SHARES = (0.10, 0.25)  # the buffer of pieced chunks
 REGIMES = 8
 TARGET_SHARE = 0.25
 TARGET_RATIO = 1.02
@@ -184,6 +190,10 @@ def _arms(reps: ScaleReps, split: _Split, chunks: int) -> dict[str, dict]:
     for share in SHARES:
         mix = buffer_mix(share, split.train_len, reps.chunk_size, chunks)
         arms[f"buffer {share:.0%}"] = {"chunk_size": reps.chunk_size, "pieces": 1, "mix": mix}
+    for share in PIECED_SHARES:
+        mix = buffer_mix(share, split.train_len, reps.chunk_size, chunks)
+        arms[f"pieces={reps.pieces} + buffer {share:.0%}"] = {
+            "chunk_size": reps.chunk_size, "pieces": reps.pieces, "mix": mix}  # fmt: skip
     return arms
 
 
@@ -342,13 +352,21 @@ def plot_quality_scale(res: dict, path: Path = IMAGE) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for (key, label), color in zip(DATASETS, ("tab:blue", "tab:orange"), strict=True):
         arms = res[key]["arms"]
-        buf = [a for n, a in arms.items() if n.startswith("buffer")]
+        buf = [a for n, a in arms.items() if n.startswith("buffer")]  # contiguous chunks
         xs = [100 * a["share"] for a in buf]
         ys = [a["ratio"]["mean"] for a in buf]
         err = [[y - a["ratio"]["min"] for y, a in zip(ys, buf, strict=True)],
                [a["ratio"]["max"] - y for y, a in zip(ys, buf, strict=True)]]  # fmt: skip
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=color,
                     label=f"{label}: buffer of contiguous chunks")  # fmt: skip
+        pieced = [a for n, a in arms.items() if "+ buffer" in n]
+        if pieced:
+            ys = [a["ratio"]["mean"] for a in pieced]
+            err = [[y - a["ratio"]["min"] for y, a in zip(ys, pieced, strict=True)],
+                   [a["ratio"]["max"] - y for y, a in zip(ys, pieced, strict=True)]]  # fmt: skip
+            ax.errorbar([100 * a["share"] for a in pieced], ys, yerr=err, marker="D", capsize=3,
+                        color=color, linestyle=":",
+                        label=f"{label}: buffer of {res['reps']['pieces']}-piece chunks")  # fmt: skip
         for name, marker in (("contiguous", "s"), (f"pieces={res['reps']['pieces']}", "^")):
             a = arms[name]
             ax.errorbar([100 * a["share"]], [a["ratio"]["mean"]], capsize=3, color=color,
@@ -375,6 +393,12 @@ def plot_quality_scale(res: dict, path: Path = IMAGE) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _per_seed(arm: dict, iid: dict) -> list[float]:
+    """The arm's ratio to i.i.d. at each seed both have run."""
+    # Not strict: a run stopped early leaves the arms with different numbers of seeds.
+    return [r["val_loss"] / i["val_loss"] for r, i in zip(arm["runs"], iid["runs"], strict=False)]
 
 
 def quality_scale_markdown(results_dir: Path) -> list[str]:
@@ -414,14 +438,15 @@ def quality_scale_section(res: dict) -> list[str]:
                   f"chunks), {d['batches_per_epoch']} batches per epoch"
                   + (", each regime cut 70/10/20 (train/val/test)" if regimes else ", the last 10% "
                      "held out"), "",
-                  "| arm | mix | share | val loss, mean | ratio to i.i.d.: mean | std | min | max |"
+                  "| arm | mix | share | val loss, mean | ratio to i.i.d.: mean | std | min | max | per seed |"
                   + (" worst regime | test ratio |" if regimes else ""),
-                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if regimes else "")]  # fmt: skip
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if regimes else "")]  # fmt: skip
         for name, arm in d["arms"].items():
             q = arm["ratio"]
             loss = statistics.fmean(x["val_loss"] for x in arm["runs"][: q["n"]])
             row = (f"| {name} | {arm['config']['mix']} | {100 * arm['share']:.1f}% | {loss:.5f} | "
-                   f"{q['mean']:.3f} | {q['std']:.3f} | {q['min']:.3f} | {q['max']:.3f} |")  # fmt: skip
+                   f"{q['mean']:.3f} | {q['std']:.3f} | {q['min']:.3f} | {q['max']:.3f} | "
+                   f"{', '.join(f'{x:.3f}' for x in _per_seed(arm, d['arms']['iid']))} |")  # fmt: skip
             if regimes:
                 worst = max(
                     arm["segment_ratio"].items(), key=lambda kv: kv[1], default=("-", math.nan)

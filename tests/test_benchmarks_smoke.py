@@ -208,7 +208,8 @@ def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
     for key in ("stationary", "regimes"):
         d = res[key]
         arms = d["arms"]
-        assert list(arms) == ["iid", "contiguous", f"pieces={reps.pieces}", *buffers]
+        pieced = [f"pieces={reps.pieces} + buffer {s:.0%}" for s in qs.PIECED_SHARES]
+        assert list(arms) == ["iid", "contiguous", f"pieces={reps.pieces}", *buffers, *pieced]
         assert d["seeds_done"] == reps.seeds
         assert arms["iid"]["ratio"]["mean"] == 1.0
         for name, arm in arms.items():
