@@ -57,6 +57,7 @@ __all__ = [
     "REGIMES",
     "SHARES",
     "ScaleReps",
+    "first_scale_results",
     "plot_quality_scale",
     "quality_scale_markdown",
     "quality_scale_section",
@@ -326,15 +327,18 @@ def _share(name: str, over: dict, train_len: int) -> float:
 
 
 def quality_scale_targets(res: dict) -> list[dict]:
-    """Buffer at :data:`TARGET_SHARE` of the split within :data:`TARGET_RATIO` of i.i.d."""
+    """Buffer at :data:`TARGET_SHARE` of the split within :data:`TARGET_RATIO` of i.i.d.,
+    for the buffer of contiguous chunks and for the buffer of pieced chunks."""
     out = []
-    name = f"buffer {TARGET_SHARE:.0%}"
-    for key, label in DATASETS:
+    pieced = f"pieces={res['reps']['pieces']} + buffer {TARGET_SHARE:.0%}"
+    for name, key, label in [(n, k, lab) for n in (f"buffer {TARGET_SHARE:.0%}", pieced)
+                             for k, lab in DATASETS]:  # fmt: skip
         arm = res[key]["arms"][name]
         r = arm["ratio"]
+        chunks = "contiguous" if name.startswith("buffer") else f"{res['reps']['pieces']}-piece"
         out.append({
-            "what": f"quality at scale, {label}: val loss with the buffer at {arm['share']:.1%} "
-                    f"of the split over i.i.d. (mean of {r['n']} seeds)",
+            "what": f"quality at scale, {label}: val loss with a buffer of {chunks} chunks at "
+                    f"{arm['share']:.1%} of the split over i.i.d. (mean of {r['n']} seeds)",
             "target": f"<= {TARGET_RATIO}x",
             "figure": f"{r['mean']:.3f}x ({r['min']:.3f}-{r['max']:.3f})",
             "met": r["mean"] <= TARGET_RATIO,
@@ -343,56 +347,59 @@ def quality_scale_targets(res: dict) -> list[dict]:
 
 
 def plot_quality_scale(res: dict, path: Path = IMAGE) -> Path:
-    """The ratio to i.i.d. against the buffer's share of the split, both datasets."""
+    """The ratio to i.i.d. against the buffer's share of the split, both datasets: the
+    whole range on the left, the band around the target on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), dpi=110)
+    for ax in axes:
+        _draw(ax, res)
+    axes[1].set_ylim(0.985, 1.06)
+    axes[1].set_title(f"zoom on the target ({TARGET_RATIO}x, dashed)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    r = res["reps"]
+    seeds = min(res[k].get("seeds_done", 0) for k, _ in DATASETS)
+    axes[0].set_title(f"T={r['timesteps']}, N={r['neurons']}, chunk {r['chunk_size']}, "
+                      f"{r['epochs']} epochs, hidden {r['hidden_dim']}, {seeds} paired seeds",
+                      fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw(ax, res: dict) -> None:
+    """Every arm of both datasets on ``ax``: mean, with the min-max over seeds."""
+
+    def errorbar(arms: list[dict], **style) -> None:
+        ys = [a["ratio"]["mean"] for a in arms]
+        err = [[y - a["ratio"]["min"] for y, a in zip(ys, arms, strict=True)],
+               [a["ratio"]["max"] - y for y, a in zip(ys, arms, strict=True)]]  # fmt: skip
+        ax.errorbar([100 * a["share"] for a in arms], ys, yerr=err, capsize=3, **style)
+
+    pieces = res["reps"]["pieces"]
     for (key, label), color in zip(DATASETS, ("tab:blue", "tab:orange"), strict=True):
         arms = res[key]["arms"]
-        buf = [a for n, a in arms.items() if n.startswith("buffer")]  # contiguous chunks
-        xs = [100 * a["share"] for a in buf]
-        ys = [a["ratio"]["mean"] for a in buf]
-        err = [[y - a["ratio"]["min"] for y, a in zip(ys, buf, strict=True)],
-               [a["ratio"]["max"] - y for y, a in zip(ys, buf, strict=True)]]  # fmt: skip
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=color,
-                    label=f"{label}: buffer of contiguous chunks")  # fmt: skip
-        pieced = [a for n, a in arms.items() if "+ buffer" in n]
-        if pieced:
-            ys = [a["ratio"]["mean"] for a in pieced]
-            err = [[y - a["ratio"]["min"] for y, a in zip(ys, pieced, strict=True)],
-                   [a["ratio"]["max"] - y for y, a in zip(ys, pieced, strict=True)]]  # fmt: skip
-            ax.errorbar([100 * a["share"] for a in pieced], ys, yerr=err, marker="D", capsize=3,
-                        color=color, linestyle=":",
-                        label=f"{label}: buffer of {res['reps']['pieces']}-piece chunks")  # fmt: skip
-        for name, marker in (("contiguous", "s"), (f"pieces={res['reps']['pieces']}", "^")):
-            a = arms[name]
-            ax.errorbar([100 * a["share"]], [a["ratio"]["mean"]], capsize=3, color=color,
-                        yerr=[[a["ratio"]["mean"] - a["ratio"]["min"]],
-                              [a["ratio"]["max"] - a["ratio"]["mean"]]],
-                        marker=marker, linestyle="none", label=f"{label}: {name}, no buffer")  # fmt: skip
+        errorbar([a for n, a in arms.items() if n.startswith("buffer")], marker="o",
+                 color=color, label=f"{label}: buffer of contiguous chunks")  # fmt: skip
+        errorbar([a for n, a in arms.items() if "+ buffer" in n], marker="D", color=color,
+                 linestyle=":", label=f"{label}: buffer of {pieces}-piece chunks")  # fmt: skip
+        for name, marker in (("contiguous", "s"), (f"pieces={pieces}", "^")):
+            errorbar([arms[name]], marker=marker, color=color, linestyle="none",
+                     label=f"{label}: {name}, no buffer")  # fmt: skip
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.axhline(TARGET_RATIO, color="grey", linewidth=0.8, linestyle="--", label=f"{TARGET_RATIO}x")
+    ax.axhline(TARGET_RATIO, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xscale("log")
     ticks = [0.5, 1, 2, 5, 10, 25, 50, 100]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("share of the training split one batch is drawn over (%)")
     ax.set_ylabel("validation loss / i.i.d. (mean, min-max)")
-    r = res["reps"]
-    seeds = min(res[k].get("seeds_done", 0) for k, _ in DATASETS)
-    title = (f"T={r['timesteps']}, N={r['neurons']}, chunk {r['chunk_size']}, {r['epochs']} "
-             f"epochs, hidden {r['hidden_dim']}, {seeds} paired seeds")  # fmt: skip
-    ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def _per_seed(arm: dict, iid: dict) -> list[float]:
@@ -401,15 +408,17 @@ def _per_seed(arm: dict, iid: dict) -> list[float]:
     return [r["val_loss"] / i["val_loss"] for r, i in zip(arm["runs"], iid["runs"], strict=False)]
 
 
-def quality_scale_markdown(results_dir: Path) -> list[str]:
-    """The section from the first results file holding the race."""
+def first_scale_results(results_dir: Path) -> dict | None:
+    """The first results file holding the race: the full run, else the shared, else quick."""
     from ._engines_report import first_results_with
 
-    res = first_results_with(
-        results_dir,
-        ("quality-scale", "quality-scale-shared", "quality-scale-quick"),
-        "quality_scale",
-    )
+    modes = ("quality-scale", "quality-scale-shared", "quality-scale-quick")
+    return first_results_with(results_dir, modes, "quality_scale")
+
+
+def quality_scale_markdown(results_dir: Path) -> list[str]:
+    """The section from :func:`first_scale_results`; the plot is drawn from the same."""
+    res = first_scale_results(results_dir)
     if res is None:
         return ["### quality at scale (the buffer's share of the split)", "", "Not run yet: "
                 "`python -m benchmarks.run --only quality-scale` measures it.", ""]  # fmt: skip
