@@ -9,6 +9,7 @@ from pathlib import Path
 from ._dtype import dtype_section
 from ._engines_report import engine_section, first_results_with
 from ._quality import quality_markdown
+from ._quality_scale import quality_scale_markdown
 from ._remote_report import remote_section
 from ._resident import resident_section
 
@@ -329,6 +330,7 @@ def write_markdown(results_dir: Path = RESULTS_DIR, markdown: Path = MARKDOWN) -
     )
     body += remote_section(results_dir)
     body += quality_markdown(results_dir)
+    body += quality_scale_markdown(results_dir)
     text = markdown.read_text() if markdown.exists() else f"# Benchmarks\n\n{_BEGIN}\n{_END}\n"
     head, _, rest = text.partition(_BEGIN)
     _, _, tail = rest.partition(_END)

@@ -7,6 +7,8 @@
     python -m benchmarks.run --only remote    # only the remote-store race (results/remote.json)
     python -m benchmarks.run --only dtype     # only float16 vs float32 storage (results/dtype.json)
     python -m benchmarks.run --only quality   # only the quality race (results/quality.json)
+    python -m benchmarks.run --only quality-scale  # the quality race at scale: the buffer's
+                                                   # share of the split (results/quality-scale.json)
     python -m benchmarks.run --only first-epoch  # a new loader's first epoch vs its steady state
     python -m benchmarks.run --only resident  # resident mode vs streaming epoch times
 
@@ -32,6 +34,13 @@ from . import _overlap
 from ._engines import run_engines
 from ._first_epoch import first_epoch
 from ._quality import QualityReps, quality_targets, run_quality
+from ._quality_scale import (
+    ScaleReps,
+    first_scale_results,
+    plot_quality_scale,
+    quality_scale_targets,
+    run_quality_scale,
+)
 from ._remote import RemoteGeometry, run_remote
 from ._report import RESULTS_DIR, first_epoch_targets, targets, write_markdown
 from ._stores import DATA_DIR, Geometry, make_store, store_specs, warm
@@ -194,6 +203,21 @@ def quality(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
     return res
 
 
+def quality_scale(reps: ScaleReps, data_dir: Path = DATA_DIR) -> dict:
+    """The quality race at scale (benchmarks/_quality_scale.py); the results so far are
+    written to ``_data/quality-scale.partial.json`` after every seed."""
+    _log(f"quality at scale: the buffer's share of the split vs i.i.d. ({reps})")
+    partial = data_dir / "quality-scale.partial.json"
+
+    def progress(res: dict) -> None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+    res = run_quality_scale(reps, data_dir=data_dir, log=_log, progress=progress)
+    res["targets"] = quality_scale_targets(res)
+    return res
+
+
 def run_first_epoch(geo: Geometry, reps: Reps, data_dir: Path = DATA_DIR) -> dict:
     """A new loader's first epoch vs its steady state, on the compressed per-column store."""
     spec = next(s for s in store_specs(geo, data_dir) if s.name == "percol-blosc")
@@ -252,16 +276,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     p.add_argument(
-        "--only", choices=("engines", "remote", "dtype", "quality", "first-epoch", "resident"),
+        "--only",
+        choices=("engines", "remote", "dtype", "quality", "quality-scale", "first-epoch",
+                 "resident"),
         help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
              "dtype: only float16 vs float32 storage; quality: only the quality race "
-             "(batch correlation); first-epoch: only a new loader's first epoch against its "
+             "(batch correlation); quality-scale: the quality race at scale (the buffer's share of "
+             "the split); first-epoch: only a new loader's first epoch against its "
              "steady state; resident: resident mode against streaming",
     )  # fmt: skip
+    p.add_argument(
+        "--preset", choices=("full", "shared", "quick", "smoke"), default=None,
+        help="quality-scale only: the race's size (benchmarks/_quality_scale.ScaleReps; "
+             "default: full, quick with --quick, smoke with --tiny); shared: the full split "
+             "with 2 epochs and a smaller model, what 2 shared cores finish in an hour",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.preset is not None and args.only != "quality-scale":
+        p.error(f"--preset {args.preset}: only with --only quality-scale")
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
     if args.only is not None:  # one race alone: its own results file, quick or not
         mode = f"{args.only}-quick" if args.quick else args.only
+    if args.preset not in (None, "full"):
+        mode = f"{args.only}-{args.preset}"
     geo = Geometry.tiny() if args.tiny else Geometry.full()
     info = machine()
     begin = time.perf_counter()
@@ -282,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "quality":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"quality": quality(reps)}
+    elif args.only == "quality-scale":
+        preset = args.preset or ("smoke" if args.tiny else ("quick" if args.quick else "full"))
+        scale = getattr(ScaleReps, preset)()
+        results = {"quality_scale": quality_scale(scale)}
     elif args.only == "resident":
         from ._resident import run_resident
 
@@ -301,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     results["load_1min_after"] = os.getloadavg()[0]
     if args.only == "quality":
         results["targets"] = results["quality"]["targets"]
+    elif args.only == "quality-scale":
+        results["targets"] = results["quality_scale"]["targets"]
     elif args.only == "first-epoch":
         results["targets"] = first_epoch_targets(results["first_epoch"])
     else:
@@ -311,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(results, indent=1, default=str) + "\n")
     _log(f"wrote {path}")
+    if args.only == "quality-scale" and not args.tiny:  # the run BENCHMARKS.md shows
+        _log(f"wrote {plot_quality_scale(first_scale_results(RESULTS_DIR)['quality_scale'])}")
     for t in results["targets"]:
         _log(f"{'MET ' if t['met'] else 'MISS'} {t['what']}: {t['figure']} (target {t['target']})")
     if not args.no_markdown and not args.tiny:

@@ -188,3 +188,47 @@ def test_code_metrics_counts_lines_by_kind() -> None:
     assert code_metrics._kinds(text) == {"code": 3, "docstring": 4, "comment": 1, "blank": 3}
     got = code_metrics.measure()
     assert sum(got["pipeline_compat_kinds"].values()) == got["pipeline_compat_lines"]
+
+
+def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
+    """The quality race at scale on its smoke size: every arm on both datasets, paired seeds,
+    finite positive ratios, shares that grow with the buffer, the table and the plot."""
+    import math
+
+    from benchmarks import _quality_scale as qs
+
+    seen: list[int] = []
+    reps = qs.ScaleReps.smoke()
+    res = qs.run_quality_scale(reps, data_dir=tmp_path / "data",
+                               progress=lambda r: seen.append(r["stationary"]["seeds_done"]))  # fmt: skip
+    res["targets"] = qs.quality_scale_targets(res)
+    res = json.loads(json.dumps(res))  # what the runner writes must be JSON
+    assert seen == list(range(1, reps.seeds + 1))  # one report per completed seed
+    buffers = [f"buffer {s:.0%}" for s in qs.SHARES]
+    for key in ("stationary", "regimes"):
+        d = res[key]
+        arms = d["arms"]
+        pieced = [f"pieces={reps.pieces} + buffer {s:.0%}" for s in qs.PIECED_SHARES]
+        assert list(arms) == ["iid", "contiguous", f"pieces={reps.pieces}", *buffers, *pieced]
+        assert d["seeds_done"] == reps.seeds
+        assert arms["iid"]["ratio"]["mean"] == 1.0
+        for name, arm in arms.items():
+            assert [r["batches"] for r in arm["runs"]] == [reps.epochs * d["batches_per_epoch"]] * 2
+            r = arm["ratio"]
+            assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("mean", "min", "max")), name
+            assert r["min"] <= r["mean"] <= r["max"] and r["n"] == reps.seeds
+        shares = [arms[b]["share"] for b in buffers]
+        assert shares == sorted(shares)
+        assert abs(shares[-1] - 1.0) < reps.chunk_size / d["train_len"]  # 100%: within a chunk
+        mixes = [arms[b]["config"]["mix"] for b in buffers]
+        assert [arms[b]["runs"][0]["mix"] for b in buffers] == mixes  # the trainer held them
+    regimes = res["regimes"]["arms"]["buffer 25%"]
+    assert len(regimes["segment_ratio"]) == qs.REGIMES  # validated per regime
+    assert len(regimes["runs"][0]["test"]) == qs.REGIMES + 1 and regimes["test_ratio"]["mean"] > 0
+    assert [t["met"] in (True, False) for t in res["targets"]] == [True] * 4  # 2 buffers x 2 data
+    (tmp_path / "quality-scale.json").write_text(json.dumps({"quality_scale": res}))
+    text = "\n".join(qs.quality_scale_markdown(tmp_path))
+    assert "### quality at scale" in text and "| buffer 25% |" in text
+    assert "8 regimes: training split" in text and "| target |" in text
+    png = qs.plot_quality_scale(res, tmp_path / "q.png")
+    assert png.stat().st_size > 10_000
