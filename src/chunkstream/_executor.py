@@ -60,6 +60,11 @@ class Executor:
         for thread in self.threads:
             thread.start()
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` began: queued calls are cancelled, threads stopping."""
+        return self._closed
+
     def submit(
         self, fn: Callable[..., Any], *args: Any, what: str = "", future: Future | None = None
     ) -> Future:

@@ -177,10 +177,15 @@ class EpochRun:
 
     def _follow_dropped(self, read: Future) -> None:
         """Give back the buffer of ``read`` once it is done (its run was dropped)."""
-        if not read.cancel():
-            wait_futures([read])  # a read stops soon after its run is dropped
-            if read.exception() is None and self._reclaim is not None:
-                self._reclaim(read.result())
+        if read.cancel():
+            return None
+        # A read stops soon after its run is dropped; one that ignores cancellation must
+        # not hold the transfer thread past the loader's close (the pool closes with it).
+        while not wait_futures([read], timeout=POLL_S).done:
+            if self._copier is not None and self._copier.closed:
+                return None
+        if read.exception() is None and self._reclaim is not None:
+            self._reclaim(read.result())
         return None
 
     def drop(self) -> None:
