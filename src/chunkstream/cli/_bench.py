@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-from .._errors import ConfigError
-from ._checks import as_options, float_above, int_at_least, new_file, note, refuse, unused
+from ._checks import float_above, int_at_least, naming_options, new_file, note, refuse, unused
 from ._plan import add_data_arguments
 
 __all__ = ["register"]
@@ -176,14 +175,8 @@ def _on_cpu(device: str | None) -> bool:
     return device == "cpu" if device is not None else not torch.cuda.is_available()
 
 
+@naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ConfigError as exc:
-        raise as_options(exc, OPTIONS) from exc
-
-
-def _run(args: argparse.Namespace) -> int:
     from ..tools import compare_local, open_bench_source, plot_bench, run_bench
 
     check(args)

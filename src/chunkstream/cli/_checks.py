@@ -11,12 +11,14 @@ messages of one form: ``--option VALUE is invalid: expected ...; the fix``.
 * :func:`refuse`, :func:`unused`, :func:`new_file` and :func:`writable_dir` are for
   the checks that need more than one option (a missing dependency option, a
   conflict, a path); :func:`note` names an option that changes nothing in this run.
-* :func:`as_options` rewrites a library refusal's parameter names as options.
+* :func:`as_options` rewrites a library refusal's parameter names as options;
+  :func:`naming_options` does it for everything a command's ``run`` raises.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -31,6 +33,7 @@ __all__ = [
     "as_options",
     "float_above",
     "int_at_least",
+    "naming_options",
     "new_file",
     "note",
     "refuse",
@@ -160,6 +163,23 @@ def writable_dir(option: str, path: str | os.PathLike) -> Path:
             "Pick a folder you can write to.",
         )
     return out
+
+
+def naming_options(options: dict[str, str]) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """A command's ``run``, with every :class:`ConfigError` it raises rewritten by
+    :func:`as_options` to name the options the user typed."""
+
+    def wrap(run: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(run)
+        def named(args: argparse.Namespace) -> int:
+            try:
+                return run(args)
+            except ConfigError as exc:
+                raise as_options(exc, options) from exc
+
+        return named
+
+    return wrap
 
 
 def as_options(exc: ConfigError, options: dict[str, str]) -> ConfigError:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from .._errors import ConfigError
-from ._checks import as_options, float_above, int_at_least, unused, writable_dir
+from ._checks import float_above, int_at_least, naming_options, unused, writable_dir
 
 __all__ = ["register"]
 
@@ -108,14 +108,8 @@ def _stim_dims(path: str, stim_dims: int | None) -> int:
     return stim_dims
 
 
+@naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ConfigError as exc:
-        raise as_options(exc, OPTIONS) from exc
-
-
-def _run(args: argparse.Namespace) -> int:
     from ..tools import convert_store, flyvis_fields
 
     writable_dir("OUT", args.out)

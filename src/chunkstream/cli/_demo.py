@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .._errors import ConfigError
-from ._checks import as_options, int_at_least, note, refuse, writable_dir
+from ._checks import int_at_least, naming_options, note, refuse, writable_dir
 
 __all__ = ["register"]
 
@@ -202,14 +202,8 @@ def check(args: argparse.Namespace) -> None:
     writable_dir("--out", args.out)
 
 
+@naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ConfigError as exc:
-        raise as_options(exc, OPTIONS) from exc
-
-
-def _run(args: argparse.Namespace) -> int:
     from ..stats import plot_timeline
     from ..tools import ensure_synthetic
     from ..train import TrainConfig, Trainer

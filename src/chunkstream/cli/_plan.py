@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from .._errors import ConfigError
-from ._checks import as_options, float_above, int_at_least, note, refuse, unused
+from ._checks import float_above, int_at_least, naming_options, note, refuse, unused
 
 __all__ = ["register"]
 
@@ -355,14 +355,8 @@ def check(args: argparse.Namespace) -> None:
         )
 
 
+@naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ConfigError as exc:
-        raise as_options(exc, OPTIONS) from exc
-
-
-def _run(args: argparse.Namespace) -> int:
     from ..tools import format_bytes, parse_bytes, plan_memory
 
     check(args)
