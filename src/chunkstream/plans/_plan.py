@@ -34,7 +34,7 @@ from .._errors import ConfigError, check_int
 if TYPE_CHECKING:
     from ._segments import Segments
 
-__all__ = ["Draw", "Layout", "Piece", "Plan", "Sampling", "Table"]
+__all__ = ["Draw", "Layout", "Piece", "Plan", "Sampling", "Table", "check_rank"]
 
 _MAX_INDEX = 2**63 - 1  # the vectorised path holds indices in int64
 
@@ -356,7 +356,8 @@ class Plan:
         return draw.table.cut(draw.owner, draw.v0, draw.v1)
 
 
-def _rank_index(step: int, rank: int, world_size: int) -> int:
+def check_rank(rank: object, world_size: object) -> tuple[int, int]:
+    """``(rank, world_size)`` as Python ints with ``0 <= rank < world_size``, else ConfigError."""
     world_size = check_int(
         "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
     )
@@ -368,4 +369,9 @@ def _rank_index(step: int, rank: int, world_size: int) -> int:
         maximum=world_size - 1,
         numpy=True,
     )
+    return rank, world_size
+
+
+def _rank_index(step: int, rank: int, world_size: int) -> int:
+    rank, world_size = check_rank(rank, world_size)
     return _index("step", step) * world_size + rank

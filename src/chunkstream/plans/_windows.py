@@ -43,7 +43,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from .._errors import ConfigError, check_int
-from ._plan import Draw, Layout, Plan
+from ._plan import Draw, Layout, Plan, check_rank
 from ._sampling import WINDOW_STREAM, Sampling, as_mode
 
 __all__ = [
@@ -277,17 +277,7 @@ def remaining_indices(consumed_global: int, total_global: int, rank: int, world_
     part (elastic resume). When ``consumed_global`` is a multiple of ``W`` this is the
     continuation of :meth:`WindowPlan.rank_window` at ``step = consumed_global // W``.
     """
-    world_size = check_int(
-        "world_size", world_size, 1, "Pass the number of ranks (>= 1).", numpy=True
-    )
-    rank = check_int(
-        "rank",
-        rank,
-        0,
-        f"Pass a rank in [0, world_size={world_size}).",
-        maximum=world_size - 1,
-        numpy=True,
-    )
+    rank, world_size = check_rank(rank, world_size)
     total_global = check_int(
         "total_global", total_global, 0, "Pass the epoch's window count.", numpy=True
     )
