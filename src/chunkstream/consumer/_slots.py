@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .._memory import BufferSet, HostBufferPool, PinnedSlotPool
+from ..pipeline import hand_over
 from ..sources import FieldSpec
 from ._gather import GatherPool, Job, gather_blocks
 
@@ -78,10 +79,7 @@ class Pending:
         out, self._out = self._out, {}
         if self.event is None:
             return out
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(self.event)
-        for tensor in out.values():
-            tensor.record_stream(stream)  # the allocator must not reuse it under our kernels
+        hand_over(out.values(), self.event, torch.cuda.current_stream(self.device))
         return {name: t.to(self.targets[name]) for name, t in out.items()}
 
     def cancel(self) -> None:

@@ -4,4 +4,7 @@ from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._loader import ChunkLoader
 
+# The package's internal face for the rest of chunkstream (not public API).
+from ._chunk import hand_over as hand_over  # isort: skip
+
 __all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "resolve_device"]
