@@ -656,7 +656,9 @@ def test_get_stats_counts_the_current_epoch():
 
 def _original_augmentation(chunk_data, indices, indptr, batch_size, total_steps, k, device):
     """The original's sample_batch_within_chunk draws, written out."""
-    starts = torch.randint(low=0, high=chunk_data.shape[0] - total_steps, size=(batch_size,), device=device)
+    starts = torch.randint(
+        low=0, high=chunk_data.shape[0] - total_steps, size=(batch_size,), device=device
+    )
     selected = torch.randint(low=0, high=chunk_data.shape[1], size=(k,), device=device)
     neighbours = torch.cat([indices[indptr[i] : indptr[i + 1]] for i in selected])
     return starts, selected, torch.unique(torch.cat([neighbours, selected]))
@@ -736,7 +738,7 @@ def test_on_the_cpu_a_chunk_is_load_fns_arrays_without_a_copy(cls):
     with cls(load_fn, 1000, 100, device="cpu", seed=0) as loader:
         loader.start_epoch(3)
         delivered = [loader.get_next_chunk()[-2:] for _ in range(3)]
-        assert loader._loader._pool.pool is None  # the host arena was never made
+        assert loader._loader._pool is None  # the host arena was never made
     for (data, stim), arrays in zip(delivered, returned, strict=False):
         assert data.data_ptr() == arrays[0].ctypes.data
         assert torch.equal(data, torch.from_numpy(arrays[0]))

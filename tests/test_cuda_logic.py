@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,7 @@ def test_every_loader_thread_binds_the_device_and_a_failed_bind_reaches_the_cons
     loader = cs.ChunkLoader(_source(), 100, device="cuda", workers=2)
     loader.close()
     names = sorted(name for name, _ in bound if name.startswith("chunkstream-"))
+    # (The arena's cudaHostRegister thread binds it too: see the pin helper's tests.)
     assert names == ["chunkstream-read-0", "chunkstream-read-1", "chunkstream-transfer-0"]
     assert {d for name, d in bound if name in names} == {torch.device("cuda", 1)}
 
@@ -112,8 +114,10 @@ def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
         def acquire(self, cancelled=None):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
+    pool = Future()
+    pool.set_result(BrokenPool())
     with pytest.raises(ChunkLoadError, match=r"free host buffer for window \[10, 20\)") as info:
-        read_job((Piece(0, 10, 20),), lambda: False, source=None, pool=BrokenPool(),
+        read_job((Piece(0, 10, 20),), lambda: False, source=None, pool=pool,
                  check_finite=False, retries=0)  # fmt: skip
     assert info.value.window == (10, 20)
     assert "illegal memory access" in str(info.value.__cause__)
@@ -144,7 +148,7 @@ def test_pinned_arena_layout_is_exact_aligned_and_disjoint(monkeypatch):
     from chunkstream.sources._base import FieldSpec
 
     calls = []
-    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: calls.append(n))  # None: ok
+    monkeypatch.setattr(_arena, "_register", lambda device, ptr, n: calls.append(n))  # None: ok
     fields = {"a": FieldSpec((13,), np.dtype("float32")), "b": FieldSpec((3, 2), np.dtype("int16"))}
     pool = _arena.PinnedSlotPool(fields, 37, slots=3, device=torch.device("cuda", 1))
     per_slot = 37 * 13 * 4 + 37 * 6 * 2
@@ -369,9 +373,9 @@ def _fake_pool(monkeypatch, unregistered):
     from chunkstream._memory import _arena
     from chunkstream.sources._base import FieldSpec
 
-    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(_arena, "_register", lambda device, ptr, n: None)
     monkeypatch.setattr(
-        _arena, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+        _arena, "_unregister", lambda device, ptr, timeout: unregistered.append(ptr)
     )
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
     return _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
@@ -404,11 +408,11 @@ def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypa
     assert pool.close() is True and unregistered and not pool._kept
     # A failed unregister: warned, and the mapping is kept (it may still be registered).
     pool = _fake_pool(monkeypatch, [])
-    monkeypatch.setattr(_arena, "_unregister", lambda ptr, device, timeout: "cudaError 1")
+    monkeypatch.setattr(_arena, "_unregister", lambda device, ptr, timeout: "cudaError 1")
     with pytest.warns(RuntimeWarning, match=r"cudaHostUnregister failed \(cudaError 1\)"):
         assert pool.close() is False
     assert pool._kept
-    # The real helper: the call runs in a throwaway thread bound to the device.
+    # The real helper: the call runs on its own one-call thread, bound to the device.
     seen = {}
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("device", d))
 
@@ -419,18 +423,20 @@ def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypa
 
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
     call = lambda: torch.cuda.cudart().cudaHostUnregister(8)  # noqa: E731
-    assert _arena._in_cuda_thread(call, torch.device("cuda", 1), "x", 5.0) == "cudaError 1"
-    assert seen == {"device": torch.device("cuda", 1), "thread": "chunkstream-pin-0"}
+    device = torch.device("cuda", 1)
+    assert _arena._cuda_call(device, call, "cudaHostUnregister", 5.0) == "cudaError 1"
+    assert seen == {"device": device, "thread": "chunkstream-pin-0"}
+    assert not [t for t in threading.enumerate() if t.name == "chunkstream-pin-0"]  # ended
 
 
-def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monkeypatch):
+def test_the_pin_helper_waits_with_a_deadline_and_keeps_the_exception_text(monkeypatch):
     from chunkstream._memory import _arena
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    device = torch.device("cuda", 0)
     release = threading.Event()
     try:
-        error = _arena._in_cuda_thread(lambda: release.wait(30) and 0, torch.device("cuda", 0),
-                                         "cudaHostRegister", 0.2)  # fmt: skip
+        error = _arena._cuda_call(device, lambda: release.wait(30) and 0, "cudaHostRegister", 0.2)
         assert error is not None and "did not return within" in error
     finally:
         release.set()
@@ -438,8 +444,17 @@ def test_the_pin_helper_joins_with_a_deadline_and_keeps_the_exception_text(monke
     def broken():
         raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
 
-    error = _arena._in_cuda_thread(broken, torch.device("cuda", 0), "cudaHostRegister", 5.0)
+    error = _arena._cuda_call(device, broken, "cudaHostRegister", 5.0)
     assert error == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
+    assert _arena._cuda_call(device, lambda: 0, "cudaHostRegister", 5.0) is None
+
+    def unbound():
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: unbound())
+    error = _arena._cuda_call(device, lambda: 0, "cudaHostRegister", 5.0)
+    assert error is not None and "setting the CUDA device cuda:0 in thread" in error  # the bind
+    assert "invalid device ordinal" in error
 
 
 def _device_guard(inside: list):
@@ -477,7 +492,7 @@ def test_the_fallback_pin_runs_under_the_pool_device_and_names_the_error(monkeyp
     monkeypatch.setattr(torch.cuda, "device", Device)
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(_arena, "_register",
-                        lambda ptr, n, device: "RuntimeError: out of pinnable memory")  # fmt: skip
+                        lambda device, ptr, n: "RuntimeError: out of pinnable memory")  # fmt: skip
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
     with pytest.warns(RuntimeWarning, match=r"failed \(RuntimeError: out of pinnable memory\)"):
         pool = _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))
@@ -494,9 +509,9 @@ def _fake_cuda_loader(monkeypatch, unregistered):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
-    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: None)
+    monkeypatch.setattr(_arena, "_register", lambda device, ptr, n: None)
     monkeypatch.setattr(
-        _arena, "_unregister", lambda ptr, device, timeout: unregistered.append(ptr)
+        _arena, "_unregister", lambda device, ptr, timeout: unregistered.append(ptr)
     )
 
 
@@ -648,7 +663,7 @@ def _wait_for(condition, timeout=10.0):
         time.sleep(0.005)
 
 
-def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(monkeypatch):
+def test_the_learned_pinned_arena_is_pinned_by_a_reader_and_every_slot_comes_back(monkeypatch):
     from chunkstream._memory import _arena
 
     unregistered: list[int] = []
@@ -656,19 +671,21 @@ def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(m
     pinned: list[tuple[str, object]] = []
     pin_s = 0.6
 
-    def register(ptr, nbytes, device):  # slow, as pinning gigabytes is
+    def register(device, ptr, nbytes):  # slow, as pinning gigabytes is
         pinned.append((threading.current_thread().name, device))
         time.sleep(pin_s)
 
     monkeypatch.setattr(_arena, "_register", register)
-    source, data, _ = _learning_source()
+    source, data, calls = _learning_source()
     loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, seed=1)
-    assert loader.pinned_bytes == 0 and loader._pool.pool is None  # nothing before a read
+    assert loader.pinned_bytes == 0 and loader._pool is None  # nothing before a read
     for chunk in loader.epoch(6):
         np.testing.assert_array_equal(chunk["data"].numpy(), data[chunk.start : chunk.stop])
-    pool = loader._pool.pool
+    pool = loader._pool
+    # Made once, by the first epoch's learning job on a reader, for the loader's device.
     assert len(pinned) == 1 and pinned[0][0].startswith("chunkstream-read-")
-    assert pinned[0][1] == torch.device("cuda", 1)  # the loader's device, by index
+    assert pinned[0][1] == pool.device == torch.device("cuda", 1)
+    assert len(calls) == 6  # the learning read served the first window: no read twice
     assert loader.pinned_bytes == pool.nbytes >= loader.config.slots * loader.chunk_bytes
     # The copies gave every slot back to the real pool, behind their events.
     _wait_for(lambda: len(pool._free) + len(pool._pending) == loader.config.slots)
@@ -681,14 +698,14 @@ def test_the_lazy_pinned_arena_is_pinned_in_a_reader_and_every_slot_comes_back(m
     assert pool._released is True and unregistered == [ptr] and loader.pinned_bytes == 0
 
 
-def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatch):
+def test_close_while_a_reader_pins_the_learned_arena_unpins_it_once_made(monkeypatch):
     from chunkstream._memory import _arena
 
     unregistered: list[int] = []
     _fake_cuda_copies(monkeypatch, unregistered)
     entered, release = threading.Event(), threading.Event()
 
-    def register(ptr, nbytes, device):  # a pin still running when close() comes
+    def register(device, ptr, nbytes):  # a pin still running when close() comes
         entered.set()
         release.wait(30)
 
@@ -696,17 +713,16 @@ def test_close_while_a_reader_pins_the_lazy_arena_unpins_it_once_made(monkeypatc
     source, _, _ = _learning_source()
     loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, close_timeout=0.3, seed=1)
     chunks = loader.epoch(6)
-    lazy = loader._pool
     try:
         assert entered.wait(10)
         with pytest.warns(RuntimeWarning, match="did not stop"):
             loader.close()  # the pool is not made yet: close() cannot reach it
-        assert lazy.pool is None and loader.pinned_bytes == 0
+        assert loader._pool is None and loader.pinned_bytes == 0
     finally:
         release.set()
-    # The reader that made it sees the close and closes it itself: nothing stays pinned.
+    # The job that made it sees the close and closes it itself: nothing stays pinned.
     _wait_for(lambda: all(not t.is_alive() for t in loader.threads))
-    pool = lazy.pool
+    pool = loader._pool
     assert pool is not None and pool._released is True and len(unregistered) == 1
     assert loader.pinned_bytes == 0 and not pool._kept
     with pytest.raises(cs.LoaderClosedError):
@@ -778,7 +794,7 @@ def test_the_fallback_arena_is_freed_under_the_pool_device(monkeypatch):
     monkeypatch.setattr(torch._C, "_host_emptyCache",
                         lambda: seen.setdefault("emptied", inside[-1] if inside else None),
                         raising=False)  # fmt: skip
-    monkeypatch.setattr(_arena, "_register", lambda ptr, n, device: "cudaError 1")
+    monkeypatch.setattr(_arena, "_register", lambda device, ptr, n: "cudaError 1")
     fields = {"x": FieldSpec((16,), np.dtype("float32"))}
     with pytest.warns(RuntimeWarning, match=r"failed \(cudaError 1\)"):
         pool = _arena.PinnedSlotPool(fields, 32, slots=2, device=torch.device("cuda", 1))

@@ -172,7 +172,12 @@ def test_slots_are_reused_only_after_their_copy_under_a_slowed_copy(slow_copies,
     arrays = make_arrays(12000, neurons=256, seed=3)
     sums, windows = [], []
     with cs.ChunkLoader(
-        ArraySource(arrays), 500, device="cuda", workers=2, host_slots=2, gpu_prefetch=2,
+        ArraySource(arrays),
+        500,
+        device="cuda",
+        workers=2,
+        host_slots=2,
+        gpu_prefetch=2,
         seed=4 + rep,
     ) as loader:
         for _ in range(2):
@@ -509,7 +514,7 @@ def test_a_source_that_learns_its_fields_pins_its_arena_after_the_first_read():
             np.testing.assert_array_equal(chunk["data"].cpu().numpy(),
                                           arrays["voltage"][chunk.start : chunk.stop])  # fmt: skip
         assert loader.pinned_bytes >= loader.config.slots * loader.chunk_bytes
-        pool = loader._pool.pool  # made in the reader thread, registered on this device
+        pool = loader._pool  # made by the first epoch's learning job, registered on this device
         assert pool.registered and pool.device == loader.device
         view = pool._free[0].arrays["data"] if pool._free else pool._pending[0][1].arrays["data"]
         assert torch.from_numpy(view).is_pinned()

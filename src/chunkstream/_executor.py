@@ -17,13 +17,23 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from ._errors import LoaderClosedError
 
-__all__ = ["POLL_S", "Executor", "thread_stack"]
+__all__ = ["POLL_S", "Executor", "thread_stack", "wait_done"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
+
+
+def wait_done(future: Future, stop: Callable[[], bool]) -> bool:
+    """Wait for ``future`` to finish, polling ``stop()`` every :data:`POLL_S`; whether it
+    finished (false: ``stop()`` turned true first). How one job waits for another's."""
+    while not wait_futures([future], timeout=POLL_S).done:
+        if stop():
+            return False
+    return True
 
 
 def thread_stack(thread: threading.Thread, doing: str) -> str | None:

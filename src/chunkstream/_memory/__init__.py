@@ -5,7 +5,7 @@
 arena, pinned on CUDA).
 """
 
-from ._arena import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
+from ._arena import BufferSet, HostBufferPool, PinnedSlotPool
 from ._model import (
     CUDA_MARGIN_FRACTION,
     CUDA_MARGIN_MIN,
@@ -21,7 +21,6 @@ __all__ = [
     "LOOP_HELD",
     "BufferSet",
     "HostBufferPool",
-    "LazyPool",
     "PinnedSlotPool",
     "budget_depths",
     "resident_decision",

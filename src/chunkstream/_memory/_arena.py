@@ -13,8 +13,9 @@ the event recorded after its copy; the slot is handed out again only once that
 event has completed. User tensors never alias a slot. The arena bypasses torch's
 caching host allocator (which rounds blocks up to a power of two and keeps them
 cached); only if registration fails is it one ``pin_memory=True`` block, with a
-warning. Register and unregister run in a throwaway thread joined with a deadline,
-so a failed call leaves no CUDA "last error" in the caller's thread. After a CUDA
+warning. Register and unregister each run on a one-call ``pin`` executor (a thread
+bound to the pool's device), waited for with a deadline, so a failed call leaves no CUDA
+"last error" in the caller's thread. After a CUDA
 error (an event's ``query()`` raises) the copies are not proven finished, so the
 arena stays pinned and referenced and ``close`` warns instead of raising.
 
@@ -34,14 +35,17 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import torch
 
+from .._device import device_binder
 from .._executor import POLL_S as _POLL_S
+from .._executor import Executor
 from ..sources import FieldSpec
 
-__all__ = ["BufferSet", "HostBufferPool", "LazyPool", "PinnedSlotPool"]
+__all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
 
 
 class BufferSet:
@@ -184,58 +188,6 @@ class HostBufferPool:
         return True
 
 
-class LazyPool:
-    """The pool ``make()`` returns, made at the first :meth:`acquire` (for a source whose
-    fields are learned from its first read); nothing is allocated before, or after close."""
-
-    def __init__(self, make: Callable[[], HostBufferPool | PinnedSlotPool]) -> None:
-        self._make, self._lock = make, threading.Lock()
-        self.pool: HostBufferPool | PinnedSlotPool | None = None
-        self._failed: BaseException | None = None  # making it failed: every acquire says so
-        self._closed = False
-
-    def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
-        # Polled, so a reader waiting while another pins the arena still sees its run end.
-        while not self._lock.acquire(timeout=_POLL_S):
-            if cancelled is not None and cancelled():
-                raise InterruptedError("acquire cancelled")
-        try:
-            if self.pool is None and self._failed is None and not self._closed:
-                try:
-                    self.pool = self._make()
-                except BaseException as exc:
-                    self._failed = exc
-                if self._closed and self.pool is not None:
-                    self.pool.close()  # close() may have seen no pool yet (a 2nd close is a no-op)
-            if self._failed is not None:
-                raise RuntimeError(
-                    f"allocating the host buffers failed: {type(self._failed).__name__}: "
-                    f"{self._failed}"
-                ) from self._failed
-            if self._closed:
-                raise RuntimeError("buffer pool is closed")
-            pool = self.pool
-        finally:
-            self._lock.release()
-        assert pool is not None
-        return pool.acquire(cancelled)
-
-    def release(self, buffers: BufferSet) -> None:
-        assert self.pool is not None  # buffers came from it
-        self.pool.release(buffers)
-
-    def release_after(self, buffers: BufferSet, event: torch.cuda.Event | None) -> None:
-        assert isinstance(self.pool, PinnedSlotPool)  # only CUDA copies call this
-        self.pool.release_after(buffers, event)
-
-    def close(self, timeout: float = 0.0, *, unpin: bool = True) -> bool:
-        # Not under the lock: a reader may hold it while the pool is made (bounded, but
-        # long when pinning); that reader closes the pool it made itself.
-        self._closed = True
-        pool = self.pool
-        return True if pool is None else pool.close(timeout, unpin=unpin)
-
-
 def _power_of_two_ceil(n: int) -> int:
     """What torch's caching host allocator rounds a pinned block up to."""
     return 1 << max(0, n - 1).bit_length()
@@ -245,49 +197,46 @@ _REGISTER_TIMEOUT_S = 120.0  # pinning tens of GB takes seconds; a hung driver c
 _KEPT: list[object] = []  # arenas kept pinned: referenced until the process exits
 
 
-def _in_cuda_thread(
-    call: Callable[[], object], device: torch.device, what: str, timeout: float
+def _cuda_call(
+    device: torch.device, call: Callable[[], object], what: str, timeout: float
 ) -> str | None:
-    """Run ``call`` (a CUDA runtime call returning its error code) in a throwaway thread.
+    """Run ``call`` (a CUDA runtime call returning its error code) on a one-call ``pin``
+    executor bound to ``device``; ``None`` on success, else what went wrong, exception
+    text included.
 
-    Returns ``None`` on success, else what went wrong, exception text included. A
-    failed call sets its thread's CUDA "last error", which torch would later report
-    as its own failure, so it must not run in the caller's thread. The thread sets
-    ``device`` first (no context on GPU 0); the join waits at most ``timeout`` s.
+    A failed call sets its thread's CUDA "last error", which torch would later
+    report as its own failure, so it runs in a thread that does nothing else and
+    ends with it; the wait gives up after ``timeout`` s (a hung driver call does not
+    hang the caller; its daemon thread is left to the process).
     """
-    result: list[str | None] = []
-
-    def run() -> None:
-        try:
-            torch.cuda.set_device(device)
-            code = int(call())  # type: ignore[call-overload]
-            result.append(None if code == 0 else f"cudaError {code}")
-        except Exception as exc:  # a thread boundary: handed to the caller as text
-            result.append(f"{type(exc).__name__}: {exc}")
-
-    thread = threading.Thread(target=run, name="chunkstream-pin-0", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    pin = Executor("pin", 1, device_binder(device))
+    future = pin.submit(call, what=what)
+    try:
+        code = int(future.result(timeout))  # type: ignore[call-overload]
+    except FutureTimeout:
         return f"{what} did not return within {timeout:.0f} s"
-    return result[0] if result else f"{what} ended without a result"
+    except Exception as exc:  # a thread boundary: handed to the caller as text
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        pin.close(time.monotonic() + (_POLL_S if future.done() else 0.0))
+    return None if code == 0 else f"cudaError {code}"
 
 
-def _register(ptr: int, nbytes: int, device: torch.device) -> str | None:
+def _register(device: torch.device, ptr: int, nbytes: int) -> str | None:
     """``cudaHostRegister(ptr, nbytes, Portable)``; ``None`` or what went wrong."""
     # 1 = cudaHostRegisterPortable: pinned for every CUDA context, as torch's pinned memory.
-    return _in_cuda_thread(
-        lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1),
+    return _cuda_call(
         device,
+        lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1),
         "cudaHostRegister",
         _REGISTER_TIMEOUT_S,
     )
 
 
-def _unregister(ptr: int, device: torch.device, timeout: float) -> str | None:
+def _unregister(device: torch.device, ptr: int, timeout: float) -> str | None:
     """``cudaHostUnregister(ptr)``; ``None`` or what went wrong."""
-    return _in_cuda_thread(
-        lambda: torch.cuda.cudart().cudaHostUnregister(ptr), device, "cudaHostUnregister", timeout
+    return _cuda_call(
+        device, lambda: torch.cuda.cudart().cudaHostUnregister(ptr), "cudaHostUnregister", timeout
     )
 
 
@@ -327,11 +276,11 @@ class PinnedSlotPool:
         arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self._ptr: int | None = arena.ctypes.data
         self._torch_arena: torch.Tensor | None = None
-        error = _register(self._ptr, size, self.device)
+        error = _register(self.device, self._ptr, size)
         if error is None:
             self.registered, self.nbytes = True, size
         else:
-            if "did not return" in error:  # _in_cuda_thread timed out: may still pin these
+            if "did not return" in error:  # timed out: the call may still pin these pages
                 self._keep(self._mmap)
             # Otherwise the arena goes back to the OS when its views die; pin through
             # torch instead.
@@ -435,8 +384,8 @@ class PinnedSlotPool:
         if ptr is not None and unpin and problem is None:
             # A reader stuck past close may still write into its slot: that is plain
             # host memory after this, and the mmap lives until its last view dies.
-            # In a throwaway thread: a failure must not stay as this thread's last error.
-            error = _unregister(ptr, self.device, max(deadline - time.monotonic(), _POLL_S))
+            # On the pin thread: a failure must not stay as this thread's last error.
+            error = _unregister(self.device, ptr, max(deadline - time.monotonic(), _POLL_S))
             if error is not None:  # maybe still registered: never unmap it
                 problem = f"cudaHostUnregister failed ({error})"
         elif torch_arena is not None and unpin and problem is None:

@@ -4,8 +4,10 @@ Plain functions of their inputs: executor threads never hold the loader, so a
 dropped loader can be collected. ``dropped()`` turns true once the chunk's
 epoch run is abandoned, so a wait inside can give up early.
 
-Buffer ownership: :func:`read_job` takes a set from the pool and hands it on in
-a :class:`Loaded`, or gives it back if the read fails. On the CPU
+Buffer ownership: :func:`read_job` waits for the pool's future (set at
+construction, or by :func:`learn_fields` for a source that learns its fields at
+its first read), takes a set from the pool and hands it on in a :class:`Loaded`
+that names the pool, or gives it back if the read fails. On the CPU
 :func:`read_to_host` makes it the user's zero-copy tensors at once. On CUDA
 :func:`copy_job` gives the slot back behind the event recorded after its copy
 (``PinnedSlotPool.release_after``), also after a copy that failed part-way.
@@ -19,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,11 +29,11 @@ from typing import Any
 import torch
 
 from .._errors import ChunkLoadError
-from .._memory import BufferSet, HostBufferPool, LazyPool, PinnedSlotPool
+from .._executor import wait_done
+from .._memory import BufferSet, HostBufferPool, PinnedSlotPool
 from ..plans import Piece
 from ..sources import (
     HandsOver,
-    LearnsFields,
     Source,
     call_with_retries,
     read_owned_window,
@@ -38,9 +41,18 @@ from ..sources import (
     reading,
 )
 from ..stats import COPY, READ, profiled
-from ._run import Turn
+from ._run import Owned, Turn
 
-__all__ = ["Delivery", "Loaded", "copy_job", "on_stream", "read_job", "read_to_host"]
+__all__ = [
+    "Delivery",
+    "Loaded",
+    "copy_job",
+    "learn_fields",
+    "on_stream",
+    "read_job",
+    "read_to_host",
+]
+Pool = HostBufferPool | PinnedSlotPool
 
 _log = logging.getLogger("chunkstream.pipeline")
 Pieces = tuple[Piece, ...]  # a chunk: its pieces in row order (one for a plain window)
@@ -53,10 +65,12 @@ def chunk_rows(pieces: Pieces) -> int:
 
 @dataclass
 class Loaded:
-    """A chunk's pieces read into a host buffer set (owned by the pipeline until handed on)."""
+    """A chunk's pieces read into a host buffer set (owned by the pipeline until handed
+    on), with the pool it goes back to."""
 
     pieces: Pieces
     buffers: BufferSet
+    pool: Pool
     read_begin: float
     read_end: float
     thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
@@ -77,8 +91,33 @@ class Delivery:
     transfer_thread: str | None = None
 
 
-class _NoBuffer(Exception):
-    """Taking a buffer set failed (its cause says why)."""
+def learn_fields(
+    piece: Piece,
+    *,
+    source: Any,
+    retries: int,
+    make: Callable[[Any], Pool],
+    owned: Owned,
+    closed: Callable[[], bool],
+) -> Pool:
+    """The job that makes the host buffers of a source that learns its fields: read
+    ``piece`` for them (the epoch's read of it is then served from what was learned,
+    :class:`~chunkstream.sources.LearnsFields`), then ``make`` the pool. Its future is
+    the pool every read waits for; a failure is every read's error."""
+    window = (piece.start, piece.stop)
+    with reading(source, piece):
+        call_with_retries(partial(source.learn, *window), retries, window, closed)
+    try:
+        owned.pool = pool = make(source.fields)
+    except Exception as exc:
+        source.forget(*window)  # the read it was learned for will not happen
+        raise ChunkLoadError(
+            f"allocating the host buffers failed: {type(exc).__name__}: {exc}", window=window
+        ) from exc
+    if closed():  # closed meanwhile: close() may have found no pool yet, and no read comes
+        pool.close()
+        source.forget(*window)
+    return pool
 
 
 def read_job(
@@ -86,40 +125,23 @@ def read_job(
     dropped: Callable[[], bool],
     *,
     source: Source,
-    pool: HostBufferPool | PinnedSlotPool | LazyPool,
+    pool: Future,
     check_finite: bool,
     retries: int,
     turn: Turn | None = None,
 ) -> Loaded:
-    """Take a buffer set from ``pool`` and read ``pieces`` into it; the set is given back
-    if the read fails. A source whose ``fields`` are still ``None`` learns them from this
-    chunk's first piece (:class:`~chunkstream.sources.LearnsFields`) before the
-    pool, then a :class:`LazyPool`, allocates. With a ``turn``, the set is taken in
-    window order (:class:`~chunkstream.pipeline._run.Turn`; learning happens in turn too)."""
+    """Take a buffer set from the pool (``pool``'s result; made by :func:`learn_fields`
+    for a source that learns its fields, waited for) and read ``pieces`` into it; the
+    set is given back if the read fails. With a ``turn``, the set is taken in window
+    order (:class:`~chunkstream.pipeline._run.Turn`)."""
     window = (pieces[0].start, pieces[0].stop)
-    learned = False  # this job learned the source's fields (then its read must happen)
-    learning_s = 0.0  # a learning read's load_fn call is part of its read time
-
-    def take() -> BufferSet:
-        nonlocal learned, learning_s
-        if isinstance(source, LearnsFields) and source.fields is None:
-            begin = time.perf_counter()
-            with reading(source, pieces[0]):
-                call_with_retries(partial(source.learn, *window), retries, window, dropped)
-            learning_s, learned = time.perf_counter() - begin, True
-        try:
-            return pool.acquire(dropped)
-        except BaseException as exc:
-            raise _NoBuffer() from exc
-
+    if not wait_done(pool, dropped):
+        raise InterruptedError("the epoch was dropped while this read waited for buffers")
+    buffers_from: Pool = pool.result()  # the learning read's error is every read's error
+    acquire = partial(buffers_from.acquire, dropped)
     try:
-        buffers = take() if turn is None else turn.take(take, dropped)
+        buffers = acquire() if turn is None else turn.take(acquire, dropped)
     except BaseException as exc:
-        if learned:  # the read the learned arrays were for will not happen
-            source.forget(*window)
-        if not isinstance(exc, (_NoBuffer, InterruptedError)):
-            raise  # the learning read's own error, as it is
-        exc = exc.__cause__ if isinstance(exc, _NoBuffer) else exc
         # Waiting for a pinned slot queries CUDA events, which can fail (a sticky error
         # from the user's kernels): a ChunkLoadError shuts the pipeline down.
         raise ChunkLoadError(
@@ -127,8 +149,7 @@ def read_job(
             f"{type(exc).__name__}: {exc}",
             window=window,
         ) from exc
-    # Waiting for a free slot, or for a LazyPool to pin its arena, is not reading.
-    begin = time.perf_counter() - learning_s
+    begin = time.perf_counter()  # waiting for a free slot is not reading
     try:
         with profiled(READ, window):
             read_window(
@@ -140,13 +161,13 @@ def read_job(
                 cancelled=dropped,
             )
     except BaseException:
-        pool.release(buffers)
+        buffers_from.release(buffers)
         raise
-    return Loaded(tuple(pieces), buffers, begin, time.perf_counter())
+    return Loaded(tuple(pieces), buffers, buffers_from, begin, time.perf_counter())
 
 
 def read_to_host(
-    pieces: Pieces, dropped: Callable[[], bool], *, pool: HostBufferPool, **read: Any
+    pieces: Pieces, dropped: Callable[[], bool], *, pool: Future, **read: Any
 ) -> Delivery:
     """The CPU path: read ``pieces``, then hand the set over as the user's tensors
     (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
@@ -166,22 +187,18 @@ def read_to_host(
     loaded = read_job(pieces, dropped, pool=pool, **read)
     views = loaded.buffers.views(chunk_rows(loaded.pieces))
     tensors = {name: torch.from_numpy(a) for name, a in views.items()}
-    pool.release(loaded.buffers)
+    loaded.pool.release(loaded.buffers)
     return Delivery(
         loaded.pieces, tensors, loaded.read_begin, loaded.read_end, read_thread=loaded.thread
     )
 
 
 def copy_job(
-    loaded: Loaded,
-    dropped: Callable[[], bool],
-    *,
-    pool: PinnedSlotPool | HostBufferPool | LazyPool,
-    device: torch.device,
-    stream: Any,
+    loaded: Loaded, dropped: Callable[[], bool], *, device: torch.device, stream: Any
 ) -> Delivery | None:
-    """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to ``pool`` behind
+    """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to its pool behind
     the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
+    pool = loaded.pool
     if dropped():
         pool.release(loaded.buffers)
         return None

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from functools import partial
@@ -29,19 +29,41 @@ import torch
 from .._device import device_binder
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
 from .._executor import POLL_S, Executor
-from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
+from .._memory import HostBufferPool, PinnedSlotPool
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
-from ..plans import EpochCursor, EpochSpan, Segments, Uneven, WindowPlan, loader_plan
-from ..sources import Source, check_source, describe_source, stored_time_chunk, window_nbytes
+from ..plans import EpochCursor, EpochSpan, Piece, Segments, Uneven, WindowPlan, loader_plan
+from ..sources import (
+    FieldSpec,
+    HandsOver,
+    Source,
+    check_source,
+    describe_source,
+    stored_time_chunk,
+    window_nbytes,
+)
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
+from ._jobs import learn_fields
 from ._resident import make_resident
-from ._run import EpochIterator, EpochRun, shutdown
-from ._stages import CopyStage, HostStage, ResidentStage, receive
+from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
+from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
 
-__all__ = ["ChunkLoader"]
+__all__ = ["ChunkLoader", "host_pool"]
+
+
+def host_pool(
+    fields: Mapping[str, FieldSpec], rows: int, sets: int, device: torch.device, *, used: bool
+) -> HostBufferPool | PinnedSlotPool:
+    """The host buffer sets the readers fill: ``sets`` pinned slots on a CUDA ``device``,
+    else pageable sets; none where no host set is ``used`` (resident chunks are views or
+    gathers). A module function: the learning job that calls it must not hold the loader."""
+    if not used:
+        return HostBufferPool(fields, rows, slots=0)
+    if device.type == "cuda":
+        return PinnedSlotPool(fields, rows, slots=sets, device=device)
+    return HostBufferPool(fields, rows, slots=sets)
 
 
 class ChunkLoader:
@@ -86,7 +108,12 @@ class ChunkLoader:
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second. ``close()`` is idempotent and joins every thread within a deadline;
     the loader is a context manager; a loader dropped without ``close()`` warns
-    (``ResourceWarning``) and stops its threads when collected.
+    (``ResourceWarning``) and is shut down the same way when collected.
+
+    A source that learns its fields at its first read (``CallableSource(...,
+    specs="first")``) is read for them by the first job of the first epoch, in a
+    reader thread, which then allocates the host buffers; that epoch's reads wait
+    for it.
     """
 
     def __init__(
@@ -117,12 +144,13 @@ class ChunkLoader:
         window: int | None = None,
         resident: bool | str = False,
     ) -> None:
-        self._closed = True  # until fully built, so __del__ and close() are safe
-        self._executors: list[Executor] = []
+        self._closed = True  # until fully built, so close() is safe
         if not isinstance(close_source, bool):
             raise ConfigError.bad("close_source", close_source, "True or False", "Pass a bool.")
-        self._close_source = close_source
         self.source = check_source(source)
+        # Everything close() releases; a loader collected unclosed releases it through a
+        # finalizer, which must not refer to the loader itself.
+        self._owned = Owned(source=self.source if close_source else None)
         self.device = resolve_device(device)
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
@@ -163,57 +191,97 @@ class ChunkLoader:
         self.stats = stats if stats is not None else LatencyStats()
         self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
         self._lock = threading.Lock()
-        self._run: EpochRun | None = None
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         self._resident, self.mode_reason = make_resident(
             self.plan, self.source, self.device, self._stream, resident, host_memory, device_memory
         )
-        self._pool = self._make_pool(on_cuda)
+        # The host buffers, as a future: made here, or for a source that learns its
+        # fields by the first epoch's first job (learn_fields), which every read waits for.
+        self._pool_made: Future = Future()
+        self._learning = False
+        self._make_pool = partial(  # no reference to the loader: the learning job holds it
+            host_pool,
+            rows=self.rows,
+            sets=self.config.host_sets(on_cuda),
+            device=self.device,
+            used=self._resident is None,
+        )
         try:
+            if self.source.fields is not None:
+                self._owned.pool = self._make_pool(self.source.fields)
+                self._pool_made.set_result(self._owned.pool)
+            self._stage = self._make_stage(on_cuda)
             self._start_executors(on_cuda)
-        except BaseException:
-            # Never leak started threads nor a registered arena (__del__ does nothing here).
-            shutdown(self._executors, self._pool, None, deadline_s=self.config.close_timeout)
+        except BaseException:  # never leak started threads nor a registered arena
+            shutdown(self._owned, deadline_s=self.config.close_timeout)
             raise
+        self._finalizer = weakref.finalize(
+            self, forgotten, self._owned, self.stats, self.config.close_timeout
+        )
+        self._finalizer.atexit = False  # at exit the daemon threads end with the process
         self._closed = False
 
-    def _make_pool(self, on_cuda: bool) -> HostBufferPool | PinnedSlotPool | LazyPool:
-        sets = self.config.host_sets(on_cuda)
-        if self._resident is not None:  # chunks are views or gathers: no host set is used
-            return HostBufferPool(self.source.fields, self.rows, slots=0)
-        make = partial(
-            PinnedSlotPool if on_cuda else HostBufferPool,
-            rows=self.rows,
-            slots=sets,
-            **({"device": self.device} if on_cuda else {}),
+    def _make_stage(self, on_cuda: bool) -> DeliveryStage:
+        """How the readers' buffers become chunks (:mod:`._stages`), chosen once."""
+        c = self.config
+        reading = dict(source=self.source, check_finite=c.check_finite, retries=c.read_retries)
+        if self._resident is not None:  # the readers load it once, then serve from it
+            return ResidentStage(self._resident, c.reader_capacity)
+        if self.device.type == "cpu":
+            return HostStage(self._pool_made, c.reader_capacity, **reading)
+        # No more reads than slots: the oldest read finds one once the copies ahead finish.
+        return CopyStage(
+            self._pool_made,
+            min(c.reader_capacity, c.slots),
+            device=self.device,
+            stream=self._stream,
+            **reading,
         )
-        if self.source.fields is None:  # learned at the first read: allocate after it
-            return LazyPool(lambda source=self.source: make(source.fields))
-        return make(self.source.fields)
 
     def _start_executors(self, on_cuda: bool) -> None:
         """The readers and, on a device, the copy thread; their jobs never refer to the
         loader, so a loader the user drops is collected."""
-        c = self.config
         # Every CUDA thread binds the loader's device first (a new thread starts on device 0).
         init = device_binder(self.device) if on_cuda else None
-        self._executors.append(Executor("read", c.workers, init))
-        reading = dict(source=self.source, check_finite=c.check_finite, retries=c.read_retries)
-        if self._resident is not None:  # the readers load it once, then serve from it
-            self._stage = ResidentStage(self._resident, c.reader_capacity)
-        elif self.device.type == "cpu":
-            self._stage = HostStage(self._pool, c.reader_capacity, **reading)
-        else:
-            self._executors.append(Executor("transfer", 1, init))
-            # No more reads than slots: the oldest read finds one once the copies ahead finish.
-            self._stage = CopyStage(
-                self._pool,
-                min(c.reader_capacity, c.slots),
-                device=self.device,
-                stream=self._stream,
-                **reading,
-            )
+        self._owned.executors.append(Executor("read", self.config.workers, init))
+        if self._stage.transfer is not None:
+            self._owned.executors.append(Executor("transfer", 1, init))
+
+    def _needs_learning(self) -> bool:
+        """Whether the host buffers wait for a first job to learn the source's fields: not
+        once made or asked for, nor where the CPU hands one-piece chunks over as the
+        source's own arrays (the first read then learns them itself, and no buffer is used)."""
+        if self._learning or self._pool_made.done():
+            return False
+        source = self.source
+        hands_over = isinstance(source, HandsOver) and source.hands_over
+        return not (self.device.type == "cpu" and hands_over and self.plan.pieces == 1)
+
+    def _learn_fields(self, piece: Piece) -> None:
+        """Queue the job that learns the source's fields from ``piece`` (the first piece of
+        the first epoch) and makes the host buffers; the epoch's reads wait for it."""
+        self._learning = True
+        readers = self._executors[0]
+        job = partial(
+            learn_fields,
+            piece,
+            source=self.source,
+            retries=self.config.read_retries,
+            make=self._make_pool,
+            owned=self._owned,
+            closed=lambda: readers.closed,
+        )
+        readers.submit(job, what="learning the fields", future=self._pool_made)
+
+    @property
+    def _pool(self) -> HostBufferPool | PinnedSlotPool | None:
+        """The host buffers (``None`` until a source that learns its fields was read)."""
+        return self._owned.pool
+
+    @property
+    def _executors(self) -> list[Executor]:
+        return self._owned.executors
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -233,8 +301,10 @@ class ChunkLoader:
         with self._lock:
             span = self._cursor.begin(num_chunks, at)
             self._drop_run()
+            if self._needs_learning() and span.windows:
+                self._learn_fields(span.windows[0][0])
             stage = self._stage
-            self._run = EpochRun(
+            self._owned.run = EpochRun(
                 span.windows,
                 read=stage.read,
                 readers=self._executors[0],
@@ -245,14 +315,14 @@ class ChunkLoader:
                 reclaim=stage.reclaim,
                 ordered=stage.ordered,
             )
-            run = self._run
+            run = self._owned.run
         self.stats.epoch_started()
         return EpochIterator(self, span, run)
 
     def _drop_run(self) -> None:
-        if self._run is not None:
-            self._run.drop()
-            self._run = None
+        if self._owned.run is not None:
+            self._owned.run.drop()
+            self._owned.run = None
             # The epoch's clock stops here if its iterator did not run to the end.
             self.stats.epoch_ended()
 
@@ -407,15 +477,14 @@ class ChunkLoader:
         if self._closed:
             return ""
         self._closed = True
+        self._finalizer.detach()  # this is the loader's one shutdown
         try:
             with self._lock:
                 self._drop_run()  # an iterator of it raises LoaderClosedError from now on
             self.stats.epoch_ended()
         finally:
             note = shutdown(
-                self._executors,
-                self._pool,
-                self.source if self._close_source else None,
+                self._owned,
                 deadline_s=deadline_s,
                 warn_after=self.config.close_timeout if warn else None,
             )
@@ -425,7 +494,7 @@ class ChunkLoader:
     def pinned_bytes(self) -> int:
         """Page-locked host bytes the loader holds: its pinned arena's true size (0 on CPU,
         before the first read of a source that learns its fields, and once close() unpinned it)."""
-        pool = self._pool.pool if isinstance(self._pool, LazyPool) else self._pool
+        pool = self._owned.pool
         return pool.nbytes if isinstance(pool, PinnedSlotPool) else 0
 
     @property
@@ -457,15 +526,6 @@ class ChunkLoader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            warnings.warn(
-                "ChunkLoader was not closed; use `with ChunkLoader(...)` or call close()",
-                ResourceWarning,
-                stacklevel=2,
-            )
-            self.close()
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:

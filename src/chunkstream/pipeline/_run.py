@@ -23,15 +23,15 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import takewhile
 from typing import Any
 
-from .._executor import POLL_S, Executor
+from .._executor import POLL_S, Executor, wait_done
 from ..plans import EpochSpan
 
-__all__ = ["EpochIterator", "EpochRun", "Turn", "shutdown"]
+__all__ = ["EpochIterator", "EpochRun", "Owned", "Turn", "forgotten", "shutdown"]
 
 
 class Turn:
@@ -160,16 +160,9 @@ class EpochRun:
             copy = self._copier.submit(self._copy_after, read, what=f"job {job}")
             self._copies.append((copy, read))
 
-    def _wait_for(self, read: Future) -> bool:
-        """Wait for ``read`` on the transfer thread; false once the run is dropped."""
-        while not wait_futures([read], timeout=POLL_S).done:
-            if self._dropped:
-                return False
-        return True
-
     def _copy_after(self, read: Future) -> Any:
         """The transfer thread's job for one window: its read's result, copied."""
-        if not self._wait_for(read):
+        if not wait_done(read, self.dropped):
             return self._follow_dropped(read)
         result = read.result()  # a failed read's error is this window's error
         assert self._copy is not None
@@ -181,9 +174,9 @@ class EpochRun:
             return None
         # A read stops soon after its run is dropped; one that ignores cancellation must
         # not hold the transfer thread past the loader's close (the pool closes with it).
-        while not wait_futures([read], timeout=POLL_S).done:
-            if self._copier is not None and self._copier.closed:
-                return None
+        copier = self._copier
+        if not wait_done(read, lambda: copier is not None and copier.closed):
+            return None
         if read.exception() is None and self._reclaim is not None:
             self._reclaim(read.result())
         return None
@@ -226,15 +219,35 @@ class EpochIterator:
         return self._span.stop - self._span.first
 
 
-def shutdown(
-    executors: Sequence[Executor],
-    pool: Any,
-    owned_source: Any,
-    *,
-    deadline_s: float,
-    warn_after: float | None = None,
-) -> str:
-    """Stop the executors (the copy one first), close the pool, close ``owned_source``.
+@dataclass
+class Owned:
+    """What a loader releases when it shuts down: the epoch run in progress, the
+    executors, the host buffer pool (``None`` until a learning source was read) and
+    the source, if the loader closes it. Held apart from the loader so that a
+    finalizer can release it once the loader is collected."""
+
+    executors: list[Executor] = field(default_factory=list)
+    pool: Any = None
+    source: Any = None
+    run: EpochRun | None = None
+
+
+def forgotten(owned: Owned, stats: Any, timeout: float) -> None:
+    """The finalizer of a loader collected without ``close()``: warn, then shut it down."""
+    warnings.warn(
+        "ChunkLoader was not closed; use `with ChunkLoader(...)` or call close()",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    try:
+        shutdown(owned, deadline_s=timeout, warn_after=timeout)
+    finally:
+        stats.epoch_ended()
+
+
+def shutdown(owned: Owned, *, deadline_s: float, warn_after: float | None = None) -> str:
+    """Drop the run, stop the executors (the copy one first), close the pool, close the
+    owned source.
 
     One deadline covers everything; every step runs even if an earlier one raises.
     The pool is unpinned only once the copy thread has stopped, and the source is
@@ -245,23 +258,27 @@ def shutdown(
     end = time.monotonic() + deadline_s
     alive: list[str] = []
     note = ""
+    run, owned.run = owned.run, None
     try:
-        for executor in reversed(executors):
+        if run is not None:
+            run.drop()
+        for executor in reversed(owned.executors):
             alive += executor.close(end)
     finally:
         try:
             copying = any(name.startswith("chunkstream-transfer") for name in alive)
-            pool.close(max(0.0, end - time.monotonic()), unpin=not copying)
+            if owned.pool is not None:
+                owned.pool.close(max(0.0, end - time.monotonic()), unpin=not copying)
         finally:
             readers = [name for name in alive if name.startswith("chunkstream-read")]
-            if owned_source is not None and readers:
+            if owned.source is not None and readers:
                 note = (
                     f"; the source was left open (close_source=True) because {readers} "
                     "are still reading from it: call source.close() once the read returns, "
                     "or let the process exit"
                 )
-            elif owned_source is not None:
-                owned_source.close()
+            elif owned.source is not None:
+                owned.source.close()
             if alive and warn_after is not None:
                 warnings.warn(
                     f"chunkstream: threads {alive} did not stop within {warn_after} s (a read "

@@ -22,13 +22,13 @@ bytes into a host buffer, ``transfer`` copies and decodes them on the stream.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
-from .._memory import HostBufferPool, LazyPool, PinnedSlotPool
 from ._chunk import hand_over
 from ._jobs import Delivery, copy_job, read_job, read_to_host
 from ._resident import ResidentStore
@@ -70,13 +70,14 @@ class DeliveryStage:
     ordered: bool = False
 
 
-def HostStage(pool: HostBufferPool | LazyPool, depth: int, **reading: Any) -> DeliveryStage:
-    """CPU: the readers' buffer sets become the user's tensors."""
+def HostStage(pool: Future, depth: int, **reading: Any) -> DeliveryStage:
+    """CPU: the readers' buffer sets become the user's tensors. ``pool``: the future of
+    the host buffers (made at construction, or by the first epoch's learning job)."""
     return DeliveryStage("host", partial(read_to_host, pool=pool, **reading), depth)
 
 
 def CopyStage(
-    pool: PinnedSlotPool | HostBufferPool | LazyPool,
+    pool: Future,
     depth: int,
     *,
     device: torch.device,
@@ -88,8 +89,8 @@ def CopyStage(
         "copy",
         partial(read_job, pool=pool, **reading),
         depth,
-        transfer=partial(copy_job, pool=pool, device=device, stream=stream),
-        reclaim=lambda loaded: pool.release(loaded.buffers),
+        transfer=partial(copy_job, device=device, stream=stream),
+        reclaim=lambda loaded: loaded.pool.release(loaded.buffers),
         ordered=True,
     )
 
