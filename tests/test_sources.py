@@ -29,8 +29,10 @@ from chunkstream.sources import (
     NumpySource,
     Source,
     TensorStoreSource,
+    ZarrGroupSource,
     ZarrSource,
 )
+from chunkstream.sources._base import field_of, tag_field
 from tests.stores import chunk_files, make_array, make_sharded, random_data
 
 T, N = 53, 6
@@ -232,6 +234,68 @@ def test_close_is_idempotent(built):
     src, _ = built
     src.close()
     src.close()
+
+
+def _group(tmp_path: Path):
+    zarr.open_group(tmp_path / "g", mode="w")
+    make_array(tmp_path / "g" / "a", random_data((T, N)), (8, N))
+    return ZarrGroupSource(tmp_path / "g"), None
+
+
+# One source of each public class, for what every class promises beyond reading.
+ONE_OF_EACH = {
+    "CallableSource": _callable,
+    "JoinSource": _join(labelled=False),
+    "NumpySource": _numpy,
+    "TensorStoreSource": _tensorstore(3),
+    "ZarrGroupSource": _group,
+    "ZarrSource": _zarr_kind(3, "blosc-zstd", (7, N, 1), "chunkstream"),
+}
+
+
+def test_one_of_each_covers_every_public_source_class():
+    assert set(ONE_OF_EACH) == {
+        n for n in sources.__all__ if n.endswith("Source") and n != "Source"
+    }
+
+
+@pytest.mark.parametrize("name", sorted(ONE_OF_EACH))
+def test_every_source_is_a_context_manager_that_closes(name, tmp_path):
+    src, _ = ONE_OF_EACH[name](tmp_path)
+    assert type(src) is getattr(sources, name)
+    calls = []
+    close = src.close
+
+    def counted_close():
+        calls.append(name)
+        close()
+
+    src.close = counted_close  # `with` calls it through the instance
+    with src as entered:
+        assert entered is src
+        src.read_into(0, 3, _buffers(src, 3))
+    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match="in the block"), src:
+        raise RuntimeError("in the block")  # propagates, and the source closes again
+    assert len(calls) == 2
+
+
+def test_a_field_tag_keeps_the_innermost_name_unless_replaced():
+    exc = OSError("read failed")
+    assert field_of(exc) is None
+    tag_field(exc, "inner")
+    tag_field(exc, "outer")
+    assert field_of(exc) == "inner"
+    tag_field(exc, "exposed", replace=True)
+    assert field_of(exc) == "exposed"
+
+    class Frozen(OSError):
+        def __setattr__(self, name, value):
+            raise AttributeError(name)
+
+    frozen = Frozen("read failed")
+    tag_field(frozen, "x")  # an exception that cannot carry the name goes untagged
+    assert field_of(frozen) is None
 
 
 # -- ZarrSource validation ------------------------------------------------------------

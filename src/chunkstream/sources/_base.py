@@ -21,6 +21,8 @@ Contract for implementations
   window. A source should raise a ``SourceError`` subclass naming the path or
   chunk key where it can (see ``MissingChunkError``, ``CorruptChunkError``).
 * ``close()`` releases handles and is idempotent.
+* Errors raised reading one field carry its name (:func:`tag_field`), so the
+  ``ChunkLoadError`` can name it too.
 * Optionally, ``time_chunk``: the stored chunk length along time (an int >= 1;
   1 where the storage has no chunk grid or it is unknown). Pieced chunks start
   on multiples of it so that a piece decodes whole stored chunks; a source
@@ -32,7 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -41,14 +43,19 @@ from .._errors import ConfigError, FieldDtypeError, FieldLengthError
 __all__ = [
     "FieldSpec",
     "Source",
+    "SourceBase",
     "check_dtype",
     "check_lengths",
     "check_source",
     "field_context",
+    "field_of",
     "settle",
     "stored_time_chunk",
+    "tag_field",
     "window_nbytes",
 ]
+
+_S = TypeVar("_S", bound="SourceBase")
 
 # dtypes torch can hold without conversion.
 _TORCH_DTYPES = frozenset(
@@ -98,6 +105,36 @@ class Source(Protocol):
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class SourceBase:
+    """What chunkstream's own sources share: ``fields``, ``len()``, a ``close()`` and use
+    as a context manager that closes on exit.
+
+    A convenience, not the contract: a user's source implements :class:`Source` and
+    need not inherit this. A subclass sets ``_fields`` and ``_len`` when it opens, and
+    overrides ``close`` where it holds something to release.
+    """
+
+    _fields: Mapping[str, FieldSpec]
+    _len: int
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """Field name -> per-timestep shape and dtype."""
+        return self._fields
+
+    def __len__(self) -> int:
+        return self._len
+
+    def close(self) -> None:
+        """Nothing to release; idempotent."""
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @runtime_checkable
@@ -172,11 +209,24 @@ def check_lengths(lengths: Mapping[str, int], where: str) -> int:
     return distinct.pop()
 
 
-class field_context:
-    """Tag an exception raised while reading one field with that field's name.
+def tag_field(exc: BaseException, name: str | None, *, replace: bool = False) -> None:
+    """Record that ``exc`` was raised reading field ``name``, for the ``ChunkLoadError``
+    the pipeline raises (:func:`field_of`). A name already there is kept (the innermost
+    reader knows best) unless ``replace``, which a source that renames fields uses;
+    ``None`` then clears it. An exception that cannot take the attribute goes untagged."""
+    if replace or field_of(exc) is None:
+        with contextlib.suppress(AttributeError):
+            exc.chunkstream_field = name  # type: ignore[attr-defined]
 
-    The pipeline reads ``exc.chunkstream_field`` to name the field in the
-    ``ChunkLoadError`` it raises; sources wrap each field's read in this.
+
+def field_of(exc: BaseException) -> str | None:
+    """The field ``exc`` was raised reading (:func:`tag_field`), or ``None`` if unknown."""
+    return getattr(exc, "chunkstream_field", None)
+
+
+class field_context:
+    """Tag an exception raised while reading one field with that field's name
+    (:func:`tag_field`); sources wrap each field's read in this.
     """
 
     __slots__ = ("name",)
@@ -188,10 +238,8 @@ class field_context:
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and getattr(exc, "chunkstream_field", None) is None:
-            # Exceptions with __slots__ cannot carry the name; they go untagged.
-            with contextlib.suppress(AttributeError):
-                exc.chunkstream_field = self.name
+        if exc is not None:
+            tag_field(exc, self.name)
         return False
 
 

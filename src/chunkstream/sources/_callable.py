@@ -8,12 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from .._errors import ConfigError, check_int
-from ._base import FieldSpec, check_dtype, field_context
+from ._base import FieldSpec, SourceBase, check_dtype, field_context
 
 __all__ = ["CallableSource"]
 
 
-class CallableSource:
+class CallableSource(SourceBase):
     """Fields produced by ``load_fn(start, stop)``, one array per name in ``names``.
 
     ``load_fn`` must be thread-safe when the loader has several reader workers.
@@ -128,9 +128,6 @@ class CallableSource:
                 del self._learned[window]
             return arrays
 
-    def __len__(self) -> int:
-        return self._len
-
     def _call(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
         result = self._load_fn(start, stop)
         if isinstance(result, np.ndarray) and len(self._names) == 1:
@@ -189,6 +186,3 @@ class CallableSource:
                     )
                 checked[name] = arr
         return checked
-
-    def close(self) -> None:
-        """Nothing to release; idempotent."""

@@ -19,7 +19,7 @@ import numpy as np
 import zarr
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
-from ._base import FieldSpec, check_lengths, window_nbytes
+from ._base import SourceBase, check_lengths, window_nbytes
 from ._remote import close_store, open_remote_store, store_errors
 from ._zarr import ZarrSource, is_url
 
@@ -29,7 +29,7 @@ Index = tuple[int | slice, ...] | int | slice
 FieldRef = str | tuple[str, Index]
 
 
-class ZarrGroupSource:
+class ZarrGroupSource(SourceBase):
     """Named fields from the arrays of the zarr group at ``path``.
 
     ``fields`` maps a field name to an array name (the whole array) or to
@@ -83,14 +83,6 @@ class ZarrGroupSource:
         #: A multiple of every array's stored time chunk: a start on it is on each grid.
         self.time_chunk = math.lcm(*(p.time_chunk for p in self._parts))
 
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype."""
-        return self._fields
-
-    def __len__(self) -> int:
-        return self._len
-
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Fill ``out[name][: stop - start]`` for every field (each array decodes in parallel)."""
         for part in self._parts:
@@ -100,12 +92,6 @@ class ZarrGroupSource:
         """Close every array's source; idempotent."""
         for part in self._parts:
             part.close()
-
-    def __enter__(self) -> ZarrGroupSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())

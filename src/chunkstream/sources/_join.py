@@ -23,7 +23,6 @@ thread per window.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import itertools
 import math
 import threading
@@ -33,7 +32,17 @@ from functools import partial
 import numpy as np
 
 from .._errors import ConfigError, FieldLengthError, check_int
-from ._base import FieldSpec, Source, describe_source, settle, stored_time_chunk, window_nbytes
+from ._base import (
+    FieldSpec,
+    Source,
+    SourceBase,
+    describe_source,
+    field_of,
+    settle,
+    stored_time_chunk,
+    tag_field,
+    window_nbytes,
+)
 
 __all__ = ["JoinSource"]
 
@@ -44,14 +53,15 @@ def _name_thread() -> None:
     threading.current_thread().name = f"chunkstream-join-{next(_thread_ids)}"
 
 
-class JoinSource:
+class JoinSource(SourceBase):
     """Every field of several sources, on the time axis they share.
 
     ``JoinSource(a, b, c)`` joins the parts in that order; the fields keep their
-    names. ``JoinSource({"traces": a, "mask": b})`` labels each part: a part
-    with exactly one field exposes it under its label (so two stores that each
-    hold one array called ``"data"`` become ``"traces"`` and ``"mask"``); a part
-    with several fields keeps their names. Labels appear in error messages.
+    names, and ``fields`` lists them part by part.
+    ``JoinSource({"traces": a, "mask": b})`` labels each part: a part with
+    exactly one field exposes it under its label (so two stores that each hold
+    one array called ``"data"`` become ``"traces"`` and ``"mask"``); a part with
+    several fields keeps their names. Labels appear in error messages.
 
     Field names must be unique across the parts (``ConfigError`` otherwise) and
     every part must have the same number of timesteps (``FieldLengthError``
@@ -141,17 +151,9 @@ class JoinSource:
         self._closed = False
 
     @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype, the parts' fields in part order."""
-        return self._fields
-
-    @property
     def parts(self) -> dict[str, Source]:
         """Label -> joined source (labels are ``"part 0"``, ... without a mapping)."""
         return {label: part for label, part, _ in self._parts}
-
-    def __len__(self) -> int:
-        return self._len
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Fill ``out[name][: stop - start]`` for every field; the parts read concurrently."""
@@ -169,13 +171,11 @@ class JoinSource:
         try:
             part.read_into(start, stop, views)
         except Exception as exc:
-            inner = getattr(exc, "chunkstream_field", None)
+            inner = field_of(exc)
             exposed = next((e for e, i in names.items() if i == inner), None)
             if exposed is None and len(names) == 1:  # the part's only field
                 exposed = next(iter(names))
-            # name the field as the join exposes it; exceptions with __slots__ cannot carry it
-            with contextlib.suppress(AttributeError):
-                exc.chunkstream_field = exposed
+            tag_field(exc, exposed, replace=True)  # the field as the join exposes it
             exc.add_note(
                 f"chunkstream: JoinSource part {label} ({describe_source(part)}), fields "
                 f"{list(names)}, failed reading window [{start}, {stop})"
@@ -190,12 +190,6 @@ class JoinSource:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for _, part, _ in self._parts:
             part.close()
-
-    def __enter__(self) -> JoinSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{label}={describe_source(part)}" for label, part, _ in self._parts)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
-from ._base import FieldSpec, check_dtype, check_lengths, field_context
+from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context
 
 __all__ = ["NumpySource"]
 
@@ -31,7 +31,7 @@ def _load(name: str, value: np.ndarray | str | Path) -> np.ndarray:
     return value
 
 
-class NumpySource:
+class NumpySource(SourceBase):
     """Fields backed by numpy arrays or memmaps (``.npy`` paths open with ``mmap_mode="r"``).
 
     Every array needs at least one dimension (time) and at least one timestep,
@@ -58,14 +58,6 @@ class NumpySource:
             self._arrays[name] = arr
         self._len = check_lengths({n: a.shape[0] for n, a in self._arrays.items()}, "NumpySource")
         self._fields = fields
-
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype."""
-        return self._fields
-
-    def __len__(self) -> int:
-        return self._len
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Copy rows ``[start, stop)`` of every array into ``out[name][: stop - start]``."""

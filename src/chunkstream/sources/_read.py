@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
-from ._base import Source, describe_source
+from ._base import Source, describe_source, field_of
 
 __all__ = ["call_with_retries", "read_owned_window", "read_window", "reading"]
 
@@ -38,7 +38,7 @@ def reading(source: Source, piece: Any) -> Iterator[None]:
     except ChunkLoadError:
         raise
     except BaseException as exc:
-        name = getattr(exc, "chunkstream_field", None)
+        name = field_of(exc)
         where = f" field {name!r}" if name else ""
         raise ChunkLoadError(
             f"reading window [{piece.start}, {piece.stop}){where} of "

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
-from ._base import FieldSpec, check_dtype, check_lengths, field_context, settle, window_nbytes
+from ._base import (
+    FieldSpec,
+    SourceBase,
+    check_dtype,
+    check_lengths,
+    field_context,
+    settle,
+    window_nbytes,
+)
 from ._select import Selection, normalize_selection
 
 __all__ = ["TensorStoreSource"]
@@ -49,7 +57,7 @@ def _read_chunk_steps(store) -> int:
         return 1
 
 
-class TensorStoreSource:
+class TensorStoreSource(SourceBase):
     """Fields of a zarr (v2 or v3) array opened with tensorstore.
 
     ``spec_or_path`` is a local path to the array (the driver is picked from its
@@ -57,7 +65,8 @@ class TensorStoreSource:
     wanted; its domain is counted from 0 on every axis). ``fields`` has the
     :class:`ZarrSource` meaning. Reads write straight into ``out`` through a
     tensorstore view of it. Note: like zarr, tensorstore reads absent chunks as
-    the fill value; use ``ZarrSource`` where that must be detected.
+    the fill value; use ``ZarrSource`` where that must be detected. ``close()``
+    has nothing to release beyond the handle, which tensorstore frees.
     """
 
     def __init__(
@@ -99,14 +108,6 @@ class TensorStoreSource:
         #: The stored chunk length along time (see :func:`_read_chunk_steps`).
         self.time_chunk = _read_chunk_steps(store)
 
-    @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype."""
-        return self._fields
-
-    def __len__(self) -> int:
-        return self._len
-
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Fill ``out[name][: stop - start]``; all fields' reads run concurrently."""
         pending = []
@@ -115,9 +116,6 @@ class TensorStoreSource:
                 target = self._ts.array(out[name][: stop - start], copy=False, write=True)
                 pending.append((name, target.write(self.store[sel.as_index(start, stop)])))
         settle(partial(_result_of, name, future) for name, future in pending)
-
-    def close(self) -> None:
-        """Nothing to release beyond the handle, which tensorstore frees; idempotent."""
 
 
 def _result_of(name: str, future: Any) -> None:

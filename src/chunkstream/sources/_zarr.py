@@ -69,7 +69,7 @@ from .._errors import (
     SourceNotFoundError,
     check_int,
 )
-from ._base import FieldSpec, check_dtype, check_lengths, field_context, window_nbytes
+from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context, window_nbytes
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import FastChunkReader, decode_pool
@@ -206,7 +206,7 @@ def _select_array(node: zarr.Array | zarr.Group, array: str | None, text: str) -
     return node
 
 
-class ZarrSource:
+class ZarrSource(SourceBase):
     """Named fields of one zarr array; see the module docs.
 
     ``fields`` maps a name to an index tuple on the non-time axes (ints and
@@ -323,17 +323,9 @@ class ZarrSource:
             )
 
     @property
-    def fields(self) -> Mapping[str, FieldSpec]:
-        """Field name -> per-timestep shape and dtype."""
-        return self._fields
-
-    @property
     def uses_fast_path(self) -> bool:
         """Whether reads go through the thread-pool chunk decoder."""
         return self._fast is not None
-
-    def __len__(self) -> int:
-        return self._len
 
     def __repr__(self) -> str:
         names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())
@@ -421,12 +413,6 @@ class ZarrSource:
             self._pool.shutdown(wait=True)
         if self._close_store is not None:
             self._close_store()
-
-    def __enter__(self) -> ZarrSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- validation -------------------------------------------------------
 
