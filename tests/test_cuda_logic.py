@@ -109,6 +109,7 @@ def test_every_loader_thread_binds_the_device_and_a_failed_bind_reaches_the_cons
 def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
     from chunkstream.pipeline._jobs import read_job
     from chunkstream.plans import Piece
+    from chunkstream.stats import Trip
 
     class BrokenPool:
         def acquire(self, cancelled=None):
@@ -117,7 +118,7 @@ def test_errors_from_acquire_reach_the_consumer_as_chunk_load_errors():
     pool = Future()
     pool.set_result(BrokenPool())
     with pytest.raises(ChunkLoadError, match=r"free host buffer for window \[10, 20\)") as info:
-        read_job((Piece(0, 10, 20),), lambda: False, source=None, pool=pool,
+        read_job((Piece(0, 10, 20),), lambda: False, Trip(), source=None, pool=pool,
                  check_finite=False, retries=0)  # fmt: skip
     assert info.value.window == (10, 20)
     assert "illegal memory access" in str(info.value.__cause__)
@@ -625,11 +626,10 @@ def _fake_cuda_copies(monkeypatch, unregistered):
 
     _fake_cuda_loader(monkeypatch, unregistered)
 
-    def copy(loaded, pool, device, stream, issued):
+    def copy(loaded, pool, device, stream):
         rows = _jobs.chunk_rows(loaded.pieces)
         tensors = {name: t[:rows].clone() for name, t in loaded.buffers.tensors.items()}
-        return _jobs.Delivery(loaded.pieces, tensors, loaded.read_begin, loaded.read_end,
-                              issued=issued, events=(_DoneEvent(), _DoneEvent()))  # fmt: skip
+        return _jobs.Delivery(loaded.pieces, tensors, (_DoneEvent(), _DoneEvent()))
 
     class Stream:
         def wait_event(self, event):

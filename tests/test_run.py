@@ -47,7 +47,7 @@ def _run(executors, buffers, windows, *, delay=0.0, fail=None, depth=4, copy_dep
     readers, copier = executors
     in_flight = []
 
-    def read(window, dropped):
+    def read(window, dropped, trip):
         buffers.take(window)
         in_flight.append(window)
         time.sleep(delay)
@@ -56,7 +56,7 @@ def _run(executors, buffers, windows, *, delay=0.0, fail=None, depth=4, copy_dep
             raise ChunkLoadError(f"reading {window} failed", window=window)
         return window
 
-    def copy(window, dropped):
+    def copy(window, dropped, trip):
         buffers.give(window)  # the slot goes back behind the copy
         return None if dropped() else ("copied", window)
 
@@ -77,7 +77,7 @@ def test_copies_arrive_in_window_order_within_the_bounds(executors, consumer):
             time.sleep(0.02)  # every read in the deque is done when its copy is chained
         # Never more windows started than taken + reads + copies.
         assert len(in_flight) <= len(got) + 4 + 2
-        got.append(run.take().result(timeout=5))
+        got.append(run.take()[0].result(timeout=5))
     assert got == [("copied", w) for w in windows]
     with pytest.raises(IndexError):
         run.take()
@@ -89,7 +89,7 @@ def test_a_dropped_run_gives_every_buffer_back_exactly_once(executors):
         buffers = _Buffers()
         run, _ = _run(executors, buffers, [(k, k + 1) for k in range(10)], delay=0.02)
         for _ in range(stop_after):
-            run.take().result(timeout=5)
+            run.take()[0].result(timeout=5)
         time.sleep(0.03)  # some reads running, some done, some copies queued
         run.drop()
         deadline = time.monotonic() + 5
@@ -103,7 +103,7 @@ def test_a_later_window_error_is_seen_while_waiting_for_an_earlier_one(executors
     release = threading.Event()
     readers, copier = executors
 
-    def read(window, dropped):
+    def read(window, dropped, trip):
         buffers.take(window)
         if window == (0, 1):
             release.wait(5)
@@ -112,13 +112,13 @@ def test_a_later_window_error_is_seen_while_waiting_for_an_earlier_one(executors
             raise ChunkLoadError("injected", window=window)
         return window
 
-    def copy(window, dropped):
+    def copy(window, dropped, trip):
         buffers.give(window)
         return window
 
     run = EpochRun([(0, 1), (1, 2), (2, 3)], read=read, readers=readers, depth=3, copy=copy,
                    copier=copier, copy_depth=1, reclaim=buffers.give)  # fmt: skip
-    first = run.take()
+    first, _ = run.take()
     deadline = time.monotonic() + 2
     while run.failed() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -196,7 +196,7 @@ def test_reads_take_slots_in_window_order_or_a_late_first_read_starves(ordered):
     slots = _Slots(2)
     first_late = threading.Event()
 
-    def read(window, dropped, turn=None):
+    def read(window, dropped, trip, turn=None):
         if window == (0, 1):
             first_late.wait(0.3)  # the first read's thread is descheduled for a while
 
@@ -206,7 +206,7 @@ def test_reads_take_slots_in_window_order_or_a_late_first_read_starves(ordered):
 
         return take() if turn is None else turn.take(take, dropped)
 
-    def copy(window, dropped):
+    def copy(window, dropped, trip):
         slots.release()
         return window
 
@@ -215,10 +215,10 @@ def test_reads_take_slots_in_window_order_or_a_late_first_read_starves(ordered):
                    ordered=ordered)  # fmt: skip
     try:
         if ordered:
-            assert [run.take().result(timeout=5) for _ in range(8)] == [(k, k + 1) for k in range(8)]
+            assert [run.take()[0].result(timeout=5) for _ in range(8)] == [(k, k + 1) for k in range(8)]
         else:
             with pytest.raises(TimeoutError):
-                run.take().result(timeout=1.5)
+                run.take()[0].result(timeout=1.5)
     finally:
         first_late.set()
         run.drop()

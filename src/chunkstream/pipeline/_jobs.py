@@ -18,11 +18,10 @@ Both jobs run in threads that bound the loader's CUDA device at start
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -40,7 +39,7 @@ from ..sources import (
     read_window,
     reading,
 )
-from ..stats import COPY, READ, profiled
+from ..stats import COPY, READ, Trip, profiled
 from ._run import Owned, Turn
 
 __all__ = [
@@ -71,9 +70,6 @@ class Loaded:
     pieces: Pieces
     buffers: BufferSet
     pool: Pool
-    read_begin: float
-    read_end: float
-    thread: str = field(default_factory=lambda: threading.current_thread().name)  # the reader
 
 
 @dataclass
@@ -83,12 +79,7 @@ class Delivery:
 
     pieces: Pieces
     tensors: dict[str, torch.Tensor]
-    read_begin: float
-    read_end: float
-    issued: float | None = None
     events: tuple[Any, Any] | None = None
-    read_thread: str | None = None  # the threads that read and copied it (trace tracks)
-    transfer_thread: str | None = None
 
 
 def learn_fields(
@@ -123,6 +114,7 @@ def learn_fields(
 def read_job(
     pieces: Pieces,
     dropped: Callable[[], bool],
+    trip: Trip,
     *,
     source: Source,
     pool: Future,
@@ -132,8 +124,8 @@ def read_job(
 ) -> Loaded:
     """Take a buffer set from the pool (``pool``'s result; made by :func:`learn_fields`
     for a source that learns its fields, waited for) and read ``pieces`` into it; the
-    set is given back if the read fails. With a ``turn``, the set is taken in window
-    order (:class:`~chunkstream.pipeline._run.Turn`)."""
+    set is given back if the read fails; ``trip`` gets the read's span. With a ``turn``,
+    the set is taken in window order (:class:`~chunkstream.pipeline._run.Turn`)."""
     window = (pieces[0].start, pieces[0].stop)
     if not wait_done(pool, dropped):
         raise InterruptedError("the epoch was dropped while this read waited for buffers")
@@ -163,11 +155,12 @@ def read_job(
     except BaseException:
         buffers_from.release(buffers)
         raise
-    return Loaded(tuple(pieces), buffers, buffers_from, begin, time.perf_counter())
+    trip.read_done(begin)
+    return Loaded(tuple(pieces), buffers, buffers_from)
 
 
 def read_to_host(
-    pieces: Pieces, dropped: Callable[[], bool], *, pool: Future, **read: Any
+    pieces: Pieces, dropped: Callable[[], bool], trip: Trip, *, pool: Future, **read: Any
 ) -> Delivery:
     """The CPU path: read ``pieces``, then hand the set over as the user's tensors
     (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
@@ -176,25 +169,17 @@ def read_to_host(
         begin = time.perf_counter()
         with profiled(READ, (pieces[0].start, pieces[0].stop)):
             arrays = read_owned_window(pieces[0], cancelled=dropped, **read)
-        tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}
-        return Delivery(
-            tuple(pieces),
-            tensors,
-            begin,
-            time.perf_counter(),
-            read_thread=threading.current_thread().name,
-        )
-    loaded = read_job(pieces, dropped, pool=pool, **read)
+        trip.read_done(begin)
+        return Delivery(tuple(pieces), {name: torch.from_numpy(a) for name, a in arrays.items()})
+    loaded = read_job(pieces, dropped, trip, pool=pool, **read)
     views = loaded.buffers.views(chunk_rows(loaded.pieces))
     tensors = {name: torch.from_numpy(a) for name, a in views.items()}
     loaded.pool.release(loaded.buffers)
-    return Delivery(
-        loaded.pieces, tensors, loaded.read_begin, loaded.read_end, read_thread=loaded.thread
-    )
+    return Delivery(loaded.pieces, tensors)
 
 
 def copy_job(
-    loaded: Loaded, dropped: Callable[[], bool], *, device: torch.device, stream: Any
+    loaded: Loaded, dropped: Callable[[], bool], trip: Trip, *, device: torch.device, stream: Any
 ) -> Delivery | None:
     """Copy ``loaded`` to fresh tensors on ``device``; the slot goes back to its pool behind
     the copy's event. ``None`` (slot given back at once) if the run was dropped meanwhile."""
@@ -203,10 +188,10 @@ def copy_job(
         pool.release(loaded.buffers)
         return None
     window = (loaded.pieces[0].start, loaded.pieces[0].stop)
-    issued = time.perf_counter()
+    trip.transfer_issued()
     try:
         with profiled(COPY, window):
-            delivery = _copy(loaded, pool, device, stream, issued)
+            delivery = _copy(loaded, pool, device, stream)
     except BaseException as exc:
         _release_after_failed_copy(pool, loaded.buffers, stream)
         raise ChunkLoadError(
@@ -219,24 +204,15 @@ def copy_job(
     return delivery
 
 
-def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: float) -> Delivery:
+def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any) -> Delivery:
     """Off CUDA the slot is given back once copied; on CUDA the caller gives it back
     behind ``Delivery.events[1]``."""
-    rows, me = chunk_rows(loaded.pieces), threading.current_thread().name
-    done = partial(
-        Delivery,
-        loaded.pieces,
-        read_begin=loaded.read_begin,
-        read_end=loaded.read_end,
-        issued=issued,
-        read_thread=loaded.thread,
-        transfer_thread=me,
-    )
+    rows = chunk_rows(loaded.pieces)
     if stream is None:  # a non-CUDA accelerator: a plain synchronous copy
         views = loaded.buffers.views(rows)
         tensors = {name: torch.from_numpy(array).to(device) for name, array in views.items()}
         pool.release(loaded.buffers)
-        return done(tensors)
+        return Delivery(loaded.pieces, tensors)
     host = loaded.buffers.tensors
     assert host is not None  # CUDA always runs with pinned slots (internal invariant)
     # The thread's current device is ``device`` (set at thread start, with an index the
@@ -251,7 +227,7 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any, issued: 
             for name, t in host.items()
         },
     )
-    return done(tensors, events=events)
+    return Delivery(loaded.pieces, tensors, events)
 
 
 def on_stream(stream: Any, work: Callable[[], Any]) -> tuple[Any, tuple[Any, Any]]:

@@ -330,7 +330,7 @@ class ChunkLoader:
         """The consumer side of one chunk; called by the epoch iterator."""
         self._check_open()
         depth = run.ready()
-        future = run.take()
+        future, trip = run.take()
         asked = time.perf_counter()
         first = span.windows[span.received - span.first][0]
         with profiled(WAIT, (first.start, first.stop)):
@@ -356,14 +356,14 @@ class ChunkLoader:
             stop=stop,
             nbytes=chunk.nbytes,
             wait_s=received - asked,
-            read_s=delivery.read_end - delivery.read_begin,
+            read_s=trip.read_end - trip.read_begin,
             queue_depth=depth,
-            read_begin=delivery.read_begin,
-            read_end=delivery.read_end,
+            read_begin=trip.read_begin,
+            read_end=trip.read_end,
             received=received,
-            transfer_begin=delivery.issued,
-            read_thread=delivery.read_thread,
-            transfer_thread=delivery.transfer_thread,
+            transfer_begin=trip.transfer_begin,
+            read_thread=trip.read_thread,
+            transfer_thread=trip.transfer_thread,
         )
         self.stats.record_chunk(record, events=delivery.events)
         return chunk

@@ -16,7 +16,6 @@ the consumer's stream waits on the second and ``record_stream`` covers it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -31,7 +30,7 @@ from .._executor import Executor
 from .._memory import resident_decision
 from ..plans import Piece, Plan
 from ..sources import FieldSpec, Source, read_window, window_nbytes
-from ..stats import COPY, profiled
+from ..stats import COPY, Trip, profiled
 from ._jobs import Delivery, on_stream
 
 __all__ = ["ResidentStore", "make_resident", "resident_rows"]
@@ -153,23 +152,23 @@ class ResidentStore:
             for name, t in rows.items():
                 t.copy_(torch.from_numpy(out[name]))
 
-    def serve(self, pieces: tuple[Piece, ...], dropped: Callable[[], bool]) -> Delivery:
-        """A chunk's tensors: a view of the resident rows for one piece, a gather for more."""
+    def serve(self, pieces: tuple[Piece, ...], dropped: Callable[[], bool], trip: Trip) -> Delivery:
+        """A chunk's tensors: a view of the resident rows for one piece, a gather for more
+        (stamped on ``trip`` as its read, and on the device as its transfer)."""
         begin, lo = time.perf_counter(), self.lo
         first = pieces[0]
         if len(pieces) == 1:
             tensors = {n: t[first.start - lo : first.stop - lo] for n, t in self.tensors.items()}
-            return Delivery(
-                pieces,
-                tensors,
-                begin,
-                time.perf_counter(),
-                read_thread=threading.current_thread().name,
-            )
+            trip.read_done(begin)
+            return Delivery(pieces, tensors)
         with profiled(COPY, (first.start, first.stop)):
-            return self._gather(pieces, begin)
+            delivery = self._gather(pieces)
+        trip.read_done(begin)
+        if delivery.events is not None:
+            trip.transfer_issued(at=begin)
+        return delivery
 
-    def _gather(self, pieces: tuple[Piece, ...], begin: float) -> Delivery:
+    def _gather(self, pieces: tuple[Piece, ...]) -> Delivery:
         lo, stream, events = self.lo, self._stream, None
 
         def gather() -> dict[str, torch.Tensor]:
@@ -182,14 +181,4 @@ class ResidentStore:
             tensors = gather()
         else:  # on the transfer stream, between two events
             tensors, events = on_stream(stream, gather)
-        me = threading.current_thread().name
-        return Delivery(
-            pieces,
-            tensors,
-            begin,
-            time.perf_counter(),
-            begin if events else None,
-            events,
-            read_thread=me,
-            transfer_thread=me if events else None,
-        )
+        return Delivery(pieces, tensors, events)

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._executor import POLL_S, Executor, wait_done
 from ..plans import EpochSpan
+from ..stats import Trip
 
 __all__ = ["EpochIterator", "EpochRun", "Owned", "Turn", "forgotten", "shutdown"]
 
@@ -69,18 +70,20 @@ class Turn:
 class EpochRun:
     """One epoch's windows as bounded deques of futures (see the module docs).
 
-    ``read(window, dropped)`` runs in ``readers``; with a copy stage,
-    ``copy(result, dropped)`` runs in ``copier`` (one thread) after its read, and
-    ``reclaim(result)`` gives back the buffer of a read no copy will follow. With
-    ``ordered``, each read is also passed ``turn=`` a :class:`Turn`, so reads take
-    their buffers in window order.
+    ``read(window, dropped, trip)`` runs in ``readers``; with a copy stage,
+    ``copy(result, dropped, trip)`` runs in ``copier`` (one thread) after its read,
+    and ``reclaim(result)`` gives back the buffer of a read no copy will follow.
+    ``trip`` is the window's :class:`~chunkstream.stats.Trip`, which the jobs stamp
+    with their timings and :meth:`take` hands to the consumer. With ``ordered``, each
+    read is also passed ``turn=`` a :class:`Turn`, so reads take their buffers in
+    window order.
     """
 
     def __init__(
         self,
         windows: Sequence[Any],
         *,
-        read: Callable[[Any, Callable[[], bool]], Any],
+        read: Callable[[Any, Callable[[], bool], Trip], Any],
         readers: Executor,
         depth: int,
         copy: Callable[..., Any] | None = None,
@@ -95,8 +98,8 @@ class EpochRun:
         self._reclaim = reclaim
         self._ordered, self._last_turn = ordered, None
         self._next = 0
-        self._reads: deque[tuple[int, Future]] = deque()  # (job, read) not yet followed
-        self._copies: deque[tuple[Future, Future]] = deque()  # (copy, its read)
+        self._reads: deque[tuple[int, Future, Trip]] = deque()  # reads not yet followed
+        self._copies: deque[tuple[Future, Future, Trip]] = deque()  # (copy, its read, trip)
         self._lock = threading.Lock()  # take() and drop() may run in different threads
         self._dropped = False
         self.started = time.monotonic()
@@ -109,32 +112,34 @@ class EpochRun:
         """How many futures at the head of the delivery deque are done (the queue depth)."""
         with self._lock:
             delivery = (
-                [copy for copy, _ in self._copies]
+                [copy for copy, _, _ in self._copies]
                 if self._copier
-                else [read for _, read in self._reads]
+                else [read for _, read, _ in self._reads]
             )
         return sum(1 for _ in takewhile(Future.done, delivery))
 
     def failed(self) -> Future | None:
         """A future of a later window that already failed, if any (raised at once)."""
         with self._lock:
-            pending = [f for pair in self._copies for f in pair] + [r for _, r in self._reads]
+            pending = [f for c, r, _ in self._copies for f in (c, r)]
+            pending += [r for _, r, _ in self._reads]
         for future in pending:
             if future.done() and not future.cancelled() and future.exception() is not None:
                 return future
         return None
 
-    def take(self) -> Future:
-        """The next window's future, in window order; ``IndexError`` after the last."""
+    def take(self) -> tuple[Future, Trip]:
+        """The next window's future and its trip, in window order; ``IndexError`` after
+        the last."""
         with self._lock:
             if self._copier is not None and self._copies:
-                future = self._copies.popleft()[0]
+                future, _, trip = self._copies.popleft()
             elif self._copier is None and self._reads:
-                future = self._reads.popleft()[1]
+                _, future, trip = self._reads.popleft()
             else:
                 raise IndexError("no window left in this epoch")
             self._top_up_locked()
-        return future
+        return future, trip
 
     def _top_up(self) -> None:
         with self._lock:
@@ -151,22 +156,22 @@ class EpochRun:
                 if self._ordered:
                     self._last_turn = Turn(self._last_turn)
                     read_fn = partial(self._read, turn=self._last_turn)
-                self._reads.append(
-                    (job, self._readers.submit(read_fn, window, self.dropped, what=f"job {job}"))
-                )
+                trip = Trip()
+                read = self._readers.submit(read_fn, window, self.dropped, trip, what=f"job {job}")
+                self._reads.append((job, read, trip))
             if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
                 return
-            job, read = self._reads.popleft()
-            copy = self._copier.submit(self._copy_after, read, what=f"job {job}")
-            self._copies.append((copy, read))
+            job, read, trip = self._reads.popleft()
+            copy = self._copier.submit(self._copy_after, read, trip, what=f"job {job}")
+            self._copies.append((copy, read, trip))
 
-    def _copy_after(self, read: Future) -> Any:
+    def _copy_after(self, read: Future, trip: Trip) -> Any:
         """The transfer thread's job for one window: its read's result, copied."""
         if not wait_done(read, self.dropped):
             return self._follow_dropped(read)
         result = read.result()  # a failed read's error is this window's error
         assert self._copy is not None
-        return self._copy(result, self.dropped)  # gives the buffer back, dropped or not
+        return self._copy(result, self.dropped, trip)  # gives the buffer back, dropped or not
 
     def _follow_dropped(self, read: Future) -> None:
         """Give back the buffer of ``read`` once it is done (its run was dropped)."""
@@ -186,7 +191,7 @@ class EpochRun:
         (a reclaim job on the transfer thread for each read no copy follows)."""
         with self._lock:
             self._dropped = True
-            reads = [read for _, read in self._reads]
+            reads = [read for _, read, _ in self._reads]
             self._reads.clear()
             self._copies.clear()
         for read in reads:

@@ -55,9 +55,10 @@ def receive(delivery: Delivery, device: torch.device) -> Any:
 class DeliveryStage:
     """What an :class:`EpochRun` needs from a stage.
 
-    ``read(pieces, dropped[, turn=])`` runs on a reader; ``transfer(result, dropped)``
-    (``None``: no transfer thread) on the transfer thread after its read, and gives
-    the read's buffer back; ``reclaim(result)`` gives back the buffer of a read no
+    ``read(pieces, dropped, trip[, turn=])`` runs on a reader;
+    ``transfer(result, dropped, trip)`` (``None``: no transfer thread) on the transfer
+    thread after its read, and gives the read's buffer back (both stamp their timings on
+    the window's :class:`~chunkstream.stats.Trip`); ``reclaim(result)`` gives back the buffer of a read no
     transfer will follow. ``depth``: reads in flight; ``ordered``: reads take their
     buffers in window order (pinned slots).
     """

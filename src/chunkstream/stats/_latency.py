@@ -33,7 +33,31 @@ import torch
 from ._timer import BatchTimer
 from ._trace import write_trace
 
-__all__ = ["BatchRecord", "ChunkRecord", "LatencyStats"]
+__all__ = ["BatchRecord", "ChunkRecord", "LatencyStats", "Trip"]
+
+
+@dataclass
+class Trip:
+    """One window's way through the pipeline, stamped by the jobs that do its work: the
+    stats hook, so the data they hand on (buffers, tensors, events) carries no timings.
+    The loader turns it into the chunk's :class:`ChunkRecord`. Each field is written by
+    one thread before the future that follows it completes, and read after."""
+
+    read_begin: float = 0.0  # perf_counter when the read started / ended
+    read_end: float = 0.0
+    read_thread: str | None = None  # the thread that read it and the one that copied it
+    transfer_begin: float | None = None  # when the copy (or gather) was issued
+    transfer_thread: str | None = None
+
+    def read_done(self, begin: float) -> None:
+        """The read began at ``begin`` and ends now, in this thread."""
+        self.read_begin, self.read_end = begin, time.perf_counter()
+        self.read_thread = threading.current_thread().name
+
+    def transfer_issued(self, at: float | None = None) -> None:
+        """The transfer is issued now (or at ``at``), from this thread."""
+        self.transfer_begin = time.perf_counter() if at is None else at
+        self.transfer_thread = threading.current_thread().name
 
 
 @dataclass
