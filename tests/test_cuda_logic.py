@@ -131,11 +131,8 @@ def test_a_failed_copy_without_a_working_stream_retires_its_slot():
         def __init__(self):
             self.released, self.fenced = [], []
 
-        def release(self, buffers):
-            self.released.append(buffers)
-
-        def release_after(self, buffers, event):
-            self.fenced.append((buffers, event))
+        def release(self, buffers, after=None):
+            (self.released if after is None else self.fenced).append(buffers)
 
     pool = Pool()
     _release_after_failed_copy(pool, "slot", None)  # a synchronous device: free at once
@@ -390,7 +387,7 @@ def test_pool_close_after_a_cuda_error_keeps_the_arena_and_stays_idempotent(monk
     pool = _fake_pool(monkeypatch, unregistered)
     mapping = pool._mmap
     slot = pool.acquire()
-    pool.release_after(slot, _BrokenEvent())
+    pool.release(slot, after=_BrokenEvent())
     if broken == "query":
         monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     # else: this CPU build's torch.cuda.device(...) itself raises on entry
@@ -758,7 +755,7 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     mapping, nbytes = pool._mmap, pool.nbytes
     slot = pool.acquire()
-    pool.release_after(slot, _Event(False))  # its copy never finishes within the deadline
+    pool.release(slot, after=_Event(False))  # its copy never finishes within the deadline
     with pytest.warns(RuntimeWarning, match=r"stays pinned.*had not finished by close's deadline"):
         assert pool.close(timeout=0.05) is False
     assert unregistered == [] and any(mapping is kept[1] for kept in pool._kept)
@@ -772,7 +769,7 @@ def test_pool_close_warns_when_copies_outlive_its_deadline(monkeypatch):
     assert collected() is None and kept and any(k is kept[0] for k in _arena._KEPT)
     held = len(_arena._KEPT)
     pool = _fake_pool(monkeypatch, unregistered)  # copies done: released, nothing held
-    pool.release_after(pool.acquire(), _Event(True))
+    pool.release(pool.acquire(), after=_Event(True))
     assert pool.close(timeout=0.05) is True and pool.nbytes == 0 and len(unregistered) == 1
     assert len(_arena._KEPT) == held  # a released arena is not kept
 

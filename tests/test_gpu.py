@@ -309,7 +309,7 @@ def test_close_before_a_copy_finished_keeps_the_arena_pinned_and_warns():
         torch.empty(256, 1024, device="cuda").copy_(slot.tensors["x"], non_blocking=True)
         done = torch.cuda.Event()
         done.record(stream)
-    pool.release_after(slot, done)
+    pool.release(slot, after=done)
     with pytest.warns(RuntimeWarning, match="had not finished by close's deadline"):
         assert pool.close(timeout=0.05) is False
     assert not done.query() and torch.from_numpy(view).is_pinned()  # never unpinned under it

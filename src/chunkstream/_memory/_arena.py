@@ -8,7 +8,7 @@ on transparent huge pages only if :data:`HUGEPAGES` is set), on CUDA faulted in 
 page-locked by ``cudaHostRegister``.
 
 CUDA (:class:`PinnedSlotPool`): a slot is owned by the pool, then one reader, then
-the copy job, which gives it back with :meth:`~PinnedSlotPool.release_after` and
+the copy job, which gives it back with :meth:`~PinnedSlotPool.release` (``after=`` its event) and
 the event recorded after its copy; the slot is handed out again only once that
 event has completed. User tensors never alias a slot. The arena bypasses torch's
 caching host allocator (which rounds blocks up to a power of two and keeps them
@@ -176,8 +176,10 @@ class HostBufferPool:
             buffers.busy = True
             return buffers
 
-    def release(self, buffers: BufferSet) -> None:
-        """The pipeline is done with ``buffers``; reuse waits until the user's tensors die."""
+    def release(self, buffers: BufferSet, after: object = None) -> None:
+        """The pipeline is done with ``buffers``; reuse waits until the user's tensors die
+        (``after``: ``None``; no copy reads pageable sets in the background)."""
+        assert after is None, "a pageable set is never read by a queued copy"
         buffers.busy = False
 
     def close(self, timeout: float = 0.0, *, unpin: bool = True) -> bool:
@@ -326,17 +328,15 @@ class PinnedSlotPool:
                 # The copy of the oldest slot is in flight; it finishes on its own.
                 time.sleep(0.0005)
 
-    def release_after(self, buffers: BufferSet, event: torch.cuda.Event | None) -> None:
-        """Give a slot back; it is reused only once ``event`` (its copy) has completed."""
+    def release(self, buffers: BufferSet, after: torch.cuda.Event | None = None) -> None:
+        """Give a slot back; it is reused only once ``after`` (its copy's event, if any)
+        has completed."""
         with self._cond:
-            if event is None:
+            if after is None:
                 self._free.append(buffers)
             else:
-                self._pending.append((event, buffers))
+                self._pending.append((after, buffers))
             self._cond.notify_all()
-
-    def release(self, buffers: BufferSet) -> None:
-        self.release_after(buffers, None)
 
     def close(self, timeout: float = 5.0, *, unpin: bool = True) -> bool:
         """Stop handing out slots; once every queued copy has finished, unpin the arena.

@@ -11,7 +11,7 @@ for the oldest copy's event if all are in flight), then the transfer stream:
 the thread that finishes the gather's last block queues one ``copy_`` per
 field, from the slot to a fresh device tensor allocated on the transfer
 stream, records an event and gives the slot back behind it
-(``release_after``), so a slot is refilled only once its copy has finished.
+(``release(..., after=event)``), so a slot is refilled only once its copy has finished.
 The consumer's stream waits on that event and ``record_stream`` tells the
 caching allocator the tensor is used there (:meth:`Pending.result`, called in
 the consumer's thread). The stored dtype is copied and converted on the device
@@ -225,5 +225,5 @@ class _CopyToDevice:
             if event is None:
                 with torch.cuda.device(device):
                     self.stream.synchronize()
-            self.slots.release_after(self.buffers, event)
+            self.slots.release(self.buffers, after=event)
         self.pending._out, self.pending.event = copies, event

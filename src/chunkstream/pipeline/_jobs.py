@@ -10,7 +10,7 @@ its first read), takes a set from the pool and hands it on in a :class:`Loaded`
 that names the pool, or gives it back if the read fails. On the CPU
 :func:`read_to_host` makes it the user's zero-copy tensors at once. On CUDA
 :func:`copy_job` gives the slot back behind the event recorded after its copy
-(``PinnedSlotPool.release_after``), also after a copy that failed part-way.
+(``PinnedSlotPool.release(..., after=event)``), also after a copy that failed part-way.
 Both jobs run in threads that bound the loader's CUDA device at start
 (:func:`~chunkstream._device.device_binder`), so their CUDA calls run in that device's context.
 """
@@ -200,7 +200,7 @@ def copy_job(
             window=window,
         ) from exc
     if delivery.events is not None:
-        pool.release_after(loaded.buffers, delivery.events[1])
+        pool.release(loaded.buffers, after=delivery.events[1])
     return delivery
 
 
@@ -258,4 +258,4 @@ def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> No
     except Exception:  # the original error is what the consumer must see
         _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
         return
-    pool.release_after(buffers, fence)
+    pool.release(buffers, after=fence)
