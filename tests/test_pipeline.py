@@ -392,6 +392,35 @@ def test_a_source_that_learns_its_fields_at_the_first_read_streams_the_same_chun
     assert sorted(calls) == sorted(read)  # once per piece delivered: no probe, no repeat
 
 
+def test_the_learned_arrays_are_forgotten_when_their_epoch_is_dropped_unread():
+    # The learning job keeps the first window's arrays for that epoch's read of it; an
+    # epoch dropped before that read (here while load_fn still runs) must not leave them.
+    data = np.arange(400.0, dtype=np.float32)[:, None]
+    first_call, release = threading.Event(), threading.Event()
+
+    def load_fn(start, stop):
+        if not first_call.is_set():
+            first_call.set()
+            release.wait(10)  # the learning read, still running when its epoch is dropped
+        return (data[start:stop],)
+
+    source = cs.CallableSource(load_fn, 400, names=("x",), specs="first")
+    with ChunkLoader(source, 40, device="cpu", workers=1, seed=0, pieces=2) as loader:
+        first = loader.epoch(4)
+        assert first_call.wait(10)
+        learned = first._span.windows[0][0]
+        second = loader.epoch(4)  # drops the first: its reads are cancelled, never run
+        release.set()
+        read = {(p.start, p.stop) for w in second._span.windows for p in w}
+        assert (learned.start, learned.stop) not in read  # (seed 0) no later read takes them
+        for chunk in second:
+            want = np.concatenate([data[p.start : p.stop] for p in chunk.pieces])
+            np.testing.assert_array_equal(chunk["x"].numpy(), want)
+        with pytest.raises(StopIteration):
+            next(first)
+        assert source._learned == {}  # nothing kept for a read that never came
+
+
 def test_a_failed_first_read_of_a_learning_source_reaches_the_consumer():
     def load_fn(start, stop):
         raise FileNotFoundError(f"no file for [{start}, {stop})")

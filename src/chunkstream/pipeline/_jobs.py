@@ -90,11 +90,14 @@ def learn_fields(
     make: Callable[[Any], Pool],
     owned: Owned,
     closed: Callable[[], bool],
+    dropped: Callable[[], bool],
 ) -> Pool:
     """The job that makes the host buffers of a source that learns its fields: read
     ``piece`` for them (the epoch's read of it is then served from what was learned,
     :class:`~chunkstream.sources.LearnsFields`), then ``make`` the pool. Its future is
-    the pool every read waits for; a failure is every read's error."""
+    the pool every read waits for; a failure is every read's error. Once its epoch is
+    ``dropped`` (or the loader ``closed``) the learned arrays are forgotten, as the
+    loader forgets them when it drops that epoch: whichever comes last finds them."""
     window = (piece.start, piece.stop)
     with reading(source, piece):
         call_with_retries(partial(source.learn, *window), retries, window, closed)
@@ -105,8 +108,9 @@ def learn_fields(
         raise ChunkLoadError(
             f"allocating the host buffers failed: {type(exc).__name__}: {exc}", window=window
         ) from exc
-    if closed():  # closed meanwhile: close() may have found no pool yet, and no read comes
+    if closed():  # closed meanwhile: close() may have found no pool yet
         pool.close()
+    if closed() or dropped():  # the read they were learned for may never come
         source.forget(*window)
     return pool
 

@@ -200,6 +200,10 @@ class ChunkLoader:
         # fields by the first epoch's first job (learn_fields), which every read waits for.
         self._pool_made: Future = Future()
         self._learning = False
+        # The window whose arrays the learning job keeps for the first epoch's read of it,
+        # until that epoch is dropped (then forgotten, should its read never come).
+        self._learned: tuple[int, int] | None = None
+        self._learned_dropped = threading.Event()
         self._make_pool = partial(  # no reference to the loader: the learning job holds it
             host_pool,
             rows=self.rows,
@@ -262,6 +266,7 @@ class ChunkLoader:
         """Queue the job that learns the source's fields from ``piece`` (the first piece of
         the first epoch) and makes the host buffers; the epoch's reads wait for it."""
         self._learning = True
+        self._learned = (piece.start, piece.stop)
         readers = self._executors[0]
         job = partial(
             learn_fields,
@@ -271,6 +276,7 @@ class ChunkLoader:
             make=self._make_pool,
             owned=self._owned,
             closed=lambda: readers.closed,
+            dropped=self._learned_dropped.is_set,
         )
         readers.submit(job, what="learning the fields", future=self._pool_made)
 
@@ -323,6 +329,10 @@ class ChunkLoader:
         if self._owned.run is not None:
             self._owned.run.drop()
             self._owned.run = None
+            if self._learned is not None:  # the learning epoch: its first read may not come
+                self._learned_dropped.set()
+                self.source.forget(*self._learned)  # a no-op once that read took them
+                self._learned = None
             # The epoch's clock stops here if its iterator did not run to the end.
             self.stats.epoch_ended()
 
