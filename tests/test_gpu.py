@@ -294,6 +294,29 @@ def test_pinned_arena_is_exact_and_released_at_close():
     assert _host_cache_bytes() == before and loader.pinned_bytes == 0
 
 
+def test_a_loader_collected_unclosed_warns_stops_its_threads_and_unpins():
+    import gc
+    import threading
+    import warnings
+
+    # weakref.finalize runs the one shutdown: executors stopped, copies waited for, the
+    # arena unregistered on its one-call pin thread (from the collector's thread here).
+    loader = cs.ChunkLoader(ArraySource(make_arrays(8000, neurons=128)), 500, device="cuda")
+    view = next(iter(loader._pool._free)).arrays["voltage"]
+    assert torch.from_numpy(view).is_pinned()
+    next(iter(loader.epoch(8)))  # reads and copies still in flight when it is dropped
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del loader
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("chunkstream-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "threads left behind"
+        time.sleep(0.05)
+    assert not torch.from_numpy(view).is_pinned()  # unregistered: pageable memory again
+
+
 def test_close_before_a_copy_finished_keeps_the_arena_pinned_and_warns():
     from chunkstream._memory import PinnedSlotPool
     from chunkstream.sources._base import FieldSpec
