@@ -1,9 +1,12 @@
 """Long-lived executors: named daemon threads running submitted calls, each call's
 value or error carried in its :class:`~concurrent.futures.Future`.
 
-Daemon threads, so a call that never returns cannot keep the interpreter alive;
-the calls running now, and their threads' stacks, are known to a watchdog
-(:meth:`Executor.busy_stacks`). :data:`POLL_S` is the one interval every
+Daemon threads, so a call that never returns cannot keep the interpreter alive
+(``ThreadPoolExecutor`` joins its workers without a deadline at exit, so one
+read hung on a dead mount would hang the process's exit); ``close`` joins until
+a deadline; the calls running now, and their threads' stacks, are known to a
+watchdog (:meth:`Executor.busy_stacks`). One job waits for another's future
+with :func:`wait_done`, never through a callback. :data:`POLL_S` is the one interval every
 blocking wait in chunkstream polls at, so errors, ``close()`` and the watchdog
 are seen within it.
 """
