@@ -2,7 +2,8 @@
 value or error carried in its :class:`~concurrent.futures.Future`.
 
 Daemon threads, so a call that never returns cannot keep the interpreter alive
-(``ThreadPoolExecutor`` joins its workers without a deadline at exit, so one
+(``ThreadPoolExecutor`` joins its workers without a deadline at exit since Python
+3.9, bpo-39812, so one
 read hung on a dead mount would hang the process's exit); ``close`` joins until
 a deadline; the calls running now, and their threads' stacks, are known to a
 watchdog (:meth:`Executor.busy_stacks`). One job waits for another's future
