@@ -2,14 +2,13 @@
 value or error carried in its :class:`~concurrent.futures.Future`.
 
 Daemon threads, so a call that never returns cannot keep the interpreter alive
-(``ThreadPoolExecutor`` joins its workers without a deadline at exit since Python
-3.9, bpo-39812, so one
-read hung on a dead mount would hang the process's exit); ``close`` joins until
-a deadline; the calls running now, and their threads' stacks, are known to a
-watchdog (:meth:`Executor.busy_stacks`). One job waits for another's future
-with :func:`wait_done`, never through a callback. :data:`POLL_S` is the one interval every
-blocking wait in chunkstream polls at, so errors, ``close()`` and the watchdog
-are seen within it.
+(``ThreadPoolExecutor`` joins its workers without a deadline at exit since
+Python 3.9, bpo-39812, so one read hung on a dead mount would hang the exit);
+``close`` joins until a deadline; the calls running now, and their threads'
+stacks, are known to a watchdog (:meth:`Executor.busy_stacks`). One job waits
+for another's future with :func:`wait_done`, never through a callback.
+:data:`POLL_S` is the one interval every blocking wait in chunkstream polls
+at, so errors, ``close()`` and the watchdog are seen within it.
 """
 
 from __future__ import annotations
