@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import chunkstream as cs
-from tests.faults import ArraySource, make_arrays
+from tests.faults import ArraySource, make_arrays, wait_for_no_threads
 
 pytestmark = [
     pytest.mark.gpu,
@@ -296,8 +296,6 @@ def test_pinned_arena_is_exact_and_released_at_close():
 
 def test_a_loader_collected_unclosed_warns_stops_its_threads_and_unpins():
     import gc
-    import threading
-    import warnings
 
     # weakref.finalize runs the one shutdown: executors stopped, copies waited for, the
     # arena unregistered on its one-call pin thread (from the collector's thread here).
@@ -305,15 +303,10 @@ def test_a_loader_collected_unclosed_warns_stops_its_threads_and_unpins():
     view = next(iter(loader._pool._free)).arrays["voltage"]
     assert torch.from_numpy(view).is_pinned()
     next(iter(loader.epoch(8)))  # reads and copies still in flight when it is dropped
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with pytest.warns(ResourceWarning, match="not closed"):
         del loader
         gc.collect()
-    assert any(issubclass(w.category, ResourceWarning) for w in caught)
-    deadline = time.monotonic() + 10
-    while any(t.name.startswith("chunkstream-") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "threads left behind"
-        time.sleep(0.05)
+    assert wait_for_no_threads(10.0) == []  # the finalizer stopped every thread
     assert not torch.from_numpy(view).is_pinned()  # unregistered: pageable memory again
 
 

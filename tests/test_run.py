@@ -142,7 +142,7 @@ def test_the_loader_with_a_copy_stage_orders_restarts_and_is_collected():
     import warnings
 
     import chunkstream as cs
-    from tests.faults import ArraySource, make_arrays
+    from tests.faults import ArraySource, make_arrays, wait_for_no_threads
 
     source = ArraySource(make_arrays(2000), delay=0.002)
     with cs.ChunkLoader(source, 100, device="meta", workers=2, sampling="sequential") as loader:
@@ -165,10 +165,7 @@ def test_the_loader_with_a_copy_stage_orders_restarts_and_is_collected():
         del loader
         gc.collect()
     assert any(issubclass(w.category, ResourceWarning) for w in caught)
-    deadline = time.monotonic() + 5
-    while any(t.name.startswith("chunkstream-") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "threads left behind"
-        time.sleep(0.05)
+    assert wait_for_no_threads(5.0) == [], "threads left behind"
 
 
 class _Slots:

@@ -18,7 +18,6 @@ Both jobs run in threads that bound the loader's CUDA device at start
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from ..sources import (
     read_window,
     reading,
 )
-from ..stats import COPY, READ, Trip, profiled
+from ..stats import COPY, Trip, profiled
 from ._run import Owned, Turn
 
 __all__ = [
@@ -145,9 +144,8 @@ def read_job(
             f"{type(exc).__name__}: {exc}",
             window=window,
         ) from exc
-    begin = time.perf_counter()  # waiting for a free slot is not reading
     try:
-        with profiled(READ, window):
+        with trip.reading(window):  # from here: waiting for a free slot is not reading
             read_window(
                 source,
                 pieces,
@@ -159,7 +157,6 @@ def read_job(
     except BaseException:
         buffers_from.release(buffers)
         raise
-    trip.read_done(begin)
     return Loaded(tuple(pieces), buffers, buffers_from)
 
 
@@ -170,10 +167,8 @@ def read_to_host(
     (zero-copy views; the pool reuses the set once no tensor refers to it); a one-piece
     chunk of a :class:`~chunkstream.sources.HandsOver` source takes no set at all."""
     if len(pieces) == 1 and isinstance(read["source"], HandsOver) and read["source"].hands_over:
-        begin = time.perf_counter()
-        with profiled(READ, (pieces[0].start, pieces[0].stop)):
+        with trip.reading((pieces[0].start, pieces[0].stop)):
             arrays = read_owned_window(pieces[0], cancelled=dropped, **read)
-        trip.read_done(begin)
         return Delivery(tuple(pieces), {name: torch.from_numpy(a) for name, a in arrays.items()})
     loaded = read_job(pieces, dropped, trip, pool=pool, **read)
     views = loaded.buffers.views(chunk_rows(loaded.pieces))

@@ -199,9 +199,9 @@ class ChunkLoader:
         # The host buffers, as a future: made here, or for a source that learns its
         # fields by the first epoch's first job (learn_fields), which every read waits for.
         self._pool_made: Future = Future()
-        self._learning = False
-        # The window whose arrays the learning job keeps for the first epoch's read of it,
-        # until that epoch is dropped (then forgotten, should its read never come).
+        # The window whose arrays the learning job keeps for the first epoch's read of it
+        # (None until that job is queued); forgotten when that epoch is dropped, should
+        # its read never come.
         self._learned: tuple[int, int] | None = None
         self._learned_dropped = threading.Event()
         self._make_pool = partial(  # no reference to the loader: the learning job holds it
@@ -215,7 +215,7 @@ class ChunkLoader:
             if self.source.fields is not None:
                 self._owned.pool = self._make_pool(self.source.fields)
                 self._pool_made.set_result(self._owned.pool)
-            self._stage = self._make_stage(on_cuda)
+            self._stage = self._make_stage()
             self._start_executors(on_cuda)
         except BaseException:  # never leak started threads nor a registered arena
             shutdown(self._owned, deadline_s=self.config.close_timeout)
@@ -226,7 +226,7 @@ class ChunkLoader:
         self._finalizer.atexit = False  # at exit the daemon threads end with the process
         self._closed = False
 
-    def _make_stage(self, on_cuda: bool) -> DeliveryStage:
+    def _make_stage(self) -> DeliveryStage:
         """How the readers' buffers become chunks (:mod:`._stages`), chosen once."""
         c = self.config
         reading = dict(source=self.source, check_finite=c.check_finite, retries=c.read_retries)
@@ -256,7 +256,7 @@ class ChunkLoader:
         """Whether the host buffers wait for a first job to learn the source's fields: not
         once made or asked for, nor where the CPU hands one-piece chunks over as the
         source's own arrays (the first read then learns them itself, and no buffer is used)."""
-        if self._learning or self._pool_made.done():
+        if self._learned is not None or self._pool_made.done():
             return False
         source = self.source
         hands_over = isinstance(source, HandsOver) and source.hands_over
@@ -265,7 +265,6 @@ class ChunkLoader:
     def _learn_fields(self, piece: Piece) -> None:
         """Queue the job that learns the source's fields from ``piece`` (the first piece of
         the first epoch) and makes the host buffers; the epoch's reads wait for it."""
-        self._learning = True
         self._learned = (piece.start, piece.stop)
         readers = self._executors[0]
         job = partial(
@@ -329,10 +328,10 @@ class ChunkLoader:
         if self._owned.run is not None:
             self._owned.run.drop()
             self._owned.run = None
-            if self._learned is not None:  # the learning epoch: its first read may not come
+            if self._learned is not None and not self._learned_dropped.is_set():
+                # The learning epoch: its first read may not come.
                 self._learned_dropped.set()
                 self.source.forget(*self._learned)  # a no-op once that read took them
-                self._learned = None
             # The epoch's clock stops here if its iterator did not run to the end.
             self.stats.epoch_ended()
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from ._timer import BatchTimer
-from ._trace import write_trace
+from ._trace import READ, profiled, write_trace
 
 __all__ = ["BatchRecord", "ChunkRecord", "LatencyStats", "Trip"]
 
@@ -53,6 +55,15 @@ class Trip:
         """The read began at ``begin`` and ends now, in this thread."""
         self.read_begin, self.read_end = begin, time.perf_counter()
         self.read_thread = threading.current_thread().name
+
+    @contextmanager
+    def reading(self, window: tuple[int, int]) -> Iterator[None]:
+        """Around a read of ``window``: a profiler range, and its span stamped if it ends
+        without an error."""
+        begin = time.perf_counter()
+        with profiled(READ, window):
+            yield
+        self.read_done(begin)
 
     def transfer_issued(self, at: float | None = None) -> None:
         """The transfer is issued now (or at ``at``), from this thread."""
