@@ -19,21 +19,37 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from ._errors import LoaderClosedError
 
-__all__ = ["POLL_S", "Executor", "thread_stack", "wait_done"]
+__all__ = ["POLL_S", "Executor", "done_within", "thread_stack", "wait_done"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
+
+
+def done_within(future: Future, timeout: float = POLL_S) -> bool:
+    """Wait up to ``timeout`` for ``future`` to finish (or be cancelled); whether it did.
+
+    Waits on the future's own condition (a reentrant lock), never through
+    ``concurrent.futures.wait``, whose waiter sets a plain-lock event from ``cancel()``:
+    a signal handler that cancels the future (``close()``) while its own thread is
+    inside that wait would block on the lock its interrupted frame holds.
+    """
+    try:
+        future.exception(timeout)
+    except CancelledError:
+        pass
+    except TimeoutError:
+        return False
+    return True
 
 
 def wait_done(future: Future, stop: Callable[[], bool]) -> bool:
     """Wait for ``future`` to finish, polling ``stop()`` every :data:`POLL_S`; whether it
     finished (false: ``stop()`` turned true first). How one job waits for another's."""
-    while not wait_futures([future], timeout=POLL_S).done:
+    while not done_within(future):
         if stop():
             return False
     return True
@@ -65,7 +81,7 @@ class Executor:
         self._init = init
         self.fatal: BaseException | None = None
         self.last_progress = time.monotonic()
-        self.completed = 0  # calls that returned without error, over the executor's life
+        self.completed = 0  # calls that returned without error, over the executor's life (_lock)
         self.threads = tuple(
             threading.Thread(target=self._work, name=f"chunkstream-{name}-{k}", daemon=True)
             for k in range(workers)
@@ -126,17 +142,19 @@ class Executor:
             return
         with self._lock:
             self._busy[me] = what
+        done = False
         try:
             value = fn(*args)
+            done = True
         except BaseException as exc:  # a thread boundary: the future carries it
             future.set_exception(exc)
-        else:
-            self.completed += 1
-            future.set_result(value)
         finally:
-            with self._lock:
+            with self._lock:  # several workers count: ``+=`` is not atomic across threads
                 self._busy.pop(me, None)
+                self.completed += done
             self.last_progress = time.monotonic()
+        if done:
+            future.set_result(value)
 
     def busy_stacks(self) -> list[str]:
         """Stacks of the threads now inside a call, for the no-progress watchdog."""

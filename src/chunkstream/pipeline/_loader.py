@@ -18,9 +18,10 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -28,11 +29,12 @@ import torch
 
 from .._device import device_binder
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
-from .._executor import POLL_S, Executor
+from .._executor import POLL_S, Executor, done_within
 from .._memory import HostBufferPool, PinnedSlotPool
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
 from ..plans import EpochCursor, EpochSpan, Piece, Segments, Uneven, WindowPlan, loader_plan
+from ..plans._cursor import Position
 from ..sources import (
     FieldSpec,
     HandsOver,
@@ -190,7 +192,11 @@ class ChunkLoader:
             )
         self.stats = stats if stats is not None else LatencyStats()
         self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
+        # Serialises what changes the cursor and the run (epoch()'s publication, a resume),
+        # for a few steps at a time, never across long work; see _publishing.
         self._lock = threading.Lock()
+        self._holder: int | None = None  # the thread inside _lock, for a nested signal handler
+        self._resumes: deque[Position] = deque()  # load_state_dict() positions not yet applied
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         self._resident, self.mode_reason = make_resident(
@@ -201,9 +207,10 @@ class ChunkLoader:
         self._pool_made: Future = Future()
         # The window whose arrays the learning job keeps for the first epoch's read of it
         # (None until that job is queued); forgotten when that epoch is dropped, should
-        # its read never come.
+        # its read never come: the first drop pops it from ``_unread`` (one atomic pop, so
+        # a drop from a signal handler and the one it interrupted forget it once).
         self._learned: tuple[int, int] | None = None
-        self._learned_dropped = threading.Event()
+        self._unread: list[tuple[int, int]] = []
         self._make_pool = partial(  # no reference to the loader: the learning job holds it
             host_pool,
             rows=self.rows,
@@ -262,10 +269,11 @@ class ChunkLoader:
         hands_over = isinstance(source, HandsOver) and source.hands_over
         return not (self.device.type == "cpu" and hands_over and self.plan.pieces == 1)
 
-    def _learn_fields(self, piece: Piece) -> None:
+    def _learn_fields(self, piece: Piece, span: EpochSpan) -> None:
         """Queue the job that learns the source's fields from ``piece`` (the first piece of
-        the first epoch) and makes the host buffers; the epoch's reads wait for it."""
+        the first epoch, ``span``) and makes the host buffers; the epoch's reads wait for it."""
         self._learned = (piece.start, piece.stop)
+        self._unread.append(self._learned)
         readers = self._executors[0]
         job = partial(
             learn_fields,
@@ -275,7 +283,7 @@ class ChunkLoader:
             make=self._make_pool,
             owned=self._owned,
             closed=lambda: readers.closed,
-            dropped=self._learned_dropped.is_set,
+            dropped=lambda: span.dropped,
         )
         readers.submit(job, what="learning the fields", future=self._pool_made)
 
@@ -303,37 +311,81 @@ class ChunkLoader:
         self._check_open()
         if self._resident is not None and not self._resident.loaded:
             self._load_resident()
-        with self._lock:
-            span = self._cursor.begin(num_chunks, at)
-            self._drop_run()
-            if self._needs_learning() and span.windows:
-                self._learn_fields(span.windows[0][0])
-            stage = self._stage
-            self._owned.run = EpochRun(
-                span.windows,
-                read=stage.read,
-                readers=self._executors[0],
-                depth=stage.depth,
-                copy=stage.transfer,
-                copier=self._executors[1] if stage.transfer else None,
-                copy_depth=self.config.gpu_prefetch,
-                reclaim=stage.reclaim,
-                ordered=stage.ordered,
-            )
-            run = self._owned.run
+        while True:
+            self._resume_left()  # a resume queued by a handler that found the lock taken
+            before = self._cursor.position
+            span, after = self._cursor.draw(num_chunks, at)  # can take long: no lock held
+            with self._publishing():
+                if self._cursor.position is not before or self._resumes:
+                    continue  # a resume came in meanwhile: draw again from it
+                self._cursor.publish(after)
+                self._drop_run()
+                if self._needs_learning() and span.windows:
+                    self._learn_fields(span.windows[0][0], span)
+                stage = self._stage
+                run = EpochRun(
+                    span.windows,
+                    read=stage.read,
+                    readers=self._executors[0],
+                    depth=stage.depth,
+                    copy=stage.transfer,
+                    copier=self._executors[1] if stage.transfer else None,
+                    copy_depth=self.config.gpu_prefetch,
+                    reclaim=stage.reclaim,
+                    ordered=stage.ordered,
+                )
+                self._owned.run = run
+            break
+        if self._closed:  # a close() that did not see this run yet: it stops it here
+            run.drop()
         self.stats.epoch_started()
         return EpochIterator(self, span, run)
 
+    @contextmanager
+    def _publishing(self) -> Iterator[None]:
+        """Hold the loader's lock for a few steps that change the cursor or the run, then
+        apply the resumes queued meanwhile (:meth:`load_state_dict` from a signal handler
+        that interrupted this very thread inside the lock queues its resume for it)."""
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+                self._apply_resumes()
+            finally:
+                self._holder = None
+        self._resume_left()
+
+    def _apply_resumes(self) -> None:
+        """Publish each queued resume in turn (under the lock); removed only once
+        published, so :meth:`state_dict` finds it either queued or current."""
+        while self._resumes:
+            self._cursor.publish(self._resumes[0])
+            self._resumes.popleft()
+            self._drop_run()
+
+    def _resume_left(self) -> None:
+        """Apply resumes queued after the holder's last look, taking the lock if free."""
+        while self._resumes and self._lock.acquire(blocking=False):
+            try:
+                self._apply_resumes()
+            finally:
+                self._lock.release()
+
     def _drop_run(self) -> None:
-        if self._owned.run is not None:
-            self._owned.run.drop()
-            self._owned.run = None
-            if self._learned is not None and not self._learned_dropped.is_set():
-                # The learning epoch: its first read may not come.
-                self._learned_dropped.set()
-                self.source.forget(*self._learned)  # a no-op once that read took them
-            # The epoch's clock stops here if its iterator did not run to the end.
-            self.stats.epoch_ended()
+        """Drop the run in progress; takes no lock (close() calls it from anywhere)."""
+        run = self._owned.run
+        if run is None:
+            return
+        self._owned.run = None
+        run.drop()  # idempotent: a drop from a handler and the one it interrupted agree
+        try:
+            window = self._unread.pop()  # the learning epoch: its first read may not come
+        except IndexError:
+            pass
+        else:
+            self.source.forget(*window)  # a no-op once that read took them
+        # The epoch's clock stops here if its iterator did not run to the end.
+        self.stats.epoch_ended()
 
     def _next_chunk(self, span: EpochSpan, run: EpochRun) -> Chunk:
         """The consumer side of one chunk; called by the epoch iterator."""
@@ -388,7 +440,7 @@ class ChunkLoader:
     ) -> Any:
         """``future``'s value (for ``window``). Its error, or the error of a later future
         (``failed()``), shuts the loader down and is raised as it is (within one poll)."""
-        while not wait_futures([future], timeout=POLL_S).done:
+        while not done_within(future, POLL_S):
             later = failed()
             if later is not None:
                 future = later  # the pipeline stops anyway
@@ -462,34 +514,49 @@ class ChunkLoader:
 
     def state_dict(self) -> dict[str, int]:
         """A few integers: the epoch and how many of its chunks the consumer received
-        (see :meth:`EpochCursor.state_dict`); save it from any one rank of a DDP loop."""
-        with self._lock:
-            return self._cursor.state_dict()
+        (see :meth:`EpochCursor.state_dict`); save it from any one rank of a DDP loop.
+
+        Takes no lock, so it is safe from a signal handler at any moment and from any
+        thread: it reads the cursor's position (one immutable value) or, if a resume
+        is queued, the last one queued."""
+        resumes = list(self._resumes)  # one C call: a snapshot
+        return self._cursor.state_dict(resumes[-1] if resumes else None)
 
     def load_state_dict(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
         """Resume: the next ``epoch(n)`` yields the interrupted epoch's remaining windows,
         re-split with no repeat or omission if the state came from another world size;
-        ``uneven`` (``"exact"``, ``"pad"``, ``"drop"``) as in :mod:`chunkstream.distributed`."""
+        ``uneven`` (``"exact"``, ``"pad"``, ``"drop"``) as in :mod:`chunkstream.distributed`.
+
+        Safe from a signal handler at any moment: where its own thread holds the lock
+        (the handler interrupted ``epoch()`` while it published), or another thread
+        holds it past one poll, the resume is queued and applied by the holder before
+        it lets go; :meth:`state_dict` reports it from then on."""
         check_loader_state(state)
-        with self._lock:
-            self._cursor.load_state(state, uneven=uneven)
-            self._drop_run()
+        self._resumes.append(self._cursor.loaded(state, uneven=uneven))
+        mine = self._holder == threading.get_ident()
+        if self._lock.acquire(timeout=0 if mine else POLL_S):
+            try:
+                self._apply_resumes()
+            finally:
+                self._lock.release()
+        self._resume_left()
 
     # -- shutdown ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop every thread (joined within a deadline); idempotent, safe from any state."""
+        """Stop every thread (joined within a deadline); idempotent, safe from any state,
+        from any thread and from a signal handler at any moment (it takes no lock the
+        interrupted frame may hold)."""
         self._shutdown(deadline_s=self.config.close_timeout, warn=True)
 
     def _shutdown(self, *, deadline_s: float, warn: bool) -> str:
         """Stop everything within one deadline (see :func:`shutdown`); returns its note."""
         if self._closed:
             return ""
-        self._closed = True
+        self._closed = True  # epoch() checks this after publishing its run
         self._finalizer.detach()  # this is the loader's one shutdown
         try:
-            with self._lock:
-                self._drop_run()  # an iterator of it raises LoaderClosedError from now on
+            self._drop_run()  # an iterator of it raises LoaderClosedError from now on
             self.stats.epoch_ended()
         finally:
             note = shutdown(

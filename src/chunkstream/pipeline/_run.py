@@ -100,7 +100,8 @@ class EpochRun:
         self._next = 0
         self._reads: deque[tuple[int, Future, Trip]] = deque()  # reads not yet followed
         self._copies: deque[tuple[Future, Future, Trip]] = deque()  # (copy, its read, trip)
-        self._lock = threading.Lock()  # take() and drop() may run in different threads
+        # take() and the consumer's queries may run in different threads; drop() takes no lock
+        self._lock = threading.Lock()
         self._dropped = False
         self.started = time.monotonic()
         self._top_up()
@@ -110,19 +111,17 @@ class EpochRun:
 
     def ready(self) -> int:
         """How many futures at the head of the delivery deque are done (the queue depth)."""
-        with self._lock:
-            delivery = (
-                [copy for copy, _, _ in self._copies]
-                if self._copier
-                else [read for _, read, _ in self._reads]
-            )
+        # list(deque) is one C call: a snapshot even while drop() pops from another frame.
+        if self._copier:
+            delivery = [copy for copy, _, _ in list(self._copies)]
+        else:
+            delivery = [read for _, read, _ in list(self._reads)]
         return sum(1 for _ in takewhile(Future.done, delivery))
 
     def failed(self) -> Future | None:
         """A future of a later window that already failed, if any (raised at once)."""
-        with self._lock:
-            pending = [f for c, r, _ in self._copies for f in (c, r)]
-            pending += [r for _, r, _ in self._reads]
+        pending = [f for c, r, _ in list(self._copies) for f in (c, r)]
+        pending += [r for _, r, _ in list(self._reads)]
         for future in pending:
             if future.done() and not future.cancelled() and future.exception() is not None:
                 return future
@@ -146,9 +145,7 @@ class EpochRun:
             self._top_up_locked()
 
     def _top_up_locked(self) -> None:
-        if self._dropped:
-            return
-        while True:
+        while not self._dropped:
             while len(self._reads) < self._depth and self._next < len(self._windows):
                 job, window = self._next, self._windows[self._next]
                 self._next += 1
@@ -160,10 +157,12 @@ class EpochRun:
                 read = self._readers.submit(read_fn, window, self.dropped, trip, what=f"job {job}")
                 self._reads.append((job, read, trip))
             if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
-                return
+                break
             job, read, trip = self._reads.popleft()
             copy = self._copier.submit(self._copy_after, read, trip, what=f"job {job}")
             self._copies.append((copy, read, trip))
+        if self._dropped:  # dropped while this topped up: what it queued is drained here
+            self._drain()
 
     def _copy_after(self, read: Future, trip: Trip) -> Any:
         """The transfer thread's job for one window: its read's result, copied."""
@@ -188,16 +187,24 @@ class EpochRun:
 
     def drop(self) -> None:
         """Abandon the run: cancel reads not started; give back buffers nobody will consume
-        (a reclaim job on the transfer thread for each read no copy follows)."""
-        with self._lock:
-            self._dropped = True
-            reads = [read for _, read, _ in self._reads]
-            self._reads.clear()
-            self._copies.clear()
-        for read in reads:
+        (a reclaim job on the transfer thread for each read no copy follows).
+
+        Takes no lock, so a signal handler may call it while its own thread is inside
+        :meth:`take`: the flag is one assignment, and each queued future is popped
+        (atomically) by exactly one of :meth:`drop` and a top-up that saw the flag late.
+        Idempotent."""
+        self._dropped = True
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                _, read, _ = self._reads.popleft()
+            except IndexError:
+                break
             if not read.cancel() and self._copier is not None:
                 self._copier.submit(self._follow_dropped, read, what="reclaim")
-
+        self._copies.clear()  # a copy that finds its run dropped gives its buffer back
 
 class EpochIterator:
     """Iterates one epoch of a :class:`~chunkstream.ChunkLoader` (its ``_next_chunk`` gives

@@ -19,7 +19,7 @@ from .._errors import ConfigError, check_int
 from ._plan import Piece, Plan
 from ._windows import remaining_indices
 
-__all__ = ["EpochCursor", "EpochShare", "EpochSpan", "Uneven", "epoch_share"]
+__all__ = ["EpochCursor", "EpochShare", "EpochSpan", "Position", "Uneven", "epoch_share"]
 
 Uneven = Literal["exact", "pad", "drop"]
 _UNEVEN = ("exact", "pad", "drop")
@@ -112,21 +112,49 @@ class EpochSpan:
         return self.received >= self.stop
 
 
+@dataclass(frozen=True, eq=False)
+class Position:
+    """Where a cursor is, as one immutable value (published by one assignment, so a
+    control call from a signal handler or another thread reads a whole one).
+
+    ``epoch`` is the epoch the next :meth:`EpochCursor.begin` runs;
+    ``resume_step`` the chunks of it received before a resume; ``resume_global``
+    the epoch's global windows delivered before a resume and its global length
+    (``None``: no resume pending, or a state without them); ``active`` the span
+    started last (``None`` before the first, or after a resume).
+    """
+
+    epoch: int = 0
+    resume_step: int = 0
+    resume_global: tuple[int, int] | None = None
+    uneven: Uneven = "exact"
+    active: EpochSpan | None = None
+
+
 class EpochCursor:
     """The epoch position of one rank's loader, and its ``state_dict``: the next
     :meth:`begin` runs epoch :attr:`epoch`; after :meth:`load_state` it yields the
-    interrupted epoch's remaining windows (re-split over this world size if needed)."""
+    interrupted epoch's remaining windows (re-split over this world size if needed).
+
+    The position is one immutable :class:`Position`: :meth:`draw` computes the next
+    span from it without changing anything (drawing a plan can take long), and
+    :meth:`publish` makes it current with one assignment, so :meth:`state_dict` never
+    sees half of a change. The caller serialises publishers (the loader's lock).
+    """
 
     def __init__(self, plan: Plan, *, rank: int, world_size: int) -> None:
         self.plan = plan
         self.rank, self.world_size = rank, world_size
-        self.epoch = 0  # the epoch the next begin() runs
-        self._resume_step = 0  # chunks of that epoch received before a resume
-        # Global windows (across ranks) of that epoch delivered before a resume, and the
-        # epoch's global length; ``None``: no resume pending, or a state without them.
-        self._resume_global: tuple[int, int] | None = None
-        self._uneven: Uneven = "exact"
-        self.active: EpochSpan | None = None
+        self.position = Position()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next :meth:`begin` runs."""
+        return self.position.epoch
+
+    @property
+    def active(self) -> EpochSpan | None:
+        return self.position.active
 
     @property
     def chunks_per_pass(self) -> int | None:
@@ -137,6 +165,13 @@ class EpochCursor:
     def begin(self, num_chunks: int | None, at: int = 0) -> EpochSpan:
         """Start the next epoch of ``num_chunks`` chunks at step ``at``; the previous span
         is dropped. Raises :class:`ConfigError` naming ``num_chunks`` or ``at``."""
+        span, position = self.draw(num_chunks, at)
+        self.publish(position)
+        return span
+
+    def draw(self, num_chunks: int | None, at: int = 0) -> tuple[EpochSpan, Position]:
+        """The span :meth:`begin` would start, and the position after it; changes nothing."""
+        now = self.position
         if num_chunks is None:
             num_chunks = self.chunks_per_pass
             if num_chunks is None:
@@ -152,7 +187,7 @@ class EpochCursor:
             raise ConfigError.bad(
                 "at", at, f"a step in [0, num_chunks={num_chunks}]", "Pass at <= num_chunks."
             )
-        pending = self._resume_step > 0 or self._resume_global is not None
+        pending = now.resume_step > 0 or now.resume_global is not None
         if at and pending:
             raise ConfigError.bad(
                 "at",
@@ -160,50 +195,54 @@ class EpochCursor:
                 "0 while a load_state_dict() resume is pending",
                 "The resumed state already says where the epoch starts; pass at=0.",
             )
-        if self.active is not None:
-            self.active.dropped = True
         world = self.world_size
-        if self._resume_global is not None and self._resume_global[0] > 0:
-            consumed, total = self._resume_global
+        if now.resume_global is not None and now.resume_global[0] > 0:
+            consumed, total = now.resume_global
         else:  # a fresh epoch, or a state without global counts (same world size)
-            consumed = min(max(self._resume_step, at), num_chunks) * world
+            consumed = min(max(now.resume_step, at), num_chunks) * world
             total = num_chunks * world
-        self._resume_step, self._resume_global = 0, None
         share = epoch_share(
-            epoch=self.epoch,
+            epoch=now.epoch,
             consumed=consumed,
             total=total,
             rank=self.rank,
             world_size=world,
-            uneven=self._uneven,
+            uneven=now.uneven,
         )
-        windows = self.plan.chunks(self.epoch, np.asarray(share.indices, dtype=np.int64))
+        windows = self.plan.chunks(now.epoch, np.asarray(share.indices, dtype=np.int64))
         first = share.first_step
-        span = EpochSpan(self.epoch, share, windows, first, first + len(windows), first)
-        self.epoch += 1
-        self.active = span
-        return span
+        span = EpochSpan(now.epoch, share, windows, first, first + len(windows), first)
+        return span, Position(epoch=now.epoch + 1, uneven=now.uneven, active=span)
 
-    def state_dict(self) -> dict[str, int]:
+    def publish(self, position: Position) -> None:
+        """Make ``position`` current (one assignment), then drop the span it replaces."""
+        before, self.position = self.position, position
+        if before.active is not None and before.active is not position.active:
+            before.active.dropped = True
+
+    def state_dict(self, position: Position | None = None) -> dict[str, int]:
         """The epoch and how many of its chunks the consumer received: ``step`` and
         ``num_chunks`` count this rank's chunks; ``consumed`` and ``total`` the epoch's
-        global windows delivered and in all, assuming every rank received as many."""
+        global windows delivered and in all, assuming every rank received as many.
+        Of ``position`` if given, else of the current one (read once)."""
+        now = self.position if position is None else position
         seed = self.plan.seed
-        span = self.active
-        if span is not None and not span.finished and not span.dropped:
+        span = now.active
+        received = span.received if span is not None else 0  # read once: it moves
+        if span is not None and received < span.stop and not span.dropped:
             return {
                 "epoch": span.epoch,
-                "step": span.received,
+                "step": received,
                 "num_chunks": span.stop,
                 "seed": seed,
                 "world_size": self.world_size,
-                "consumed": span.share.consumed_after(span.received - span.first),
+                "consumed": span.share.consumed_after(received - span.first),
                 "total": span.share.total,
             }
-        consumed, total = self._resume_global or (self._resume_step * self.world_size, 0)
+        consumed, total = now.resume_global or (now.resume_step * self.world_size, 0)
         return {
-            "epoch": self.epoch,
-            "step": self._resume_step,
+            "epoch": now.epoch,
+            "step": now.resume_step,
             "num_chunks": 0,
             "seed": seed,
             "world_size": self.world_size,
@@ -213,6 +252,11 @@ class EpochCursor:
 
     def load_state(self, state: dict[str, int], *, uneven: Uneven = "exact") -> None:
         """Make the next :meth:`begin` resume ``state`` (see ``ChunkLoader.load_state_dict``)."""
+        self.publish(self.loaded(state, uneven=uneven))
+
+    def loaded(self, state: dict[str, int], *, uneven: Uneven = "exact") -> Position:
+        """The position :meth:`load_state` publishes for ``state``; validates it, changes
+        nothing."""
         try:
             epoch, step = int(state["epoch"]), int(state["step"])
             saved_world = int(state.get("world_size", self.world_size))
@@ -244,9 +288,9 @@ class EpochCursor:
                 f"{self.plan.seed}: the remaining windows will differ from the interrupted run",
                 stacklevel=3,
             )
-        if self.active is not None:
-            self.active.dropped = True
-            self.active = None
-        self.epoch, self._resume_step = epoch, step
-        self._resume_global = (consumed, total) if total else None
-        self._uneven = uneven
+        return Position(
+            epoch=epoch,
+            resume_step=step,
+            resume_global=(consumed, total) if total else None,
+            uneven=uneven,
+        )

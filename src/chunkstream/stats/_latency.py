@@ -143,7 +143,9 @@ class LatencyStats:
     """Per-chunk and per-batch latency records with summaries (see module docs)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: the loader's close() stops the epoch clock, also from a signal handler
+        # that interrupted this thread inside a record (each method leaves whole records).
+        self._lock = threading.RLock()
         self.chunks: list[ChunkRecord] = []
         self.batches: list[BatchRecord] = []
         self._epoch_begin: float | None = None
