@@ -206,6 +206,7 @@ class EpochRun:
                 self._copier.submit(self._follow_dropped, read, what="reclaim")
         self._copies.clear()  # a copy that finds its run dropped gives its buffer back
 
+
 class EpochIterator:
     """Iterates one epoch of a :class:`~chunkstream.ChunkLoader` (its ``_next_chunk`` gives
     each chunk); ends early once the next epoch starts or the loader closes."""

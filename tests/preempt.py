@@ -1,0 +1,267 @@
+"""The preemption pattern, driven at many moments: a handler that checkpoints and closes.
+
+Schedulers (SLURM, LSF) send SIGTERM or SIGUSR1 before they kill a job; its
+handler runs on the main thread between two bytecodes of whatever that thread was
+doing, saves ``state_dict()`` and calls ``close()``. :func:`preempt` runs a body
+(an epoch loop over the object under test) once per moment and interrupts it
+there with such a handler:
+
+* :class:`Call` ``(k)``: at the ``k``-th profile event (a call or a C call) of the
+  main thread, the handler runs as a signal handler would, inside whatever the
+  main thread holds at that point (the loader's lock while it publishes, a run's
+  lock in ``take``, the stats' lock, a future's wait); :func:`call_sites` lists a
+  body's events, one per site, so a sweep covers every function it enters;
+* :class:`Alarm` ``(delay, repeat)``: a real ``SIGALRM`` after ``delay`` s (and every
+  ``repeat`` s after, so handlers nest), landing wherever the main thread is,
+  while the workers read or copy.
+
+Each trial gets a fresh object from ``make()``; a trial still running after
+``hang_s`` ends the process with every thread's stack (``faulthandler``): a thread
+blocked on a lock its own interrupted frame holds cannot be woken from Python. Reused for
+``ChunkLoader`` and ``BatchStream`` (both buffer tiers): only ``make``, ``body`` and
+``handler`` differ.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Preempted(BaseException):  # what a real handler's sys.exit would be
+    """Raised by the handler after it checkpointed and closed, to end the body."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """Interrupt at the ``k``-th profile event of the main thread inside the body."""
+
+    k: int
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """Interrupt with a real ``SIGALRM`` after ``delay`` s, then every ``repeat`` s."""
+
+    delay: float
+    repeat: float = 0.0
+
+
+@dataclass
+class Trial(Generic[T]):
+    """What happened in one trial.
+
+    ``state`` is what the first handler saved; ``log`` what the body had logged
+    then (a copy); ``where`` the interrupted main thread's frames (innermost first,
+    ``file:function``), ``workers`` the innermost frame of each ``chunkstream-*``
+    thread then; ``handler_s`` the longest handler run; ``error`` any exception other
+    than the handler's :class:`Preempted` or the closed object's own error
+    (``closed_error``). A hang is no trial result: it ends the process (below).
+    """
+
+    moment: Call | Alarm
+    fired: int = 0
+    state: Any = None
+    log: list = field(default_factory=list)
+    where: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    handler_s: float = 0.0
+    error: BaseException | None = None
+
+
+def save_and_close(obj: Any) -> Any:
+    """The usual handler: checkpoint, then close."""
+    state = obj.state_dict()
+    obj.close()
+    return state
+
+
+def save_reload_and_close(obj: Any) -> Any:
+    """A handler that also resumes the state it saved (``load_state_dict`` from a
+    handler), then checks the object reports the same position (a pending resume may
+    spell ``num_chunks`` differently), then closes."""
+    state = obj.state_dict()
+    obj.load_state_dict(state)
+    again = obj.state_dict()
+    same = {k: v for k, v in again.items() if k != "num_chunks"}
+    assert same == {k: v for k, v in state.items() if k != "num_chunks"}, (again, state)
+    obj.close()
+    return state
+
+
+def _frames(frame: Any, limit: int = 12) -> list[str]:
+    names = []
+    while frame is not None and len(names) < limit:
+        code = frame.f_code
+        names.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}")
+        frame = frame.f_back
+    return names
+
+
+def _workers() -> list[str]:
+    frames = sys._current_frames()
+    out = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.name.startswith("chunkstream-") else None
+        if frame is not None:
+            inner = [n for n in _frames(frame, 40) if "threading.py" not in n]
+            out.append(f"{thread.name}:{inner[0] if inner else '?'}")
+    return out
+
+
+def call_sites(
+    make: Callable[[], T], body: Callable[[T, list], None], *, keep: str = "chunkstream"
+) -> list[tuple[int, str]]:
+    """The profile events in files whose path contains ``keep`` (counted as
+    :class:`Call` counts them) of one uninterrupted ``body`` on the main thread, as
+    ``(k, site)`` for the first event at each distinct site (an event, its function
+    and its caller): a sweep of
+    :class:`Call` ``(k)`` over them interrupts the body once inside every function
+    the main thread enters there, and at every C call such a function makes (a lock's
+    ``acquire``, a wait, a clock read). The counts are those of this run: a body
+    whose waits poll may make more or fewer events in a trial."""
+    obj = make()
+    count = 0
+    sites: dict[str, int] = {}
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        code = frame.f_code
+        if keep not in code.co_filename:
+            return
+        count += 1
+        inner = getattr(arg, "__qualname__", "") if event.startswith("c_") else ""
+        caller = frame.f_back.f_code.co_name if frame.f_back is not None else "-"
+        site = f"{event} {code.co_filename.rsplit('/', 1)[-1]}:{code.co_name} {inner} <- {caller}"
+        sites.setdefault(site, count)
+
+    try:
+        sys.setprofile(profile)
+        try:
+            body(obj, [])
+        finally:
+            sys.setprofile(None)
+    finally:
+        obj.close()
+    return sorted((k, site) for site, k in sites.items())
+
+
+def preempt(
+    make: Callable[[], T],
+    body: Callable[[T, list], None],
+    moments: Iterable[Call | Alarm],
+    *,
+    handler: Callable[[T], Any] = save_and_close,
+    closed_error: type[BaseException] | tuple[type[BaseException], ...] = (),
+    hang_s: float = 30.0,
+    keep: str = "chunkstream",
+) -> list[Trial[T]]:
+    """One trial per moment: a fresh ``make()``, ``body(obj, log)`` on the main thread,
+    ``handler(obj)`` run at the moment (its return value saved as the state), then
+    :class:`Preempted` raised from the first handler to end the body.
+
+    ``body`` appends what it received to ``log`` (the test checks the saved state
+    against it). An exception of type ``closed_error`` from the body (the closed
+    object's answer to a later call) also ends a trial normally. Must run on the
+    main thread (signals are delivered there). :class:`Call` counts only events in
+    files whose path contains ``keep`` (never a weakref callback of the interpreter's,
+    where the handler's exception would be swallowed).
+    """
+    assert threading.current_thread() is threading.main_thread()
+    return [_trial(make, body, m, handler, closed_error, hang_s, keep) for m in moments]
+
+
+def _trial(
+    make: Callable[[], T],
+    body: Callable[[T, list], None],
+    moment: Call | Alarm,
+    handler: Callable[[T], Any],
+    closed_error: Any,
+    hang_s: float,
+    keep: str,
+) -> Trial[T]:
+    trial: Trial[T] = Trial(moment)
+    obj = make()
+    log: list = []
+    in_handler = False
+
+    def run_handler(frame: Any) -> None:
+        nonlocal in_handler
+        first = trial.fired == 0
+        trial.fired += 1
+        if first:
+            trial.where, trial.workers, trial.log = _frames(frame), _workers(), list(log)
+        was, in_handler = in_handler, True
+        began = time.monotonic()
+        try:
+            state = handler(obj)
+        finally:
+            in_handler = was
+            trial.handler_s = max(trial.handler_s, time.monotonic() - began)
+        if first:
+            trial.state = state
+            raise Preempted
+
+    def on_signal(signum: int, frame: Any) -> None:
+        run_handler(frame)
+
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if keep not in frame.f_code.co_filename:
+            return
+        calls += 1
+        if calls == moment.k and not in_handler:  # type: ignore[union-attr]
+            sys.setprofile(None)
+            run_handler(frame)
+
+    previous = signal.signal(signal.SIGALRM, on_signal)
+    try:
+        # A hang (a handler blocked on a lock its own interrupted frame holds) cannot be
+        # interrupted from Python: it ends the process with every thread's stack.
+        faulthandler.dump_traceback_later(hang_s, exit=True)
+        try:
+            if isinstance(moment, Alarm):
+                signal.setitimer(signal.ITIMER_REAL, moment.delay, moment.repeat)
+            else:
+                sys.setprofile(profile)
+            try:
+                body(obj, log)
+            finally:
+                sys.setprofile(None)
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except Preempted:
+            pass
+        except Exception as exc:
+            if not (closed_error and isinstance(exc, closed_error)):
+                trial.error = exc
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        try:
+            obj.close()  # a trial whose moment never came (the body ended first)
+        except Exception as exc:  # reported, not raised: the trial's finding
+            trial.error = trial.error or exc
+    return trial
+
+
+def describe(trials: list[Trial]) -> str:
+    """One line per trial, for a failure message."""
+    lines = []
+    for t in trials:
+        where = " < ".join(n for n in t.where[:4])
+        lines.append(
+            f"{t.moment}: fired={t.fired} state={t.state} handler={t.handler_s:.3f}s "
+            f"error={t.error!r} at {where}"
+        )
+    return "\n".join(lines)
