@@ -24,9 +24,13 @@ from typing import Any
 
 from ._errors import LoaderClosedError
 
-__all__ = ["POLL_S", "Executor", "done_within", "thread_stack", "wait_done"]
+__all__ = ["EVENT_POLL_S", "POLL_S", "Executor", "done_within", "thread_stack", "wait_done"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
+# A CUDA event has no wait with a timeout, and a copy ends within milliseconds: a wait for
+# one (a pinned slot's copy) checks it at this interval, on the pool's condition, so a slot
+# given back wakes it at once. The one exception to POLL_S (docs/architecture.md).
+EVENT_POLL_S = 0.0005
 
 
 def done_within(future: Future, timeout: float = POLL_S) -> bool:

@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from .._device import device_binder
+from .._executor import EVENT_POLL_S, Executor
 from .._executor import POLL_S as _POLL_S
-from .._executor import Executor
 from ..sources import FieldSpec
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
@@ -319,14 +319,11 @@ class PinnedSlotPool:
                     return self._free.popleft()
                 if self._pending and self._pending[0][0].query():  # one stream: copies end in order
                     return self._pending.popleft()[1]
-                has_pending = bool(self._pending)
-                if not has_pending:
-                    self._cond.wait(_POLL_S)
+                # The oldest slot's copy is in flight (its event is checked again soon), or
+                # none is pending (a release wakes this).
+                self._cond.wait(EVENT_POLL_S if self._pending else _POLL_S)
             if cancelled is not None and cancelled():
                 raise InterruptedError("acquire cancelled")
-            if has_pending:
-                # The copy of the oldest slot is in flight; it finishes on its own.
-                time.sleep(0.0005)
 
     def release(self, buffers: BufferSet, after: torch.cuda.Event | None = None) -> None:
         """Give a slot back; it is reused only once ``after`` (its copy's event, if any)
@@ -364,11 +361,11 @@ class PinnedSlotPool:
     def _copies_finished(self, pending: list[torch.cuda.Event], deadline: float) -> bool:
         # Often called from the main thread, whose current device may be another
         # GPU (or none yet): query() has no device guard.
-        with torch.cuda.device(self.device):
+        with torch.cuda.device(self.device), self._cond:
             while not all(event.query() for event in pending):
                 if time.monotonic() >= deadline:
                     return False
-                time.sleep(0.001)
+                self._cond.wait(EVENT_POLL_S)  # closed: nothing notifies; the event is polled
         return True
 
     def _release(self, pending: list[torch.cuda.Event], deadline: float, unpin: bool) -> bool:
