@@ -8,7 +8,8 @@ Python 3.9, bpo-39812, so one read hung on a dead mount would hang the exit);
 stacks, are known to a watchdog (:meth:`Executor.busy_stacks`). One job waits
 for another's future with :func:`wait_done`, never through a callback.
 :data:`POLL_S` is the one interval every blocking wait in chunkstream polls
-at, so errors, ``close()`` and the watchdog are seen within it.
+at, so errors, ``close()`` and the watchdog are seen within it; the one exception,
+:data:`EVENT_POLL_S`, checks a CUDA event (which has no wait with a timeout).
 """
 
 from __future__ import annotations
