@@ -208,7 +208,11 @@ def _trial(
             trial.handler_s = max(trial.handler_s, time.monotonic() - began)
         if first:
             trial.state = state
-            raise Preempted
+            # Raised inside a weakref callback the garbage collector runs, the exception
+            # would be swallowed (and reported as unraisable): the closed object ends the
+            # body instead, at its next call.
+            if not frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+                raise Preempted
 
     def on_signal(signum: int, frame: Any) -> None:
         run_handler(frame)
