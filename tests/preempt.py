@@ -107,13 +107,14 @@ def _frames(frame: Any, limit: int = 12) -> list[str]:
 
 
 def _workers() -> list[str]:
+    """``thread:function`` of each ``chunkstream-*`` thread's innermost frame. Only that
+    one: walking ``f_back`` of another thread's running frames can crash CPython 3.11."""
     frames = sys._current_frames()
     out = []
     for thread in threading.enumerate():
         frame = frames.get(thread.ident) if thread.name.startswith("chunkstream-") else None
         if frame is not None:
-            inner = [n for n in _frames(frame, 40) if "threading.py" not in n]
-            out.append(f"{thread.name}:{inner[0] if inner else '?'}")
+            out.append(f"{thread.name}:{frame.f_code.co_name}")
     return out
 
 
