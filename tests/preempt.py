@@ -118,8 +118,16 @@ def _workers() -> list[str]:
     return out
 
 
+def _close(obj: Any) -> None:
+    obj.close()
+
+
 def call_sites(
-    make: Callable[[], T], body: Callable[[T, list], None], *, keep: str = "chunkstream"
+    make: Callable[[], T],
+    body: Callable[[T, list], None],
+    *,
+    keep: str = "chunkstream",
+    close: Callable[[T], None] = _close,
 ) -> list[tuple[int, str]]:
     """The profile events in files whose path contains ``keep`` (counted as
     :class:`Call` counts them) of one uninterrupted ``body`` on the main thread, as
@@ -151,7 +159,7 @@ def call_sites(
         finally:
             sys.setprofile(None)
     finally:
-        obj.close()
+        close(obj)
     return sorted((k, site) for site, k in sites.items())
 
 
@@ -164,6 +172,7 @@ def preempt(
     closed_error: type[BaseException] | tuple[type[BaseException], ...] = (),
     hang_s: float = 30.0,
     keep: str = "chunkstream",
+    close: Callable[[T], None] = _close,
 ) -> list[Trial[T]]:
     """One trial per moment: a fresh ``make()``, ``body(obj, log)`` on the main thread,
     ``handler(obj)`` run at the moment (its return value saved as the state), then
@@ -174,10 +183,11 @@ def preempt(
     object's answer to a later call) also ends a trial normally. Must run on the
     main thread (signals are delivered there). :class:`Call` counts only events in
     files whose path contains ``keep`` (never a weakref callback of the interpreter's,
-    where the handler's exception would be swallowed).
+    where the handler's exception would be swallowed). ``close(obj)`` ends every
+    trial (an object without ``close()``, a ``BatchStream``, closes its loader).
     """
     assert threading.current_thread() is threading.main_thread()
-    return [_trial(make, body, m, handler, closed_error, hang_s, keep) for m in moments]
+    return [_trial(make, body, m, handler, closed_error, hang_s, keep, close) for m in moments]
 
 
 def _trial(
@@ -188,6 +198,7 @@ def _trial(
     closed_error: Any,
     hang_s: float,
     keep: str,
+    close: Callable[[T], None],
 ) -> Trial[T]:
     trial: Trial[T] = Trial(moment)
     obj = make()
@@ -254,7 +265,7 @@ def _trial(
     finally:
         signal.signal(signal.SIGALRM, previous)
         try:
-            obj.close()  # a trial whose moment never came (the body ended first)
+            close(obj)  # a trial whose moment never came (the body ended first)
         except Exception as exc:  # reported, not raised: the trial's finding
             trial.error = trial.error or exc
     return trial
