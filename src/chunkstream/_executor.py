@@ -25,9 +25,14 @@ from typing import Any
 
 from ._errors import LoaderClosedError
 
-__all__ = ["POLL_S", "Executor", "thread_stack", "wait_done"]
+__all__ = ["POLL_S", "Cancelled", "Executor", "thread_stack", "wait_done"]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
+
+
+class Cancelled(InterruptedError):
+    """Internal cancellation: the run this work belonged to was dropped (a newer epoch, a
+    ``load_state_dict``, a ``close``), so the work stops here. Never reaches the user."""
 
 
 def wait_done(future: Future, stop: Callable[[], bool]) -> bool:
