@@ -13,7 +13,11 @@ data counted in batches, which is up to one chunk more than the chunk loop's
 
 Resume is exact because nothing is hidden RNG state: batch ``b`` of the chunk
 at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
-a hash of ``(seed, epoch, index, b, rank)``. The state is the loader's state
+a hash of ``(seed, epoch, index, b, rank)``. Each batch travels with the state
+that resumes right after it, made when its starts were drawn, and
+:meth:`BatchStream.state_dict` is the state of the last batch handed out
+(Grain's ``(element, state)``; no counter is kept beside the batches). That
+state is the loader's state
 as it was *before* the current chunk, plus how many of that chunk's batches
 were handed out; loading it re-delivers that chunk and skips those batches.
 With ``mix > 1`` the state's loader state is the one before the oldest chunk
@@ -359,6 +363,8 @@ class BatchStream:
             mixer.clear()  # the refill puts back what the saved run held
             # The held chunks of earlier epochs are re-read first.
             refill = mixer.refill_across(loader, loaded, refill, self.chunks_per_epoch)
+        if run.state is None:  # the first run: its position until a batch is handed out
+            run.state = _stream_state(loader.state_dict(), 0, 0)
         run.check()
         chunks = loader.epoch(self.chunks_per_epoch)
         # One event per chunk (ChunkMixer.run): its batches are drawn over it and the up
