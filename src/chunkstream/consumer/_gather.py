@@ -198,6 +198,10 @@ class GatherPool:
         job = Job(fn, n, then)
         if self.threads > 1 and n > 0:
             with self._cond:
+                # Fully claimed jobs are dropped here too, not only by a helper: a finished
+                # job's future holds its batch, which must not stay referenced (a CPU slot
+                # is reused only once nothing refers to it), also while no helper runs.
+                self._next_job()
                 self._jobs.append(job)
                 for _ in range(min(self.threads - 1, n) - self._alive):
                     self._start_helper()
@@ -212,10 +216,14 @@ class GatherPool:
             job.cancel()  # only after an interrupt: a finished job ignores it
 
     def _start_helper(self) -> None:
-        self._alive += 1
         self._started += 1
         name = f"chunkstream-gather-{self._started}"
-        threading.Thread(target=self._help, name=name, daemon=True).start()
+        self._alive += 1
+        try:
+            threading.Thread(target=self._help, name=name, daemon=True).start()
+        except BaseException:  # a signal handler's exception, say: no helper was started
+            self._alive -= 1
+            raise
 
     def _help(self) -> None:
         while True:
