@@ -86,7 +86,7 @@ def test_a_held_host_batch_is_never_overwritten(store):
             if k % 3 == 0:  # hold every third batch, drop the others at once
                 held.append(batch)
                 copies.append(batch.clone())
-        slots = stream._slots._slots
+        slots = stream._tier.slots._slots
         assert slots.allocated < 2 * 24 - len(held)  # the dropped batches' slots were reused
     for a, b in zip(held, copies, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -350,7 +350,7 @@ def test_breaking_out_with_batches_gathered_ahead_gives_their_slots_back(store):
                     break  # three batches gathered ahead are abandoned
         whole = [b.clone() for b in stream]
         assert len(whole) == 24
-        assert stream._slots._slots.allocated <= 3 + 2 + 2  # the arena's slots, little more
+        assert stream._tier.slots._slots.allocated <= 3 + 2 + 2  # the arena's slots, little more
 
 
 def test_the_default_gather_threads_are_this_ranks_share_of_the_cores(monkeypatch):

@@ -83,6 +83,14 @@ def used(path: Path) -> set[str]:
         for alias in node.names
         if alias.asname
     }
+    # A bare name counts only when imported (``from threading import Event``): a class
+    # of the module's own that shares a primitive's name (the mixer's ``Event``) is not one.
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
     found = set()
     for node in ast.walk(tree):
         names = []
@@ -92,6 +100,8 @@ def used(path: Path) -> set[str]:
             names += [_dotted(d) for d in node.decorator_list]
         for name in names:
             head, _, rest = name.partition(".")
+            if head not in imported:
+                continue
             name = aliases.get(head, head) + (f".{rest}" if rest else "")
             primitive = _primitive(name)
             if primitive is not None:

@@ -25,7 +25,15 @@ from typing import Any
 
 from ._errors import LoaderClosedError
 
-__all__ = ["EVENT_POLL_S", "POLL_S", "Executor", "done_within", "thread_stack", "wait_done"]
+__all__ = [
+    "EVENT_POLL_S",
+    "POLL_S",
+    "Cancelled",
+    "Executor",
+    "done_within",
+    "thread_stack",
+    "wait_done",
+]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
 # A CUDA event has no wait with a timeout, and a copy ends within milliseconds: a wait for
@@ -49,6 +57,11 @@ def done_within(future: Future, timeout: float = POLL_S) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class Cancelled(InterruptedError):
+    """Internal cancellation: the run this work belonged to was dropped (a newer epoch, a
+    ``load_state_dict``, a ``close``), so the work stops here. Never reaches the user."""
 
 
 def wait_done(future: Future, stop: Callable[[], bool]) -> bool:

@@ -13,7 +13,11 @@ data counted in batches, which is up to one chunk more than the chunk loop's
 
 Resume is exact because nothing is hidden RNG state: batch ``b`` of the chunk
 at position ``index`` of ``epoch`` has starts drawn from a generator seeded with
-a hash of ``(seed, epoch, index, b, rank)``. The state is the loader's state
+a hash of ``(seed, epoch, index, b, rank)``. Each batch travels with the state
+that resumes right after it, made when its starts were drawn, and
+:meth:`BatchStream.state_dict` is the state of the last batch handed out
+(Grain's ``(element, state)``; no counter is kept beside the batches). That
+state is the loader's state
 as it was *before* the current chunk, plus how many of that chunk's batches
 were handed out; loading it re-delivers that chunk and skips those batches.
 With ``mix > 1`` the state's loader state is the one before the oldest chunk
@@ -33,21 +37,21 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
+from .._executor import Cancelled
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
 from ._gather import check_gather_threads, gather_pool
-from ._mixing import ChunkMixer
+from ._mixing import ChunkMixer, Event
 from ._sampling import _compute_dtype, check_align
-from ._slots import BatchSlots, Pending
+from ._shuffle import BufferTier, DeviceTier, HostTier, Request
 from ._tiers import BufferInfo, check_buffer, plan_buffer, resolve_tier
 
 __all__ = ["BatchStream"]
@@ -242,29 +246,35 @@ class BatchStream:
         _log.info("%s", self.buffer.describe())
         if self.buffer.note and self.mix > 1:
             _log.info("%s", self.buffer.note)
+        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle).
+        self._tier: BufferTier
+        if tier == "host":
+            self._tier = HostTier(
+                self.fields,
+                window=self.window,
+                batch_size=self.batch_size,
+                device=self.device,
+                depth=self.batch_prefetch,
+                gather=self._gather,
+                dtype=self.dtype,
+            )
+        else:
+            self._tier = DeviceTier(
+                self.fields, window=self.window, dtype=self.dtype, gather=self._gather
+            )
         self._mixer = ChunkMixer(
             self.mix,
             window=self.window,
             rows=loader.rows,
             fields=self.fields,
             align=self.align,
-            host=self._gather if tier == "host" else None,
-        )
-        self._slots = (
-            BatchSlots(
-                self.device,
-                batch_size=self.batch_size,
-                window=self.window,
-                slots=self.batch_prefetch + 2,
-                pool=self._gather,
-            )
-            if tier == "host"
-            else None
+            tier=self._tier,
         )
         # Drawn on the host for both tiers: the same windows for the same seed on each.
         self._generator = torch.Generator()
-        self._generation = 0
-        self._reset_position()
+        # The current run (one per iter(), or the one load_state_dict prepared) and the
+        # state of the last batch it delivered (see _Run).
+        self._run = _Run(None)
 
     def _size_buffer(self, mix: object, tier: str, why: str, host_memory: int | None) -> BufferInfo:
         """The tier and ``mix`` (``"auto"`` sized for the tier), as a :class:`BufferInfo`."""
@@ -298,21 +308,6 @@ class BatchStream:
             why=why,
         )
 
-    def _reset_position(self) -> None:
-        """No epoch in progress and nothing to resume: the loader's own state rules."""
-        # ``_before`` is the loader's state before the oldest chunk to re-read (None: the
-        # loader's own state), ``_refill`` how many chunks to re-read silently, ``_drawn``
-        # the current chunk's batches handed out.
-        self._skip = 0  # batches of the first chunk to skip, after load_state_dict
-        self._refill_next = 0  # chunks the next epoch iteration re-reads, after load_state_dict
-        self._refill = 0
-        self._loaded: dict[str, int] | None = None  # the loader state load_state_dict gave
-        self._before: dict[str, int] | None = None
-        self._drawn = 0
-        # The loader state to report after the current epoch's iterator was closed early
-        # (the next epoch's start); None while it runs, or once it ran to its end.
-        self._closed_state: dict[str, int] | None = None
-
     def __len__(self) -> int:
         """Batches per epoch: ``batches_per_epoch``."""
         return self.batches_per_epoch
@@ -328,17 +323,27 @@ class BatchStream:
     def _epoch(self) -> Iterator[Batch]:
         # A generator: nothing starts before the first next(), so a consumer may call
         # iter() and then load_state_dict() (Lightning does) and still resume.
-        self._generation += 1
-        generation = self._generation
-        self._closed_state = None
+        run = self._claim_run()
         try:
-            yield from self._batches(generation)
+            yield from self._batches(run)
+        except Cancelled:
+            return  # a newer iteration or a load_state_dict took over
         except GeneratorExit:  # closed early (close(), or collected after a break)
-            if generation == self._generation:
-                self._closed_state = self._next_epoch_state()
-                self._before, self._drawn, self._refill = None, 0, 0
-                self._mixer.clear()  # the next epoch starts empty, as its resume state says
+            if not run.dropped:  # the epoch is over: resume at the next one, buffer empty
+                run.state = _stream_state(self._next_epoch_state(), 0, 0)
+                self._mixer.clear()
             raise
+
+    def _claim_run(self) -> _Run:
+        """The run this iteration drives: the one prepared (at construction or by
+        :meth:`load_state_dict`), or a new one that takes over from the run in progress."""
+        run = self._run
+        if run.started:
+            run = _Run(run.state)
+            old, self._run = self._run, run
+            old.dropped = True  # the old iteration stops at its next batch
+        run.started = True
+        return run
 
     def _next_epoch_state(self) -> dict[str, int]:
         """The loader's state as it would be had the current epoch run to its end."""
@@ -347,46 +352,44 @@ class BatchStream:
             state.update(epoch=state["epoch"] + 1, step=0, num_chunks=0, consumed=0, total=0)
         return state
 
-    def _batches(self, generation: int) -> Iterator[Batch]:
-        skip, self._skip = self._skip, 0
-        refill, self._refill_next = self._refill_next, 0
-        loaded, self._loaded = self._loaded, None
-        mixer = self._mixer
-        # After a resume, the held chunks of earlier epochs are re-read first.
-        refill = mixer.refill_across(self.loader, loaded, refill, self.chunks_per_epoch)
-        chunks = self.loader.epoch(self.chunks_per_epoch)
-        # One event per chunk (ChunkMixer.events): its batches are drawn over it and the
-        # up to mix - 1 chunks before it, kept across epochs; after a resume the first
+    def _batches(self, run: _Run) -> Iterator[Batch]:
+        loader, mixer = self.loader, self._mixer
+        skip = refill = 0
+        if run.resume is not None:
+            loaded, skip, refill = run.resume
+            # Again here, in the consumer's thread: a dropped run may have read on since
+            # load_state_dict() (from a signal handler, say) positioned the loader.
+            loader.load_state_dict(loaded)
+            mixer.clear()  # the refill puts back what the saved run held
+            # The held chunks of earlier epochs are re-read first.
+            refill = mixer.refill_across(loader, loaded, refill, self.chunks_per_epoch)
+        if run.state is None:  # the first run: its position until a batch is handed out
+            run.state = _stream_state(loader.state_dict(), 0, 0)
+        run.check()
+        chunks = loader.epoch(self.chunks_per_epoch)
+        # One event per chunk (ChunkMixer.run): its batches are drawn over it and the up
+        # to mix - 1 chunks before it, kept across epochs; after a resume the first
         # `refill` chunks only refill the buffer.
-        for chunk in mixer.events(chunks, self.loader.state_dict, refill=refill, keep=True):
-            if generation != self._generation:
-                return
-            (self._before, self._refill), self._drawn = mixer.resume_point(done=False), skip
-            count = self._batches_in(chunk.index)
-            ahead: deque[Pending] = deque()  # the host tier's batches gathered ahead
-            try:
-                for b in range(skip, count):
-                    if self._slots is None:
-                        batch = self._draw(chunk, b)
-                    else:
-                        while len(ahead) <= min(self.batch_prefetch, count - b - 1):
-                            ahead.append(self._submit(chunk, b + len(ahead)))
-                        batch = self._as_batch(ahead.popleft().result())
-                    self._drawn = b + 1
-                    if b + 1 == count:
-                        # The event is done: resume at the next one, re-reading the chunks it
-                        # mixes with (at the epoch's end: the next epoch's first).
-                        point = mixer.resume_point(done=True)
-                        (self._before, self._refill), self._drawn = point, 0
-                    yield batch
-                    del batch
-                    if generation != self._generation:
-                        return  # a newer iteration took over
-            finally:
-                for pending in ahead:
-                    pending.cancel()  # its slot comes back once its claimed blocks are done
+        for event in mixer.run(chunks, loader.state_dict, refill=refill, keep=True):
+            run.check()
+            requests = self._requests(event, skip, self._batches_in(event.chunk.index))
+            for tensors, state in self._tier.batches(mixer.storage, requests):
+                run.check()
+                batch = tensors[self.fields[0]] if self._single else tensors
+                run.state = state  # delivered: the state that resumes right after it
+                yield batch
+                del batch
             skip = 0
-            del chunk  # let the loader reuse its buffer while the next one arrives
+            del event  # let the loader reuse its buffer while the next one arrives
+
+    def _requests(self, event: Event, first: int, count: int) -> Iterator[Request]:
+        """Batches ``first..count-1`` of ``event``: starts, and the state after each."""
+        for b in range(first, count):
+            if b + 1 < count:
+                (loader_state, refill), batch = event.at, b + 1
+            else:  # the event is done: resume at the next one (maybe the next epoch's)
+                (loader_state, refill), batch = event.after, 0
+            yield Request(self._starts(event.chunk, b), _stream_state(loader_state, batch, refill))
 
     def _starts(self, chunk: Chunk, b: int) -> torch.Tensor:
         """Batch ``b`` of ``chunk``'s event: its window starts, a pure function of the seed."""
@@ -394,45 +397,27 @@ class BatchStream:
         self._generator.manual_seed(key & M64)
         return self._mixer.sample(self.batch_size, self._generator)
 
-    def _submit(self, chunk: Chunk, b: int) -> Pending:
-        """The host tier: start gathering batch ``b`` into a slot (:mod:`._slots`)."""
-        storage = self._mixer.storage
-        targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
-        starts = self._starts(chunk, b).tolist()
-        assert self._slots is not None
-        return self._slots.submit(storage, self.fields, starts, targets)
-
-    def _as_batch(self, tensors: dict[str, torch.Tensor]) -> Batch:
-        return tensors[self.fields[0]] if self._single else tensors
-
-    def _draw(self, chunk: Chunk, b: int) -> Batch:
-        mixer = self._mixer
-        starts = self._starts(chunk, b)
-        if self._single:
-            return mixer.gather(self.fields[0], starts, self.dtype)
-        return {name: mixer.gather(name, starts, self.dtype) for name in self.fields}
-
     # -- resume ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, object]:
         """``{"loader": <ChunkLoader state>, "batch": k, "refill": r, ...}``: a few integers.
 
-        Mid-chunk, ``loader`` is the state before that chunk and ``batch`` the
-        batches of it already handed out; between chunks ``batch`` is 0. With
-        ``mix > 1``, ``loader`` is the state before the oldest chunk the current
-        (or next) chunk's batches mix with, and ``refill`` the chunks before
-        the current one to re-read into the buffer on resume. After
+        The state that resumes right after the last batch handed out, which
+        travelled with that batch. Mid-chunk, ``loader`` is the state before that
+        chunk and ``batch`` the batches of it already handed out; between chunks
+        ``batch`` is 0. With ``mix > 1``, ``loader`` is the state before the oldest
+        chunk the current (or next) chunk's batches mix with, and ``refill`` the
+        chunks before the current one to re-read into the buffer on resume. After
         the epoch's iterator was closed early, the next epoch's start (see the
-        class notes).
+        class notes). Safe from a signal handler and from any thread: it reads
+        one reference, never waits.
         """
-        if self._closed_state is not None:
-            loader_state, batch, refill = dict(self._closed_state), 0, 0
-        elif self._before is not None:
-            loader_state, batch, refill = dict(self._before), self._drawn, self._refill
-        else:
-            loader_state, batch, refill = self.loader.state_dict(), self._skip, self._refill_next
+        state = self._run.state
+        if state is None:  # nothing handed out or loaded yet: the loader's own position
+            state = _stream_state(self.loader.state_dict(), 0, 0)
+        loader_state, batch, refill = state
         return {
-            "loader": loader_state,
+            "loader": dict(loader_state),  # type: ignore[call-overload]
             "batch": batch,
             "refill": refill,
             "batches_per_chunk": self.batches_per_chunk,
@@ -441,7 +426,13 @@ class BatchStream:
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches."""
+        """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches.
+
+        Safe from a signal handler and from any thread: it checks ``state``,
+        positions the loader, and swaps in a new run holding it; an iteration in
+        progress stops at its next batch, and the buffer is refilled by the next
+        iteration, in the consumer's thread.
+        """
         check_stream_state(state, batches_per_chunk=self.batches_per_chunk)
         try:
             loader_state = state["loader"]
@@ -478,12 +469,10 @@ class BatchStream:
                     stacklevel=2,
                 )
         self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
-        self._generation += 1  # an iteration in progress stops at its next batch
-        self._mixer.clear()  # the refill puts back what the saved run held
-        self._loaded = dict(loader_state)  # type: ignore[call-overload]
-        self._skip, self._before, self._drawn = batch, None, 0
-        self._refill_next, self._refill = refill, 0
-        self._closed_state = None
+        loaded = _stream_state(dict(loader_state), batch, refill)  # type: ignore[call-overload]
+        run = _Run(loaded, resume=loaded)
+        old, self._run = self._run, run  # one reference: state_dict() sees old or new
+        old.dropped = True  # an iteration in progress stops at its next batch
 
     def __repr__(self) -> str:
         return (
@@ -494,6 +483,36 @@ class BatchStream:
             f"mix={self.mix}, align={self.align}, buffer={self.buffer.tier!r}, "
             f"device={self.device})"
         )
+
+
+def _stream_state(loader_state: object, batch: int, refill: int) -> tuple[object, int, int]:
+    """A stream state as it travels with a batch: never mutated once made, so a reader
+    in a signal handler or another thread always sees a whole one."""
+    return (loader_state, int(batch), int(refill))
+
+
+class _Run:
+    """One iteration of a :class:`BatchStream` (an epoch, or the rest of one), as the
+    loader's :class:`~chunkstream.pipeline._run.EpochRun` is one of the loader.
+
+    ``state``: the state that resumes right after the last batch this run handed
+    out (``None``: the loader's own); ``resume``: where it starts, after
+    :meth:`BatchStream.load_state_dict`; ``dropped``: a newer run took over, so this
+    one stops at its next batch (:meth:`check` raises
+    :class:`~chunkstream._executor.Cancelled`) and leaves the buffer alone.
+    """
+
+    __slots__ = ("dropped", "resume", "started", "state")
+
+    def __init__(self, state: tuple | None, resume: tuple | None = None) -> None:
+        self.state = state
+        self.resume = resume
+        self.started = False
+        self.dropped = False
+
+    def check(self) -> None:
+        if self.dropped:
+            raise Cancelled("a newer iteration of this BatchStream took over")
 
 
 def _plan_defaults(

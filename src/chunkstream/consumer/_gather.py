@@ -13,9 +13,15 @@ ends up doing the work itself. The caller waits (on a condition, never
 spinning) only for blocks a helper has already claimed.
 
 Concurrency: one :class:`GatherPool` serves any number of callers (each call is
-a job of its own); the helpers end after :data:`IDLE_S` without work, so an
-idle process holds no ``chunkstream-gather-*`` thread, and start again on the
-next call. A block's exception reaches its caller.
+a job of its own, whose value or error lands in its
+:class:`~concurrent.futures.Future`, as an executor's calls do); the helpers end
+after :data:`IDLE_S` without work, so an idle process holds no
+``chunkstream-gather-*`` thread, and start again on the next call. That is why
+the helpers are not an :class:`~chunkstream._executor.Executor`, whose threads
+live as long as their owner: the process's default pool
+(:func:`gather_pool`) serves :func:`~chunkstream.gather_windows`, a plain
+function with no owner to close it. A caller waits at
+:data:`~chunkstream._executor.POLL_S`, the one poll interval.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 
 import numpy as np
 import torch
 
 from .._errors import ConfigError, check_int
+from .._executor import wait_done
 
 __all__ = [
     "IDLE_S",
@@ -42,7 +50,6 @@ __all__ = [
 ]
 
 IDLE_S = 0.5  # a helper with nothing to claim for this long ends
-_POLL_S = 0.1
 _MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy nothing
 
 
@@ -83,44 +90,36 @@ class Job:
 
     ``then(failed)`` runs exactly once, in whichever thread finishes the last
     block (or in :meth:`cancel`'s), with ``failed`` true after an error or a
-    cancel; :meth:`wait` returns once it has run.
+    cancel; its value (or the first error) is :attr:`future`'s result.
+    :meth:`wait` claims what is left, then returns that value or raises.
     """
 
-    __slots__ = (
-        "cancelled",
-        "claimed",
-        "closed",
-        "cond",
-        "done",
-        "error",
-        "finished",
-        "fn",
-        "n",
-        "then",
-    )
+    __slots__ = ("cancelled", "claimed", "closed", "done", "error", "fn", "future", "lock", "n",
+                 "then")  # fmt: skip
 
     def __init__(
-        self, fn: Callable[[int], None], n: int, then: Callable[[bool], None] | None = None
+        self, fn: Callable[[int], None], n: int, then: Callable[[bool], object] | None = None
     ) -> None:
         self.fn, self.n, self.then = fn, n, then
         self.claimed = 0  # blocks handed out (to the caller or a helper)
         self.done = 0  # blocks finished, with or without an error
         self.error: BaseException | None = None
-        self.cancelled = self.closed = self.finished = False
-        self.cond = threading.Condition()
+        self.cancelled = self.closed = False
+        self.lock = threading.Lock()  # the counters: claims come from several threads
+        self.future: Future = Future()
         if n <= 0:
             self.closed = True
             self._close()
 
     def claim(self) -> int | None:
-        with self.cond:
+        with self.lock:
             if self.claimed >= self.n or self.error is not None:
                 return None
             self.claimed += 1
             return self.claimed - 1
 
     def _block_done(self, error: BaseException | None) -> None:
-        with self.cond:
+        with self.lock:
             self.done += 1
             if error is not None and self.error is None:
                 self.error = error
@@ -131,45 +130,49 @@ class Job:
             self._close()
 
     def _close(self) -> None:
+        value = None
         try:
             if self.then is not None:
-                self.then(self.cancelled or self.error is not None)
-        except BaseException as exc:  # a thread boundary: handed to wait()
+                value = self.then(self.cancelled or self.error is not None)
+        except BaseException as exc:  # a thread boundary: handed on through the future
             if self.error is None:
                 self.error = exc
         finally:
-            with self.cond:
-                self.finished = True
-                self.fn = self.then = None  # type: ignore[assignment]  # drop the arrays
-                self.cond.notify_all()
+            self.fn = self.then = None  # type: ignore[assignment]  # drop the arrays
+            if self.error is not None:
+                self.future.set_exception(self.error)
+            else:
+                self.future.set_result(value)
 
     def run_blocks(self) -> None:
         while (block := self.claim()) is not None:
             try:
                 self.fn(block)
-            except BaseException as exc:  # a thread boundary: handed to wait()
+            except BaseException as exc:  # a thread boundary: handed on through the future
                 self._block_done(exc)
             else:
                 self._block_done(None)
 
-    def wait(self) -> None:
-        """Claim what is left, wait for the blocks others claimed and ``then``; re-raise."""
+    def wait(self) -> object:
+        """Claim what is left, wait for the blocks others claimed and ``then``; its value,
+        or the first error raised."""
         self.run_blocks()
-        with self.cond:
-            while not self.finished:
-                self.cond.wait(_POLL_S)
-        if self.error is not None:
-            raise self.error
+        wait_done(self.future, _never)  # the claimed blocks are copies: they end
+        return self.future.result()
 
     def cancel(self) -> None:
         """Claim nothing more; ``then(True)`` runs once the claimed blocks are done."""
-        with self.cond:
+        with self.lock:
             self.cancelled = True
             self.n = self.claimed
             last = self.done >= self.n and not self.closed
             self.closed = self.closed or last
         if last:
             self._close()
+
+
+def _never() -> bool:
+    return False
 
 
 class GatherPool:
@@ -190,11 +193,15 @@ class GatherPool:
         self._started = 0  # helper names count up, so a name is never reused while alive
 
     def submit(
-        self, fn: Callable[[int], None], n: int, then: Callable[[bool], None] | None = None
+        self, fn: Callable[[int], None], n: int, then: Callable[[bool], object] | None = None
     ) -> Job:
         job = Job(fn, n, then)
         if self.threads > 1 and n > 0:
             with self._cond:
+                # Fully claimed jobs are dropped here too, not only by a helper: a finished
+                # job's future holds its batch, which must not stay referenced (a CPU slot
+                # is reused only once nothing refers to it), also while no helper runs.
+                self._next_job()
                 self._jobs.append(job)
                 for _ in range(min(self.threads - 1, n) - self._alive):
                     self._start_helper()
@@ -209,10 +216,14 @@ class GatherPool:
             job.cancel()  # only after an interrupt: a finished job ignores it
 
     def _start_helper(self) -> None:
-        self._alive += 1
         self._started += 1
         name = f"chunkstream-gather-{self._started}"
-        threading.Thread(target=self._help, name=name, daemon=True).start()
+        self._alive += 1
+        try:
+            threading.Thread(target=self._help, name=name, daemon=True).start()
+        except BaseException:  # a signal handler's exception, say: no helper was started
+            self._alive -= 1
+            raise
 
     def _help(self) -> None:
         while True:
@@ -233,18 +244,18 @@ class GatherPool:
         return self._jobs[0] if self._jobs else None
 
 
-_POOLS: dict[int, GatherPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
 def gather_pool(threads: int | None = None) -> GatherPool:
-    """The process's pool for ``threads`` copying threads (``None``: the default count)."""
+    """The process's default pool (``None`` or the default count), else a pool of its own.
+
+    Made at import and never replaced, so no lock guards it; a pool starts its
+    helpers on demand and they end when idle, so a pool of its own costs nothing
+    once unused. (This was a registry of pools per count behind a lock of its own.)
+    """
     threads = check_gather_threads(threads)
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = _POOLS[threads] = GatherPool(threads)
-        return pool
+    return _DEFAULT if threads == _DEFAULT.threads else GatherPool(threads)
+
+
+_DEFAULT = GatherPool(None)  # type: ignore[arg-type]  # no thread starts before a submit
 
 
 # A block of windows per claim: small enough to balance, large enough that claiming

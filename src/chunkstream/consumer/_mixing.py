@@ -21,19 +21,23 @@ What event ``e`` draws is a pure function of the seed, the epoch, ``e`` and
 the batch number, and the held chunks are the loader's chunks: so the state to
 resume at an event is the loader's state before the oldest held chunk (which
 may lie in an earlier epoch), the number of held chunks to re-read silently
-(``refill``, at most ``mix - 1``) and the batches drawn
-(:meth:`ChunkMixer.resume_point`); nothing else is saved.
+(``refill``, at most ``mix - 1``) and the batches drawn; nothing else is saved.
+Each chunk is held with the loader's state before it, and each :class:`Event`
+(:meth:`ChunkMixer.run`) carries the two states that resume inside it and right
+after it, made when the chunk joined: the state travels with the element.
 :meth:`ChunkMixer.refill_across` re-reads the part of a refill that lies in
-earlier epochs, :meth:`ChunkMixer.events` the rest.
+earlier epochs, :meth:`ChunkMixer.run` the rest.
 
 Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
-owns, ``mix * rows`` timesteps per field on the chunk's device (device memory
-on CUDA; with ``host=``, the host tier, one arena of host memory made at the
-first chunk and filled by the gather pool), and drops the loader's chunk at once, so the loader's buffers (its
-pinned or host arena, its device chunks) are never held by the mixer and its
-own memory bounds are unchanged. The copy is one device-to-device ``copy_`` per
-field per chunk, queued on the current stream after the chunk's ready event.
-With ``mix=1`` the chunk itself is held (no copy), as a plain loop would.
+owns, ``mix * rows`` timesteps per field, where its ``tier``
+(:mod:`chunkstream.consumer._shuffle`) says: on the chunk's device (device
+memory on CUDA), or for the host tier in one arena of host memory made at the
+first chunk and filled by the gather pool. It drops the loader's chunk at once,
+so the loader's buffers (its pinned or host arena, its device chunks) are never
+held by the mixer and its own memory bounds are unchanged. On a device the copy
+is one ``copy_`` per field per chunk, queued on the current stream after the
+chunk's ready event. With ``mix=1`` the chunk itself is held (no copy), as a
+plain loop would.
 """
 
 from __future__ import annotations
@@ -41,18 +45,32 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .._errors import ConfigError, check_int
-from .._memory import HostBufferPool
 from ..pipeline import Chunk
-from ..sources import FieldSpec
-from ._gather import GatherPool, gather_pool, host_copy_rows
 from ._sampling import check_align, gather_windows, piece_starts
+from ._shuffle import BufferTier, DeviceTier
 
-__all__ = ["ChunkMixer", "check_mix"]
+__all__ = ["ChunkMixer", "Event", "check_mix"]
+
+Point = tuple[object, int]  # (loader state before the oldest chunk to re-read, how many)
+
+
+class Event(NamedTuple):
+    """One chunk's event: the chunk, now held, and the resume points made with it.
+
+    ``at``: resume inside this event (its batches still being drawn); ``after``:
+    resume at the next one. Each is ``(loader state, refill)``: load the state, then
+    re-read ``refill`` chunks silently (``run(refill=)``) to hold again what the
+    event's batches (or the next event's) are drawn over.
+    """
+
+    chunk: Chunk
+    at: Point
+    after: Point
 
 
 def check_mix(mix: object) -> int:
@@ -87,10 +105,12 @@ class ChunkMixer:
         rows: int,
         fields: Sequence[str] | None = None,
         align: int = 1,
-        host: GatherPool | None = None,
+        tier: BufferTier | None = None,
     ) -> None:
         self.mix = check_mix(mix)
-        self.host = host  # the host tier: storage in one host arena, copied by this pool
+        # Where the storage lives and how rows are copied into it (default: the chunks'
+        # device); see chunkstream.consumer._shuffle.
+        self.tier: BufferTier = DeviceTier() if tier is None else tier
         self.window = int(window)
         self.align = check_align(align)
         self.rows = int(rows)
@@ -100,8 +120,7 @@ class ChunkMixer:
         self._held: deque[tuple[int, Chunk, torch.Tensor, object]] = deque()
         self._arrivals = 0
         self._union: torch.Tensor | None = None
-        # The events() run that owns the buffer: a stale run's cleanup leaves a newer one's.
-        self._owner: object = None
+        self._last: Event | None = None  # the event last yielded, with its resume points
 
     def __len__(self) -> int:
         return len(self._held)
@@ -120,7 +139,7 @@ class ChunkMixer:
         """Drop every held chunk (the storage is kept for the next epoch)."""
         self._held.clear()
         self._union = None
-        self._owner = None
+        self._last = None
 
     def add(self, chunk: Chunk, before: object = None) -> Chunk:
         """Hold ``chunk`` (a copy when ``mix > 1``); ``before`` is the loader state before it."""
@@ -146,22 +165,12 @@ class ChunkMixer:
         else:
             chunk.use_on()  # the copy below runs on the current stream
             names = self.fields if self.fields is not None else tuple(chunk)
-            if self.host is not None and not self._storage:
-                self._storage = _host_arena({n: chunk[n] for n in names}, self.mix * self.rows)
+            if not self._storage:
+                self._storage = self.tier.store({n: chunk[n] for n in names}, self.mix * self.rows)
             tensors = {}
             for name in names:
-                src = chunk[name]
-                store = self._storage.get(name)
-                if store is None:
-                    store = torch.empty(
-                        (self.mix * self.rows, *src.shape[1:]), dtype=src.dtype, device=src.device
-                    )
-                    self._storage[name] = store
-                view = store[slot * self.rows : slot * self.rows + chunk.length]
-                if view.device.type == "cpu":  # the gather pool, not torch's spinning one
-                    host_copy_rows(view, src, pool=self.host or gather_pool())
-                else:
-                    view.copy_(src, non_blocking=True)
+                view = self._storage[name][slot * self.rows : slot * self.rows + chunk.length]
+                self.tier.copy_rows(view, chunk[name])
                 tensors[name] = view
             held = Chunk(
                 tensors,
@@ -217,6 +226,57 @@ class ChunkMixer:
         """The windows at ``starts`` (from :meth:`sample`) of field ``name``."""
         return gather_windows(self.field(name), starts, self.window, dtype=dtype)
 
+    def run(
+        self,
+        chunks: Iterator[Chunk],
+        state: Callable[[], object] | None = None,
+        *,
+        refill: int = 0,
+        keep: bool = False,
+    ) -> Iterator[Event]:
+        """Run one epoch as events (module docs): yields each chunk's :class:`Event` once
+        the chunk is held.
+
+        While the consumer handles an event, the buffer holds its chunk and up to
+        ``mix - 1`` chunks before it; ``state()`` (the loader's state) is called
+        before and after each chunk is read, and the event carries the resume
+        points made from them. The first ``refill`` chunks are only held, not
+        yielded: they refill the buffer after a resume. ``keep=True`` (with
+        ``mix > 1``) starts from the chunks held when the previous run ended and
+        keeps them when this one runs to its end; without ``keep`` the run starts
+        empty and empties the buffer at its end. A run closed early leaves the
+        buffer as it was: its caller says what happens to it.
+        """
+        keep = keep and self.mix > 1
+        if not keep:
+            self.clear()
+        while True:
+            before = state() if state is not None else None
+            chunk = next(chunks, None)
+            if chunk is None:
+                if not keep:
+                    self.clear()
+                return
+            if len(self._held) == self.mix:
+                self.pop()
+            self.add(chunk, before)
+            del chunk  # the loader may reuse its buffer (a copy is held when mix > 1)
+            if refill > 0:
+                refill -= 1
+                continue
+            self._last = self._event(state() if state is not None else None)
+            yield self._last
+
+    def _event(self, read: object) -> Event:
+        """The newest held chunk's event; ``read`` is the loader's state after it."""
+        held = list(self._held)
+        after = held[1:] if len(held) == self.mix else held  # the oldest goes next
+        return Event(
+            held[-1][1],
+            at=(held[0][3], len(held) - 1),
+            after=(after[0][3], len(after)) if after else (read, 0),
+        )
+
     def events(
         self,
         chunks: Iterator[Chunk],
@@ -225,40 +285,9 @@ class ChunkMixer:
         refill: int = 0,
         keep: bool = False,
     ) -> Iterator[Chunk]:
-        """Run one epoch as events (module docs): yields each chunk once it is held.
-
-        While the consumer handles a yielded chunk (the newest), the buffer holds
-        it and up to ``mix - 1`` chunks before it; ``state()`` is called before
-        each chunk is read and kept with it (:meth:`resume_point`). The first
-        ``refill`` chunks are only held, not yielded: they refill the buffer
-        after a resume (see :meth:`resume_point`). ``keep=True`` (with
-        ``mix > 1``) starts from the chunks held when the previous run ended and
-        keeps them when this one runs to its end; a run closed early, or
-        without ``keep``, drops them.
-        """
-        keep = keep and self.mix > 1
-        if not keep:
-            self.clear()
-        token = self._owner = object()
-        ended = False
-        try:
-            while True:
-                before = state() if state is not None else None
-                chunk = next(chunks, None)
-                if chunk is None:
-                    ended = True
-                    return
-                if len(self._held) == self.mix:
-                    self.pop()
-                self.add(chunk, before)
-                del chunk  # the loader may reuse its buffer (a copy is held when mix > 1)
-                if refill > 0:
-                    refill -= 1
-                    continue
-                yield self._held[-1][1]
-        finally:
-            if self._owner is token and not (keep and ended):
-                self.clear()
+        """:meth:`run`, yielding the chunks alone (:meth:`resume_point` has their points)."""
+        for event in self.run(chunks, state, refill=refill, keep=keep):
+            yield event.chunk
 
     def refill_across(
         self, loader: Any, state: Mapping[str, int] | None, refill: int, num_chunks: int
@@ -284,32 +313,9 @@ class ChunkMixer:
             left = num_chunks
         return refill
 
-    def resume_point(self, *, done: bool) -> tuple[object, int]:
-        """``(state before the oldest chunk to re-read, how many to re-read silently)``.
-
-        For the current event (``done=False``: the newest held chunk's batches are
-        still being drawn) or the next one (``done=True``). Loading the loader
-        state and passing the count as ``events(refill=)`` puts back the held
-        chunks that event draws over; ``(None, 0)`` means "the loader's own
-        state": nothing to re-read.
-        """
-        held = list(self._held)
-        if done and len(held) == self.mix:
-            held = held[1:]  # the oldest is evicted before the next chunk arrives
-        if not done:
-            return held[0][3], len(held) - 1
-        if not held:
+    def resume_point(self, *, done: bool) -> Point:
+        """The last event's resume point: inside it (``done=False``) or after it
+        (``done=True``); ``(None, 0)`` before any event. See :class:`Event`."""
+        if self._last is None:
             return None, 0
-        return held[0][3], len(held)
-
-
-def _host_arena(chunk: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
-    """The host tier's storage: ``rows`` timesteps of each field in one arena faulted in now.
-
-    Pageable: only the batch slots are page-locked (the copies to the device read
-    those), so the buffer, often most of the host's memory, is not locked.
-    """
-    fields = {n: FieldSpec(tuple(t.shape[1:]), t.numpy().dtype) for n, t in chunk.items()}
-    pool = HostBufferPool(fields, rows, slots=1)
-    buffers = pool.acquire()  # held for the mixer's life: never handed out again
-    return {n: torch.from_numpy(a) for n, a in buffers.arrays.items()}
+        return self._last.after if done else self._last.at

@@ -1,21 +1,25 @@
-"""Batches gathered on the host into a few reused slots, then delivered to the device.
+"""Batches gathered on the host into a few reused slots, then delivered like chunks.
 
 The host tier's delivery (:class:`BatchSlots`). A batch is gathered from host
 storage (the shuffle buffer's arena, or a host chunk) by the gather pool
 (:mod:`._gather`) into a *slot*: one array per field, ``batch_size`` windows.
+:meth:`BatchSlots.submit` returns the gather's :class:`~._gather.Job`, whose
+future's result is a :class:`~chunkstream.pipeline._jobs.Delivery`, the type
+the loader's copy stage delivers chunks in; the consumer receives it with the
+loader's own :func:`~chunkstream.pipeline._stages.receive`.
 
 CUDA: the slots are page-locked (one registered arena, a
 :class:`~chunkstream._memory.PinnedSlotPool` of ``slots`` sets). Ownership: the
 pool, then the gather job (:meth:`BatchSlots.submit` acquires a slot, waiting
 for the oldest copy's event if all are in flight), then the transfer stream:
-the thread that finishes the gather's last block queues one ``copy_`` per
-field, from the slot to a fresh device tensor allocated on the transfer
-stream, records an event and gives the slot back behind it
-(``release(..., after=event)``), so a slot is refilled only once its copy has finished.
-The consumer's stream waits on that event and ``record_stream`` tells the
-caching allocator the tensor is used there (:meth:`Pending.result`, called in
-the consumer's thread). The stored dtype is copied and converted on the device
-(half the bytes for float16). Device memory: the batches in flight
+the thread that finishes the gather's last block copies the slot with the
+loader's :func:`~chunkstream.pipeline._jobs.copy_to_device` (fresh device
+tensors allocated and copied on this stream's transfer stream between two
+events; the slot back behind the second, or behind a fence after a failed copy),
+so a slot is refilled only once its copy has finished. The consumer's stream
+waits on that event and ``record_stream`` tells the caching allocator where the
+tensors are used (``receive``). The stored dtype is copied and converted on the
+device (half the bytes for float16). Device memory: the batches in flight
 (``batch_prefetch``) plus those the user holds.
 
 CPU: the same path without the copy. The slots are pageable sets of a
@@ -34,11 +38,11 @@ import numpy as np
 import torch
 
 from .._memory import BufferSet, HostBufferPool, PinnedSlotPool
-from ..pipeline import hand_over
+from ..pipeline import Delivery, copy_to_device
 from ..sources import FieldSpec
 from ._gather import GatherPool, Job, gather_blocks
 
-__all__ = ["BatchSlots", "Pending"]
+__all__ = ["BatchSlots"]
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -51,42 +55,6 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 def _as_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     tensor = torch.from_numpy(array)
     return tensor.view(dtype) if tensor.dtype != dtype else tensor
-
-
-class Pending:
-    """A batch being gathered (and, on CUDA, copied); :meth:`result` in the consumer's thread."""
-
-    __slots__ = ("_job", "_out", "device", "event", "targets")
-
-    def __init__(
-        self,
-        job: Job | None,
-        out: dict[str, torch.Tensor],
-        device: torch.device,
-        targets: dict[str, torch.dtype],
-    ) -> None:
-        self._job = job
-        self._out = out  # the slot's views (CPU) or, once copied, the device tensors (CUDA)
-        self.device = device
-        self.targets = targets
-        self.event: torch.cuda.Event | None = None
-
-    def result(self) -> dict[str, torch.Tensor]:
-        """The batch on the target device, safe to use on the current stream."""
-        assert self._job is not None  # result() is called once
-        job, self._job = self._job, None
-        job.wait()
-        out, self._out = self._out, {}
-        if self.event is None:
-            return out
-        hand_over(out.values(), self.event, torch.cuda.current_stream(self.device))
-        return {name: t.to(self.targets[name]) for name, t in out.items()}
-
-    def cancel(self) -> None:
-        """Abandon the batch; its slot goes back once the blocks already claimed are done."""
-        if self._job is not None:
-            self._job.cancel()
-            self._job, self._out = None, {}
 
 
 class BatchSlots:
@@ -137,14 +105,17 @@ class BatchSlots:
         names: Sequence[str],
         starts: list[int],
         dtypes: Mapping[str, torch.dtype],
-    ) -> Pending:
+    ) -> Job:
         """Start gathering the windows at ``starts`` (host ints, checked) of ``names``.
 
-        ``storage[name]`` is a CPU tensor; ``dtypes[name]`` the batch's dtype.
-        The gather runs on the pool's helpers now and in :meth:`Pending.result`.
+        ``storage[name]`` is a CPU tensor; ``dtypes[name]`` the batch's dtype. The
+        gather runs on the pool's helpers now and in the caller's
+        :meth:`~._gather.Job.wait`; the job's future holds the batch as a
+        :class:`~chunkstream.pipeline._jobs.Delivery`: on the CPU in ``dtypes``
+        (converted in the gather), on CUDA in the stored dtypes (converted on the
+        device by the consumer, half the bytes copied for float16).
         """
         cuda = self._stream is not None
-        # On CUDA the slot holds the stored dtype, converted on the device after the copy.
         held = {n: storage[n].dtype if cuda else dtypes[n] for n in names}
         fields = {
             n: FieldSpec((self.window, *storage[n].shape[1:]), _numpy_dtype(held[n])) for n in names
@@ -158,13 +129,7 @@ class BatchSlots:
         b = len(starts)
         out = {n: _as_tensor(buffers.arrays[n][:b], held[n]) for n in names}
         fn, n_blocks = gather_blocks([(storage[n], out[n]) for n in names], starts, self.window)
-        pending = Pending(None, out, self.device, dict(dtypes))
-        if cuda:
-            then = _CopyToDevice(slots, buffers, out, pending, self._stream)  # type: ignore[arg-type]
-        else:
-            then = _ReleaseSlot(slots, buffers)  # type: ignore[assignment]
-        pending._job = self.pool.submit(fn, n_blocks, then)
-        return pending
+        return self.pool.submit(fn, n_blocks, _Deliver(slots, buffers, out, self._stream))
 
 
 def _close_pools(pools: list[HostBufferPool | PinnedSlotPool]) -> None:
@@ -172,58 +137,28 @@ def _close_pools(pools: list[HostBufferPool | PinnedSlotPool]) -> None:
         pool.close()  # idempotent; never raises; a copy still running keeps it pinned
 
 
-class _ReleaseSlot:
-    """CPU: the pipeline is done with the slot; the user's views keep it from reuse."""
+class _Deliver:
+    """The gather's continuation, in the thread that finished its last block: the batch
+    as a :class:`Delivery`. CPU: the slot's views (the pipeline is done with the slot;
+    the user's views keep it from reuse). CUDA: the slot copied on the transfer stream,
+    back to its pool behind the copy. After a failed or cancelled gather: the slot back."""
 
-    __slots__ = ("buffers", "slots")
-
-    def __init__(self, slots: HostBufferPool, buffers: BufferSet) -> None:
-        self.slots, self.buffers = slots, buffers
-
-    def __call__(self, failed: bool) -> None:
-        del failed
-        self.slots.release(self.buffers)
-
-
-class _CopyToDevice:
-    """CUDA: queue the slot's copy on the transfer stream; the slot comes back behind it."""
-
-    __slots__ = ("buffers", "out", "pending", "slots", "stream")
+    __slots__ = ("buffers", "out", "slots", "stream")
 
     def __init__(
         self,
-        slots: PinnedSlotPool,
+        slots: HostBufferPool | PinnedSlotPool,
         buffers: BufferSet,
         out: dict[str, torch.Tensor],
-        pending: Pending,
-        stream: torch.cuda.Stream,
+        stream: torch.cuda.Stream | None,
     ) -> None:
-        self.slots, self.buffers, self.out = slots, buffers, out
-        self.pending, self.stream = pending, stream
+        self.slots, self.buffers, self.out, self.stream = slots, buffers, out, stream
 
-    def __call__(self, failed: bool) -> None:
-        if failed:
+    def __call__(self, failed: bool) -> Delivery | None:
+        if failed or self.stream is None:
             self.slots.release(self.buffers)  # nothing was queued from it
-            return
-        device = self.slots.device
-        event = None
-        try:
-            # Runs in whichever thread finished the gather: bind the device and the stream.
-            with torch.cuda.device(device), torch.cuda.stream(self.stream):
-                copies = {
-                    name: torch.empty(host.shape, dtype=host.dtype, device=device).copy_(
-                        host, non_blocking=True
-                    )
-                    for name, host in self.out.items()
-                }
-                event = torch.cuda.Event()
-                event.record(self.stream)
-        finally:
-            # With no event recorded nothing was queued after an error, or the copies
-            # queued before it are ordered before anything the stream runs later:
-            # synchronize the stream so the slot is certainly free.
-            if event is None:
-                with torch.cuda.device(device):
-                    self.stream.synchronize()
-            self.slots.release(self.buffers, after=event)
-        self.pending._out, self.pending.event = copies, event
+            return None if failed else Delivery((), self.out)
+        device = self.slots.device  # type: ignore[union-attr]
+        # Runs in whichever thread finished the gather: bind the device.
+        with torch.cuda.device(device):
+            return copy_to_device(self.out, self.buffers, self.slots, device, self.stream)

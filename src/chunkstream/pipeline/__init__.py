@@ -6,5 +6,8 @@ from ._loader import ChunkLoader
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._chunk import hand_over as hand_over  # isort: skip
+from ._jobs import Delivery as Delivery  # isort: skip
+from ._jobs import copy_to_device as copy_to_device  # isort: skip
+from ._stages import receive as receive  # isort: skip
 
 __all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "resolve_device"]

@@ -45,6 +45,8 @@ __all__ = [
     "Delivery",
     "Loaded",
     "copy_job",
+    "copy_on_stream",
+    "copy_to_device",
     "learn_fields",
     "on_stream",
     "read_job",
@@ -216,17 +218,40 @@ def _copy(loaded: Loaded, pool: Any, device: torch.device, stream: Any) -> Deliv
     assert host is not None  # CUDA always runs with pinned slots (internal invariant)
     # The thread's current device is ``device`` (set at thread start, with an index the
     # loader resolved), so no device guard is needed here.
-    # Allocated on the transfer stream; the consumer calls record_stream.
-    tensors, events = on_stream(
+    tensors, events = copy_on_stream({name: t[:rows] for name, t in host.items()}, device, stream)
+    return Delivery(loaded.pieces, tensors, events)
+
+
+def copy_on_stream(
+    host: dict[str, torch.Tensor], device: torch.device, stream: Any
+) -> tuple[dict[str, torch.Tensor], tuple[Any, Any]]:
+    """Pinned host tensors copied to fresh tensors on ``device``, allocated and copied on
+    ``stream`` between two events: ``(tensors, (begin, done))``. ``device`` must be the
+    calling thread's current device; the consumer's stream waits on ``done``
+    (:func:`~chunkstream.pipeline._stages.receive`)."""
+    return on_stream(
         stream,
         lambda: {
-            name: torch.empty(t[:rows].shape, dtype=t.dtype, device=device).copy_(
-                t[:rows], non_blocking=True
-            )
+            name: torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t, non_blocking=True)
             for name, t in host.items()
         },
     )
-    return Delivery(loaded.pieces, tensors, events)
+
+
+def copy_to_device(
+    host: dict[str, torch.Tensor], buffers: BufferSet, pool: Any, device: torch.device, stream: Any
+) -> Delivery:
+    """:func:`copy_on_stream` of ``host`` (views of ``buffers``, a slot of ``pool``), the
+    slot given back behind the copy's done event, or after a failure part-way behind a
+    fence (:func:`_release_after_failed_copy`), exactly as :func:`copy_job` does for a
+    chunk: the host tier's batches (:mod:`chunkstream.consumer._slots`) take this path."""
+    try:
+        tensors, events = copy_on_stream(host, device, stream)
+    except BaseException:
+        _release_after_failed_copy(pool, buffers, stream)
+        raise
+    pool.release(buffers, after=events[1])
+    return Delivery((), tensors, events)
 
 
 def on_stream(stream: Any, work: Callable[[], Any]) -> tuple[Any, tuple[Any, Any]]:

@@ -391,7 +391,15 @@ class ChunkLoader:
         """The consumer side of one chunk; called by the epoch iterator."""
         self._check_open()
         depth = run.ready()
-        future, trip = run.take()
+        try:
+            future, trip = run.take()
+        except IndexError:
+            # A control call from a signal handler (or another thread) dropped the run
+            # between the checks above and the take: say why, as the next call would.
+            self._check_open()
+            if span.dropped or run.dropped():
+                raise StopIteration from None
+            raise
         asked = time.perf_counter()
         first = span.windows[span.received - span.first][0]
         with profiled(WAIT, (first.start, first.stop)):

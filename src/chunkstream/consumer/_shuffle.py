@@ -1,0 +1,173 @@
+"""The shuffle buffer's two tiers behind one protocol: where held chunks are stored and
+how a batch is made from them.
+
+A :class:`~chunkstream.BatchStream` picks its tier once, at construction, as a
+loader picks its delivery stage (:mod:`chunkstream.pipeline._stages`), and never
+branches on it afterwards; :class:`~chunkstream.consumer.ChunkMixer` stores the
+chunks it holds where the tier says. Both tiers draw the same windows for the
+same seed (the starts are drawn on the host) and take the same requests: a
+batch's starts and the stream state that resumes right after that batch, which
+travels with the batch to the consumer (Grain's ``(element, state)``).
+
+* :class:`DeviceTier`: the buffer on the chunks' device; each batch gathered
+  there in the consumer's thread (``index_select`` on CUDA, the gather pool on
+  the CPU), when the consumer asks for it.
+* :class:`HostTier`: the buffer in one pageable host arena; each batch gathered
+  on the host into a reused slot (:mod:`._slots`) and, on CUDA, copied on the
+  loader's copy path; ``depth`` batches are gathered (and copied) ahead, as a
+  bounded deque of futures in batch order (the loader's read-ahead, one stage
+  on).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from .._memory import HostBufferPool
+from ..pipeline import receive
+from ..sources import FieldSpec
+from ._gather import GatherPool, Job, gather_pool, host_copy_rows
+from ._sampling import _compute_dtype, gather_windows
+from ._slots import BatchSlots
+
+__all__ = ["BufferTier", "DeviceTier", "HostTier", "Request"]
+
+
+class Request(NamedTuple):
+    """One batch to make: its window starts (rows of the buffer's storage) and the
+    stream state that resumes right after it."""
+
+    starts: torch.Tensor
+    state: Any
+
+
+class BufferTier(Protocol):
+    """Where a shuffle buffer's chunks are stored and how batches are made from them.
+
+    ``store`` allocates the buffer's storage like ``like`` (one tensor per field)
+    for ``rows`` timesteps; ``copy_rows`` copies a chunk's field into it (in the
+    consumer's thread); ``batches`` turns requests into ``(batch, state)`` pairs in
+    request order, each batch ready to use on the consumer's current stream, and
+    gives back whatever it gathered ahead once the consumer stops iterating.
+    Not thread-safe: one consumer loop owns a tier.
+    """
+
+    name: str
+
+    def store(self, like: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]: ...
+
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
+
+    def batches(
+        self, storage: Mapping[str, torch.Tensor], requests: Iterable[Request]
+    ) -> Iterator[tuple[dict[str, torch.Tensor], Any]]: ...
+
+
+class DeviceTier:
+    """The buffer on the chunks' device; a batch gathered there when it is asked for.
+
+    ``fields``: the names a batch holds; ``dtype``: the compute dtype (``None``:
+    stored); ``gather``: the pool of CPU copies (``None``: the process's).
+    """
+
+    name = "device"
+
+    def __init__(
+        self,
+        fields: Sequence[str] = (),
+        *,
+        window: int = 1,
+        dtype: torch.dtype | None = None,
+        gather: GatherPool | None = None,
+    ) -> None:
+        self.fields, self.window, self.dtype = tuple(fields), int(window), dtype
+        self.gather = gather
+
+    def store(self, like: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+        return {
+            n: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            for n, t in like.items()
+        }
+
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.device.type == "cpu":  # the gather pool, not torch's spinning one
+            host_copy_rows(dst, src, pool=self.gather or gather_pool())
+        else:  # queued on the current stream, after the chunk's ready event (use_on)
+            dst.copy_(src, non_blocking=True)
+
+    def batches(
+        self, storage: Mapping[str, torch.Tensor], requests: Iterable[Request]
+    ) -> Iterator[tuple[dict[str, torch.Tensor], Any]]:
+        for starts, state in requests:
+            batch = {
+                n: gather_windows(storage[n], starts, self.window, dtype=self.dtype)
+                for n in self.fields
+            }
+            yield batch, state
+
+
+class HostTier:
+    """The buffer in one host arena; batches gathered into reused slots, ``depth`` ahead.
+
+    ``device``: where batches go (CPU or CUDA); ``slots``: the :class:`BatchSlots`
+    (``depth + 2`` of them: those ahead, the one yielded, one the user holds).
+    """
+
+    name = "host"
+
+    def __init__(
+        self,
+        fields: Sequence[str],
+        *,
+        window: int,
+        batch_size: int,
+        device: torch.device,
+        depth: int,
+        gather: GatherPool,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self.fields, self.dtype, self.depth = tuple(fields), dtype, int(depth)
+        self.device, self.gather = torch.device(device), gather
+        self.slots = BatchSlots(
+            self.device, batch_size=batch_size, window=window, slots=self.depth + 2, pool=gather
+        )
+
+    def store(self, like: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+        """``rows`` timesteps of each field in one pageable arena, faulted in now.
+
+        Only the batch slots are page-locked (the copies to the device read those),
+        so the buffer, often most of the host's memory, is not locked.
+        """
+        fields = {n: FieldSpec(tuple(t.shape[1:]), t.numpy().dtype) for n, t in like.items()}
+        buffers = HostBufferPool(fields, rows, slots=1).acquire()  # the storage's for life
+        return {n: torch.from_numpy(a) for n, a in buffers.arrays.items()}
+
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        host_copy_rows(dst, src, pool=self.gather)
+
+    def batches(
+        self, storage: Mapping[str, torch.Tensor], requests: Iterable[Request]
+    ) -> Iterator[tuple[dict[str, torch.Tensor], Any]]:
+        """The batches in request order; ``depth`` gathered (and copied) ahead of the one
+        the consumer waits for, each a job whose future carries its delivery."""
+        targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
+        pending = iter(requests)
+        ahead: deque[tuple[Job, Any]] = deque()
+        try:
+            while True:
+                while len(ahead) <= self.depth and (request := next(pending, None)) is not None:
+                    starts = request.starts.tolist()
+                    job = self.slots.submit(storage, self.fields, starts, targets)
+                    ahead.append((job, request.state))
+                if not ahead:
+                    return
+                job, state = ahead.popleft()
+                tensors, _ = receive(job.wait(), self.device)  # type: ignore[arg-type]
+                yield {n: t.to(targets[n]) for n, t in tensors.items()}, state
+        finally:
+            for job, _ in ahead:
+                job.cancel()  # its slot comes back once its claimed blocks are done
