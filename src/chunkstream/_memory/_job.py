@@ -122,7 +122,9 @@ def job_memory(root: str | os.PathLike = "/", env: Mapping[str, str] | None = No
     if cap:
         capped = parse_memory(cap)
         if capped < best.available:
-            best = JobMemory(available=capped, limit=capped, source=ENV_HOST_MEMORY, machine=machine)
+            best = JobMemory(
+                available=capped, limit=capped, source=ENV_HOST_MEMORY, machine=machine
+            )
     return best
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "DEVICE_MIX",
     "DEVICE_SHARE",
     "HOST_SHARE",
+    "default_buffer",
     "device_fit",
     "device_total_memory",
     "host_fit",
@@ -143,3 +144,48 @@ def preferred_tier(
             f"batches gathered on the host, each copied to {device}"
         )
     return "device", f"the device tier holds {on_device} chunks, the host no more"
+
+
+def default_buffer(
+    mix: object,
+    *,
+    device: torch.device,
+    chunk_nbytes: int,
+    pass_chunks: int,
+    pieces: int,
+    loader_nbytes: int,
+    host_memory: int | None = None,
+    device_memory: int | None = None,
+):
+    """The :class:`~chunkstream.consumer.BufferInfo` a consumer that builds its own loader
+    (the reference trainer) holds for batches on ``device``: ``mix="auto"`` on the tier
+    :func:`preferred_tier` picks; an int on the device tier with a CUDA device (the host
+    tier on the CPU)."""
+    from ._tiers import plan_buffer  # _tiers sizes "auto" with this module's functions
+
+    if mix == "auto":
+        tier, why = preferred_tier(
+            device,
+            chunk_nbytes=chunk_nbytes,
+            pass_chunks=pass_chunks,
+            loader_nbytes=loader_nbytes,
+            host_memory=host_memory,
+            device_memory=device_memory,
+        )
+    else:
+        tier = "device" if device.type == "cuda" else "host"
+        why = (
+            f"mix={mix} given, held {'on ' + str(device) if tier == 'device' else 'in host memory'}"
+        )
+    return plan_buffer(
+        mix,
+        tier,
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        pieces=pieces,
+        device=device,
+        host_memory=host_memory,
+        loader_nbytes=loader_nbytes,
+        device_memory=device_memory,
+        why=why,
+    )

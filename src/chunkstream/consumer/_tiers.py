@@ -29,6 +29,7 @@ What decides model quality is the share of the training split the buffer holds
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,8 @@ __all__ = [
     "quality_note",
     "resolve_tier",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: Below this share of the split the buffer's quality cost is worth a note.
 NOTE_BELOW = 0.10
@@ -226,14 +229,21 @@ def plan_buffer(
     )
     mix = check_mix(mix)
     if mix > pass_chunks:
-        # Honoured or refused, never cut in silence: more chunks than a pass holds would
-        # hold chunks twice, not more of the split.
-        raise ConfigError.bad(
-            "mix",
+        # Honoured, never cut in silence: the buffer is kept across epochs, so it then
+        # holds chunks of several passes (the trainer's resume test relies on it).
+        sized += (
+            f"; mix={mix} is more than the {pass_chunks} chunks of one pass: kept as given, "
+            f"the buffer holds chunks of the last {-(-mix // pass_chunks)} passes and is "
+            "allocated in full at the first chunk"
+        )
+        _log.warning(
+            "shuffle buffer: mix=%d is more than the %d chunks of one pass over the training "
+            "split; kept as given (it holds chunks of several passes, %.3g GB allocated at the "
+            "first chunk). Pass mix=%d to hold the split once, or mix='auto'.",
             mix,
-            f"at most the {pass_chunks} chunks of one pass over the training split",
-            f"Pass mix={pass_chunks} to hold the whole split, or mix='auto' to size the "
-            "buffer from the memory the job may use.",
+            pass_chunks,
+            chunk_nbytes * mix / 1e9,
+            pass_chunks,
         )
     return BufferInfo(
         tier=tier,
