@@ -125,3 +125,15 @@ def test_the_trainer_on_cuda_takes_the_host_tier_where_it_holds_more(tmp_path):
         assert Trainer(src, TrainConfig(**{**config.to_dict(), "mix": 4})).buffer.tier == "device"
     finally:
         src.close()
+
+
+def test_a_cuda_loaders_device_tier_says_what_the_host_tier_would_hold(monkeypatch):
+    from chunkstream.consumer import BufferInfo
+    from chunkstream.consumer._defaults import host_tier_hint
+
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 40 * 10**7))
+    info = BufferInfo("device", 4, 4 * 10**7, 0.05, 4, "as sized")  # 4 of 80 chunks of 10 MB
+    hint = host_tier_hint(info, torch.device("cuda:0"))
+    assert "the host tier would hold 50.0%" in hint and "device='cpu'" in hint
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 3 * 10**7))
+    assert "would hold" not in host_tier_hint(info, torch.device("cuda:0"))

@@ -44,6 +44,7 @@ from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
+from ._defaults import host_tier_hint
 from ._gather import check_gather_threads, gather_pool
 from ._mixing import ChunkMixer
 from ._sampling import _compute_dtype, check_align
@@ -249,6 +250,8 @@ class BatchStream:
         _log.info("%s", self.buffer.describe())
         if self.buffer.note and self.mix > 1:
             _log.info("%s", self.buffer.note)
+        if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
+            _log.info("%s", host_tier_hint(self.buffer, self.device))
         self._mixer = ChunkMixer(
             self.mix,
             window=self.window,

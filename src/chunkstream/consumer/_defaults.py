@@ -40,6 +40,7 @@ __all__ = [
     "device_fit",
     "device_total_memory",
     "host_fit",
+    "host_tier_hint",
     "preferred_tier",
 ]
 
@@ -188,4 +189,22 @@ def default_buffer(
         loader_nbytes=loader_nbytes,
         device_memory=device_memory,
         why=why,
+    )
+
+
+def host_tier_hint(info, device: torch.device) -> str:
+    """What a CUDA loader's device-tier default would gain on the host tier (one log line):
+    a ``BatchStream`` cannot move its loader, so the defaults' rule is said, not applied."""
+    chunk = info.nbytes // info.mix if info.mix > 1 else 0
+    if not chunk or info.split_share >= 1.0:
+        return f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split"
+    pass_chunks = max(1, round(info.mix / info.split_share))
+    on_host, _, line = host_fit(chunk_nbytes=chunk, pass_chunks=pass_chunks, loader_nbytes=0)
+    if on_host <= info.mix:
+        return f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split"
+    return (
+        f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split; the host "
+        f"tier would hold {min(1.0, on_host / pass_chunks):.1%} ({line}). For it, build the "
+        f"loader with device='cpu' and pass BatchStream(device='{device}'): each batch then "
+        "costs a host gather and one copy to the device"
     )
