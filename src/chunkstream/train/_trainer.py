@@ -429,10 +429,10 @@ class Trainer:
         return self.chunk_size * sum(fields[n].step_nbytes for n in self._mixed_fields)
 
     def _loader_nbytes(self) -> int:
-        """Bytes of the loader's host arena (every field of a chunk, ``host_sets`` of them)."""
+        """Bytes of the loader's host arena (every field of a chunk): its CPU size, the
+        larger (before the tier is chosen the loader may yet run on the CPU)."""
         c, fields = self.config, self.source.fields
-        on_cuda = self.device.type == "cuda"
-        sets = (c.prefetch + c.workers) if on_cuda else (c.prefetch + c.workers + LOOP_HELD)
+        sets = c.prefetch + c.workers + LOOP_HELD
         return sets * self.chunk_size * sum(f.step_nbytes for f in fields.values())
 
     def _batch_budget(self) -> int:
