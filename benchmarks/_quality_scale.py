@@ -19,7 +19,16 @@ ratio to i.i.d.:
   across epochs), ``mix`` chosen so that the buffer holds :data:`SHARES` of
   the split;
 * ``pieces=k + buffer <share>``: the same buffer of pieced chunks, at
-  :data:`PIECED_SHARES` (what the trainer's default ``pieces="auto"`` streams).
+  :data:`PIECED_SHARES` (what the trainer's default ``pieces="auto"`` streams);
+* ``defaults``: ``TrainConfig``'s defaults (``pieces="auto"``, ``mix="auto"``:
+  the library's one policy, :mod:`chunkstream.consumer._defaults`), sized from
+  the host memory the job may use (here, the whole split);
+* ``defaults, 25% cap``: the same with the host memory capped
+  (``CHUNKSTREAM_HOST_MEMORY``) so that ``mix="auto"`` holds at most
+  :data:`TARGET_SHARE` of the split, as on a job whose memory limit is short.
+
+``run_quality_scale(arms=...)`` (``benchmarks.run --arms``) runs only the
+arms named (``iid`` always, the ratios' denominator).
 
 The buffer's tier (device or host memory) does not change which windows are
 drawn, so the race holds for either.
@@ -38,9 +47,11 @@ receives the results after each of them.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -176,6 +187,10 @@ def buffer_mix(share: float, train_len: int, chunk_size: int, chunks: int) -> in
     return max(1, min(chunks, round(share * train_len / chunk_size)))
 
 
+DEFAULTS_ARM = "defaults"
+CAPPED_ARM = f"defaults, {TARGET_SHARE:.0%} cap"
+
+
 def _arms(reps: ScaleReps, split: _Split, chunks: int) -> dict[str, dict]:
     """TrainConfig overrides per arm (module docs)."""
     if split.segments is None:
@@ -195,7 +210,37 @@ def _arms(reps: ScaleReps, split: _Split, chunks: int) -> dict[str, dict]:
         mix = buffer_mix(share, split.train_len, reps.chunk_size, chunks)
         arms[f"pieces={reps.pieces} + buffer {share:.0%}"] = {
             "chunk_size": reps.chunk_size, "pieces": reps.pieces, "mix": mix}  # fmt: skip
+    arms[DEFAULTS_ARM] = {"chunk_size": reps.chunk_size, "pieces": "auto", "mix": "auto"}
+    arms[CAPPED_ARM] = {**arms[DEFAULTS_ARM], "cap_share": TARGET_SHARE}
     return arms
+
+
+@contextmanager
+def _host_cap(nbytes: int | None):
+    """``CHUNKSTREAM_HOST_MEMORY`` set to ``nbytes`` while the trainer sizes its buffer."""
+    from chunkstream._memory import ENV_HOST_MEMORY
+
+    old = os.environ.get(ENV_HOST_MEMORY)
+    if nbytes is not None:
+        os.environ[ENV_HOST_MEMORY] = str(int(nbytes))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_HOST_MEMORY, None)
+        else:
+            os.environ[ENV_HOST_MEMORY] = old
+
+
+def _cap_for(trainer, share: float) -> int:
+    """Host memory under which ``mix="auto"`` holds ``share`` of the split at most: the
+    policy gives the buffer ``HOST_SHARE`` of it, less the loader's arena."""
+    from chunkstream.consumer._defaults import HOST_SHARE
+
+    chunk = trainer._mixer_chunk_bytes()
+    pass_chunks = max(1, trainer.plan.chunks_per_epoch // trainer.config.passes_per_epoch)
+    held = max(1, math.floor(share * pass_chunks))
+    return math.ceil((held * chunk + trainer._loader_nbytes() + chunk // 2) / HOST_SHARE)
 
 
 def _test_losses(trainer, arrays: dict[str, np.ndarray], test: list, config) -> dict[str, float]:
@@ -215,17 +260,21 @@ def _test_losses(trainer, arrays: dict[str, np.ndarray], test: list, config) -> 
     return out
 
 
-def _train(arrays: dict[str, np.ndarray], config, test: list) -> dict:
+def _train(arrays: dict[str, np.ndarray], config, test: list, cap_share: float | None) -> dict:
     from chunkstream.train import Trainer
 
     source = cs.NumpySource(arrays)  # reads only: every run sees the same arrays
     try:
-        trainer = Trainer(source, config)
+        cap = None if cap_share is None else _cap_for(Trainer(source, config), cap_share)
+        with _host_cap(cap):
+            trainer = Trainer(source, config)
         result = trainer.fit()
         out = {"val_loss": result.val_loss, "baseline_val": result.baseline_val,
                "val_segments": result.val_segments, "pieces": trainer.pieces,
                "chunk_size": trainer.chunk_size, "mix": trainer.mix,
-               "batches": sum(r.batches for r in result.history), "seconds": result.seconds}  # fmt: skip
+               "batches": sum(r.batches for r in result.history), "seconds": result.seconds,
+               "buffer": trainer.buffer.describe(), "share": trainer.buffer.split_share,
+               "host_cap": cap}  # fmt: skip
         if test:
             out["test"] = _test_losses(trainer, arrays, test, config)
         return out
@@ -265,20 +314,21 @@ def run_quality_scale(
     data_dir: Path = DATA_DIR,
     log: Callable[[str], None] = lambda s: None,
     progress: Callable[[dict], None] | None = None,
+    arms: tuple[str, ...] | None = None,
 ) -> dict:
-    """The whole race (module docs); a JSON-ready dict."""
+    """The whole race (module docs), or the ``arms`` named (and ``iid``); a JSON-ready dict."""
 
     began, threads = time.perf_counter(), torch.get_num_threads()
     # The model is small: its ops gain nothing from intra-op threads, which on a shared
     # machine only contend with each other.
     torch.set_num_threads(1)
     try:
-        return _run(reps, data_dir, log, progress, began)
+        return _run(reps, data_dir, log, progress, began, arms)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(reps: ScaleReps, data_dir: Path, log, progress, began: float) -> dict:
+def _run(reps: ScaleReps, data_dir: Path, log, progress, began: float, only) -> dict:
     from chunkstream.train import TrainConfig
 
     base = TrainConfig(epochs=reps.epochs, device="cpu", progress=False, tensorboard=False,
@@ -296,6 +346,11 @@ def _run(reps: ScaleReps, data_dir: Path, log, progress, began: float) -> dict:
         plan = cs.plan_epoch(split.train_len, reps.chunk_size, base.batch_size)
         batches = plan.chunks_per_epoch * plan.batches_per_chunk
         arms = _arms(reps, split, plan.chunks_per_epoch)
+        if only is not None:
+            unknown = set(only) - set(arms)
+            if unknown:
+                raise ValueError(f"arms {sorted(unknown)} unknown: choose from {sorted(arms)}")
+            arms = {n: a for n, a in arms.items() if n == "iid" or n in only}
         res[key] = {
             "train_len": split.train_len, "chunks_per_epoch": plan.chunks_per_epoch,
             "batches_per_epoch": batches, "val_fraction": split.val_fraction,
@@ -307,10 +362,11 @@ def _run(reps: ScaleReps, data_dir: Path, log, progress, began: float) -> dict:
         for key, _ in DATASETS:
             arrays, split, batches = setups[key]
             for name, arm in res[key]["arms"].items():
-                config = TrainConfig(**{**base.to_dict(), **arm["config"], "seed": seed,
+                over = {k: v for k, v in arm["config"].items() if k != "cap_share"}
+                config = TrainConfig(**{**base.to_dict(), **over, "seed": seed,
                                         "segments": split.segments, "val_fraction": split.val_fraction,
                                         "batches_per_epoch": batches})  # fmt: skip
-                run = _train(arrays, config, split.test)
+                run = _train(arrays, config, split.test, arm["config"].get("cap_share"))
                 arm["runs"].append(run)
                 log(f"quality at scale: {key} {name} seed {seed}: val {run['val_loss']:.5f} "
                     f"({run['seconds']:.1f} s)")  # fmt: skip
@@ -322,8 +378,13 @@ def _run(reps: ScaleReps, data_dir: Path, log, progress, began: float) -> dict:
 
 
 def _share(name: str, over: dict, train_len: int) -> float:
-    """The share of the split one batch is drawn over: the buffer's, or the chunk's."""
-    return 1.0 if name == "iid" else over["mix"] * over["chunk_size"] / train_len
+    """The share of the split one batch is drawn over: the buffer's, or the chunk's (the
+    defaults' arms: their cap, or the whole split; each run records what it held)."""
+    if name == "iid":
+        return 1.0
+    if over["mix"] == "auto":
+        return over.get("cap_share", 1.0)
+    return over["mix"] * over["chunk_size"] / train_len
 
 
 def quality_scale_targets(res: dict) -> list[dict]:
@@ -331,14 +392,22 @@ def quality_scale_targets(res: dict) -> list[dict]:
     for the buffer of contiguous chunks and for the buffer of pieced chunks."""
     out = []
     pieced = f"pieces={res['reps']['pieces']} + buffer {TARGET_SHARE:.0%}"
-    for name, key, label in [(n, k, lab) for n in (f"buffer {TARGET_SHARE:.0%}", pieced)
-                             for k, lab in DATASETS]:  # fmt: skip
-        arm = res[key]["arms"][name]
+    names = (f"buffer {TARGET_SHARE:.0%}", pieced, CAPPED_ARM)
+    for name, key, label in [(n, k, lab) for n in names for k, lab in DATASETS]:  # fmt: skip
+        arm = res[key]["arms"].get(name)
+        if arm is None or "ratio" not in arm:  # a run of selected arms
+            continue
         r = arm["ratio"]
-        chunks = "contiguous" if name.startswith("buffer") else f"{res['reps']['pieces']}-piece"
+        if name == CAPPED_ARM:
+            held = statistics.fmean(run["share"] for run in arm["runs"])
+            what = (f"the defaults (pieces, mix 'auto') with host memory capped to hold at most "
+                    f"{TARGET_SHARE:.0%} of the split (held {held:.1%})")  # fmt: skip
+        else:
+            chunks = "contiguous" if name.startswith("buffer") else f"{res['reps']['pieces']}-piece"
+            what = f"a buffer of {chunks} chunks at {arm['share']:.1%} of the split"
         out.append({
-            "what": f"quality at scale, {label}: val loss with a buffer of {chunks} chunks at "
-                    f"{arm['share']:.1%} of the split over i.i.d. (mean of {r['n']} seeds)",
+            "what": f"quality at scale, {label}: val loss with {what} over i.i.d. "
+                    f"(mean of {r['n']} seeds)",
             "target": f"<= {TARGET_RATIO}x",
             "figure": f"{r['mean']:.3f}x ({r['min']:.3f}-{r['max']:.3f})",
             "met": r["mean"] <= TARGET_RATIO,

@@ -67,8 +67,9 @@ def _before(loader: cs.ChunkLoader, per_chunk: int, generator: torch.Generator):
 
 
 def _stream(loader: cs.ChunkLoader, per_chunk: int, buffer: str, **options):
+    # mix=1: the gathers measured here are those of one chunk (the default now mixes).
     stream = cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=per_chunk,
-                            fields="x", buffer=buffer, **options)  # fmt: skip
+                            fields="x", buffer=buffer, mix=1, **options)  # fmt: skip
     while True:
         yield from stream
 

@@ -12,6 +12,9 @@
 #   gpu-tests ~120 s  CHUNKSTREAM_REQUIRE_GPU=1 pytest -m gpu tests (a CPU torch build fails here,
 #                     it does not skip); then the CPU tests of the CUDA logic on this torch
 #   demo       ~40 s  chunkstream demo --device cuda
+#   defaults   ~60 s  python -m benchmarks.gpu_defaults: BatchStream's defaults on CUDA at the
+#                     users' geometry (65,536 x 13,741 + 1,736 float32 chunks, batches of 256):
+#                     ms per batch from the host tier against the device tier
 #   bench     ~150 s  python -m benchmarks.run --device cuda --quick (writes cuda.json and
 #                     BENCHMARKS.md; both are copied out)
 # Everything is logged into $OUT (the device tool's output folder; at most 8 files, all
@@ -152,6 +155,11 @@ step demo 120 "$DEMO" "$PYTHON" -m chunkstream demo --device cuda --no-progress 
     --out "$WORK/demo"
 [ -f "$WORK/demo/result.json" ] && cat "$WORK/demo/result.json" >>"$DEMO"
 
+# -- the defaults on CUDA at the users' geometry (issue 36): host tier vs device tier ----------
+DEFAULTS=$OUT_DIR/defaults.log
+: >"$DEFAULTS"
+step defaults 150 "$DEFAULTS" "$PYTHON" -m benchmarks.gpu_defaults --json "$OUT_DIR/defaults.json"
+
 # -- the GPU benchmark ----------------------------------------------------------------------
 BENCH=$OUT_DIR/bench.log
 : >"$BENCH"
@@ -164,6 +172,7 @@ cp BENCHMARKS.md "$OUT_DIR/BENCHMARKS.md" 2>/dev/null || true
     echo
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$TESTS" | tail -n 40
     grep -iE "validation loss|device peak|stall fraction" "$DEMO" | head -n 5
+    grep -E '"(ms_per_batch|tier|mix|share)"' "$DEFAULTS" | head -n 8
     if [ -f "$OUT_DIR/cuda.json" ]; then
         "$PYTHON" - "$OUT_DIR/cuda.json" <<'EOF' || true
 import json, sys

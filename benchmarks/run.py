@@ -203,7 +203,9 @@ def quality(reps: Reps, data_dir: Path = DATA_DIR) -> dict:
     return res
 
 
-def quality_scale(reps: ScaleReps, data_dir: Path = DATA_DIR) -> dict:
+def quality_scale(
+    reps: ScaleReps, data_dir: Path = DATA_DIR, arms: tuple[str, ...] | None = None
+) -> dict:
     """The quality race at scale (benchmarks/_quality_scale.py); the results so far are
     written to ``_data/quality-scale.partial.json`` after every seed."""
     _log(f"quality at scale: the buffer's share of the split vs i.i.d. ({reps})")
@@ -213,7 +215,7 @@ def quality_scale(reps: ScaleReps, data_dir: Path = DATA_DIR) -> dict:
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(res, indent=1, default=str) + "\n")
 
-    res = run_quality_scale(reps, data_dir=data_dir, log=_log, progress=progress)
+    res = run_quality_scale(reps, data_dir=data_dir, log=_log, progress=progress, arms=arms)
     res["targets"] = quality_scale_targets(res)
     return res
 
@@ -291,7 +293,14 @@ def main(argv: list[str] | None = None) -> int:
              "default: full, quick with --quick, smoke with --tiny); shared: the full split "
              "with 2 epochs and a smaller model, what 2 shared cores finish in an hour",
     )  # fmt: skip
+    p.add_argument(
+        "--arms", nargs="+", default=None,
+        help="quality-scale only: run only these arms (and iid), e.g. --arms defaults "
+             "'defaults, 25%% cap'",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.arms is not None and args.only != "quality-scale":
+        p.error("--arms: only with --only quality-scale")
     if args.preset is not None and args.only != "quality-scale":
         p.error(f"--preset {args.preset}: only with --only quality-scale")
     mode = "cuda" if args.device == "cuda" else ("quick" if args.quick else "full")
@@ -322,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "quality-scale":
         preset = args.preset or ("smoke" if args.tiny else ("quick" if args.quick else "full"))
         scale = getattr(ScaleReps, preset)()
-        results = {"quality_scale": quality_scale(scale)}
+        arms = None if args.arms is None else tuple(args.arms)
+        results = {"quality_scale": quality_scale(scale, arms=arms)}
     elif args.only == "resident":
         from ._resident import run_resident
 

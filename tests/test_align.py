@@ -111,7 +111,7 @@ def test_align_one_draws_exactly_what_was_drawn_before_align_existed():
     for k, starts in expected.items():
         with cs.ChunkLoader(src, 64, device="cpu", sampling="shuffled", seed=7, pieces=k) as ld:
             stream = cs.BatchStream(ld, window=5, batch_size=6, batches_per_chunk=2,
-                                    chunks_per_epoch=2, fields="t", align=1)  # fmt: skip
+                                    chunks_per_epoch=2, fields="t", align=1, mix=1)  # fmt: skip
             assert [b[:, 0].tolist() for b in stream] == starts
 
 

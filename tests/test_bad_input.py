@@ -551,7 +551,7 @@ CASES = [
     ("TrainConfig.mix", lambda t: _train_config(mix=0),
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1", '"auto"']),
     ("TrainConfig.mix", lambda t: _train_config(mix="max"),
-     cs.ConfigError, ValueError, ["mix='max'", "an int >= 1", 'mix="auto"', "device's memory"]),
+     cs.ConfigError, ValueError, ["mix='max'", "an int >= 1", 'mix="auto"', "the memory allows"]),
     ("JoinSource.sources.empty", lambda t: cs.JoinSource(),
      cs.ConfigError, ValueError, ["sources=()", "at least one source", "cs.JoinSource(traces"]),
     ("JoinSource.sources.type", lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), _x()),

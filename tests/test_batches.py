@@ -26,7 +26,14 @@ def loader(**kwargs):
 
 
 def stream(ld, **kwargs):
-    options = {"window": WINDOW, "batch_size": 8, "batches_per_chunk": 5, "chunks_per_epoch": 6}
+    # mix=1: these tests pin the within-chunk draws (the default mixes; tests/test_defaults.py)
+    options = {
+        "window": WINDOW,
+        "batch_size": 8,
+        "batches_per_chunk": 5,
+        "chunks_per_epoch": 6,
+        "mix": 1,
+    }
     return cs.BatchStream(ld, **{**options, **kwargs})
 
 
@@ -90,7 +97,7 @@ def test_an_epoch_is_the_plans_batch_count_the_last_chunk_feeding_the_rest():
     plan = cs.plan_epoch(T, chunk_size=300, batch_size=40)
     assert (plan.batches_per_epoch, plan.chunks_per_epoch, plan.batches_per_chunk) == (50, 7, 7)
     with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
-        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan, mix=1)  # draws within each chunk
         assert (len(s), s.chunks_per_epoch) == (50, 8)
         batches = list(s)
         assert len(batches) == 50 and len(list(s)) == 50  # every epoch
@@ -102,12 +109,12 @@ def test_an_epoch_is_the_plans_batch_count_the_last_chunk_feeding_the_rest():
         # resume inside the short last chunk's epoch tail: the rest is unchanged
         reference = [digest(b) for b in batches]
     with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
-        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan, mix=1)
         it = iter(s)  # held, as by a trainer mid-epoch
         seen = [digest(b) for b in itertools.islice(it, 45)]
         state = s.state_dict()
     with cs.ChunkLoader(source(), 300, device="cpu", sampling="shuffled", seed=4) as ld:
-        s = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        s = cs.BatchStream(ld, window=WINDOW, plan=plan, mix=1)
         s.load_state_dict(state)
         assert seen + [digest(b) for b in s] == reference
 

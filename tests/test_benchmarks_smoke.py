@@ -209,7 +209,11 @@ def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
         d = res[key]
         arms = d["arms"]
         pieced = [f"pieces={reps.pieces} + buffer {s:.0%}" for s in qs.PIECED_SHARES]
-        assert list(arms) == ["iid", "contiguous", f"pieces={reps.pieces}", *buffers, *pieced]
+        assert list(arms) == ["iid", "contiguous", f"pieces={reps.pieces}", *buffers, *pieced,
+                              qs.DEFAULTS_ARM, qs.CAPPED_ARM]  # fmt: skip
+        # the defaults' arms: the whole split, and at most a quarter under the memory cap
+        assert {r["share"] for r in arms[qs.DEFAULTS_ARM]["runs"]} == {1.0}
+        assert all(0 < r["share"] <= qs.TARGET_SHARE for r in arms[qs.CAPPED_ARM]["runs"])
         assert d["seeds_done"] == reps.seeds
         assert arms["iid"]["ratio"]["mean"] == 1.0
         for name, arm in arms.items():
@@ -225,7 +229,10 @@ def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
     regimes = res["regimes"]["arms"]["buffer 25%"]
     assert len(regimes["segment_ratio"]) == qs.REGIMES  # validated per regime
     assert len(regimes["runs"][0]["test"]) == qs.REGIMES + 1 and regimes["test_ratio"]["mean"] > 0
-    assert [t["met"] in (True, False) for t in res["targets"]] == [True] * 4  # 2 buffers x 2 data
+    # 2 buffers and the capped defaults x 2 datasets
+    assert [t["met"] in (True, False) for t in res["targets"]] == [True] * 6
+    only = qs.run_quality_scale(reps, data_dir=tmp_path / "data", arms=(qs.CAPPED_ARM,))
+    assert list(only["stationary"]["arms"]) == ["iid", qs.CAPPED_ARM]
     (tmp_path / "quality-scale.json").write_text(json.dumps({"quality_scale": res}))
     text = "\n".join(qs.quality_scale_markdown(tmp_path))
     assert "### quality at scale" in text and "| buffer 25% |" in text

@@ -2,8 +2,9 @@
 
 ``GOOD`` runs each option with a sensible value and checks its documented effect in
 the ``--json`` output (or the files written); ``BAD`` gives it a zero, negative,
-wrong-typed, out-of-range, conflicting or dependency-less value, or a path that
-cannot be used: the run must exit 2 with one line, ``chunkstream CMD: error: ...``,
+wrong-typed, out-of-range, conflicting or dependency-less value, a value the
+command would otherwise adjust to fit another option (a chunk larger than the
+array: refused, never cut in silence), or a path that cannot be used: the run must exit 2 with one line, ``chunkstream CMD: error: ...``,
 that names the option as typed and the value, with no traceback and nothing
 written. A test reads every option from the argparse parsers and fails when one
 has no row here. Commands run in-process through ``main()`` on tiny stores made
@@ -277,6 +278,9 @@ BAD: dict[str, list[Bad]] = {
         Bad("--chunks", synth("--chunks", "16,8"), ["--chunks 16,8", "3 positive ints"]),
         Bad("--chunks", synth("--chunks", "0,8,4"), ["--chunks 0,8,4"]),
         Bad("--chunks", synth("--chunks", "a,b"), ["'a,b'", "comma-separated ints"]),
+        # a value adjusted to fit another option: a chunk larger than the array
+        Bad("--chunks", synth("--chunks", "128,8,4"), ["--chunks 128,8,4", "64,8,4", "--chunks 64,8,4"]),
+        Bad("--chunks", synth("--layout", "arrays", "--chunks", "16,9"), ["--chunks 16,9", "Pass --chunks 16,8"]),
         Bad("--seed", synth("--seed", "-1"), [" -1 is invalid", ">= 0"]),
         Bad("--regimes", synth("--regimes", "0"), [" 0 is invalid", ">= 1"]),
         Bad("--regimes", synth("--regimes", "65"), ["--regimes 65", "--timesteps=64"]),

@@ -113,3 +113,19 @@ def test_zapbench_like_trains_resident_and_streamed_to_equal_losses(tmp_path):
     rows = [r for r in map(str.split, out.splitlines()) if r and r[0] in CONDITIONS]
     assert [(r[0], r[1]) for r in rows] == [(c, s) for s in ("val", "test") for c in CONDITIONS]
     assert all(r[2] == r[3] for r in rows)  # the printed resident and streamed losses agree
+
+
+def test_the_migration_example_trains_both_loops_the_same_steps(tmp_path):
+    # examples/migrate_compat.py: the merged script's loop on compat, then BatchStream with
+    # its defaults; the same model and steps, validation per epoch for each
+    example = EXAMPLE.parent / "migrate_compat.py"
+    argv = [sys.executable, "-W", "error", str(example), "--out", str(tmp_path),
+            "--timesteps", "8192", "--neurons", "16", "--stim-dims", "4", "--epochs", "2"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["loop"], r["epoch"]) for r in records] == [
+        ("compat", 0), ("compat", 1), ("batchstream", 0), ("batchstream", 1)]  # fmt: skip
+    assert len({r["steps"] for r in records}) == 1  # equal steps per epoch
+    assert all(r["val_loss"] > 0 for r in records)
+    assert "100.0% of the split" in records[-1]["buffer"]  # the defaults hold the whole split

@@ -9,7 +9,6 @@ from chunkstream import ConfigError
 from chunkstream.sources import NumpySource, ZarrSource
 from chunkstream.tools import write_synthetic
 from chunkstream.train import (
-    MIX_AUTO,
     PIECES_AUTO,
     LatentDynamics,
     LossMeter,
@@ -17,7 +16,6 @@ from chunkstream.train import (
     TimeSlice,
     TrainConfig,
     Trainer,
-    resolve_mix,
 )
 
 
@@ -194,19 +192,27 @@ def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment
     assert min(result.val_segments.values()) <= result.val_loss <= max(result.val_segments.values())
 
 
-def test_mix_auto_holds_sixteen_chunks_within_an_eighth_of_the_device_memory(flyvis_source):
-    gb = 10**9
-    assert resolve_mix(5, 4 * gb, 8 * gb)[0] == 5  # an explicit int is kept, whatever it costs
-    assert resolve_mix("auto", 10**6, 64 * gb)[0] == MIX_AUTO == 16
-    # FlyVis scale: chunks of 65,536 x 14K float32 (3.7 GB) on a 141 GB device: 17.6 GB
-    fit, why = resolve_mix("auto", 65536 * 14000 * 4, 141 * gb)
-    assert fit == 4 and "4 chunks of 3.67e+03 MB" in why and "0.125 of 141 GB" in why
-    assert resolve_mix("auto", 3 * gb, 16 * gb)[0] == 1  # one chunk over the bound: no copy
-    # the trainer resolves it from its fields and device, and its memory table shows it
+def test_mix_auto_is_the_defaults_policy_sized_from_the_jobs_host_memory(
+    flyvis_source, monkeypatch
+):
+    # on the CPU the buffer is host memory: with room, the whole pass over the split
     trainer = Trainer(flyvis_source, _config(epochs=1))
-    assert TrainConfig().mix == "auto" and trainer.mix == 16
+    chunks = trainer.plan.chunks_per_epoch
+    assert TrainConfig().mix == "auto" and trainer.mix == chunks
+    assert trainer.buffer.tier == "host" and trainer.buffer.split_share == 1.0
+    assert trainer.buffer.memory.startswith("host memory: ")
     result = trainer.fit()
-    assert result.memory["mixer"] == 16 * 512 * (24 + 6) * 4
+    assert result.memory["mixer"] == chunks * 512 * (24 + 6) * 4
+    assert result.buffer is trainer.buffer
+    # the job's memory capped: half of it, less the loader's arena, in whole chunks
+    chunk = 512 * (24 + 6) * 4
+    monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(2 * (trainer._loader_nbytes() + 2 * chunk)))
+    capped = Trainer(flyvis_source, _config(epochs=1))
+    assert capped.mix == 2 and "CHUNKSTREAM_HOST_MEMORY" in capped.buffer.memory
+    # an int is kept; more chunks than a pass holds too, and the buffer says so
+    assert Trainer(flyvis_source, _config(mix=2, epochs=1)).mix == 2
+    many = Trainer(flyvis_source, _config(mix=99, epochs=1))
+    assert many.mix == 99 and "more than the" in many.buffer.reason
     tiny = Trainer(flyvis_source, _config(mix=1, epochs=1)).fit()
     assert tiny.memory["mixer"] == 0
 

@@ -109,8 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_auto_int,
         default=DEFAULTS["mix"],
         help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
-        "%(default)s: 16, fewer when they would take over an eighth of the "
-        "device's memory; 1: each batch from one chunk)",
+        "%(default)s: the largest share of the training split that half the job's host "
+        "memory holds, cgroup limits included; 1: each batch from one chunk)",
     )
     p.add_argument(
         "--segments",
@@ -263,12 +263,16 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.pieces} that divide --chunk-size {args.chunk_size} into pieces "
                 f"of at least the {config.window}-step window",
             )
+        buffer = trainer.buffer
         print(
             f"training on {trainer.device}: {trainer.plan.describe()}, {trainer.pieces} "
-            f"pieces/chunk, batches mixed over {trainer.mix} chunks ({trainer.mix * trainer.pieces} "
-            f"independent pieces); window {config.window} timesteps "
+            f"pieces/chunk, batches mixed over {trainer.mix} chunks ({buffer.pieces} "
+            f"independent pieces, {buffer.split_share:.1%} of the training split, "
+            f"{buffer.tier} tier); window {config.window} timesteps "
             f"({config.evolve_multiple_steps} rollout steps)"
         )
+        if buffer.memory:
+            print(f"  {buffer.memory}")
         result = trainer.fit(resume=args.resume)
     finally:
         source.close()
@@ -324,6 +328,12 @@ def _share(loader: int, mixer: int | None, split: int) -> str:
     return text
 
 
+def _tier(result) -> str:
+    """The shuffle buffer's tier, in the table's words."""
+    tier = getattr(result.buffer, "tier", "device" if result.device != "cpu" else "host")
+    return f"{tier} tier"
+
+
 def _buffer_share(memory: dict) -> float:
     """The share of the training split the shuffle buffer holds (0 with mix=1: no buffer)."""
     held = memory.get("mixer") or 0
@@ -358,8 +368,8 @@ def format_table(result) -> str:
         (
             "chunk shuffle buffer",
             _mb(m.get("mixer")) if m.get("mixer") else "-",
-            f"device tier: --mix chunks held by the trainer, {_buffer_share(m):.1%} of the "
-            "training split; batches drawn over them",
+            f"{_tier(result)}: --mix chunks held by the trainer, {_buffer_share(m):.1%} of "
+            "the training split; batches drawn over them",
         ),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
         ("validation on device", _mb(m["validation"]), "held-out range, kept on the device"),
@@ -369,6 +379,11 @@ def format_table(result) -> str:
             _share(loader, m.get("mixer"), m["train_split"]),
         ),
         ("host peak RSS", _mb(m["host_peak_rss"]), "whole process"),
+        *(
+            [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
+            if getattr(result.buffer, "memory", "")
+            else []
+        ),
         (
             "stall fraction",
             f"{100 * lat['stall_fraction']:.1f}%",

@@ -159,9 +159,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host-mem", default=None, help="host memory budget, e.g. 32GB")
     p.add_argument(
         "--mix",
-        default="1",
+        default="auto",
         metavar="M|auto",
-        help="chunks the shuffle buffer holds (BatchStream(mix=); default 1)",
+        help="chunks the shuffle buffer holds (BatchStream(mix=); default auto, as "
+        "BatchStream's: the largest share of the split half the job's host memory holds)",
     )
     p.add_argument(
         "--buffer",
@@ -179,6 +180,7 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
     import torch
 
     from ..consumer import plan_buffer
+    from ..consumer._defaults import preferred_tier
 
     mix = args.mix if args.mix == "auto" else _int_arg(args.mix, "--mix")
     tier = args.buffer if args.buffer != "auto" else ("device" if args.device == "cuda" else "host")
@@ -189,12 +191,24 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
     loader = report.streaming
     gpu_mem = getattr(report.budget, "gpu_mem", None) if report.budget is not None else None
     device_memory, why = gpu_mem, f"--buffer {args.buffer}"
-    if mix == "auto" and tier == "device" and args.device == "cuda" and gpu_mem is None:
+    if mix == "auto" and args.device == "cuda" and gpu_mem is None:
         if torch.cuda.is_available():
             device_memory = torch.cuda.get_device_properties(0).total_memory
         else:
             device_memory, why = 80 * 10**9, f"{why}, an 80 GB device assumed: give --gpu-mem"
     host_mem = getattr(report.budget, "host_mem", None) if report.budget is not None else None
+    loader_nbytes = (loader.pinned_bytes or 0) + (loader.host_bytes or 0)
+    if mix == "auto" and args.buffer == "auto" and args.device == "cuda":
+        # The defaults' rule: the host tier where it holds more than the device tier may.
+        tier, chose = preferred_tier(
+            torch.device("cuda"),
+            chunk_nbytes=report.chunk_bytes,
+            pass_chunks=pass_chunks,
+            loader_nbytes=loader_nbytes,
+            host_memory=host_mem,
+            device_memory=device_memory,
+        )
+        why = f"{why}: {chose}"
     return plan_buffer(
         mix,
         tier,
@@ -203,7 +217,7 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
         pieces=pieces["pieces"] if pieces is not None else 1,
         device=torch.device("cpu"),
         host_memory=host_mem,
-        loader_nbytes=(loader.pinned_bytes or 0) + (loader.host_bytes or 0),
+        loader_nbytes=loader_nbytes,
         device_memory=device_memory,
         why=why,
     )

@@ -113,6 +113,17 @@ def check(args: argparse.Namespace) -> None:
                 ",".join(map(str, args.chunks)),
                 f"{rank} positive ints for --layout {args.layout}: {example}",
             )
+        # A chunk larger than the array is refused, not cut to its shape in silence.
+        shape = (t, args.neurons, 4) if rank == 3 else (t, args.neurons)
+        if any(c > n for c, n in zip(args.chunks, shape, strict=True)):
+            fit = ",".join(str(min(c, n)) for c, n in zip(args.chunks, shape, strict=True))
+            raise refuse(
+                "--chunks",
+                ",".join(map(str, args.chunks)),
+                f"a chunk no larger than the array's shape {','.join(map(str, shape))} "
+                "(--timesteps, --neurons" + (", 4 columns)" if rank == 3 else ")"),
+                f"Pass --chunks {fit}.",
+            )
     writable_dir("OUT", args.out)
 
 

@@ -48,6 +48,7 @@ from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
+from ._defaults import host_tier_hint
 from ._gather import check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
 from ._sampling import _compute_dtype, check_align
@@ -106,12 +107,17 @@ class BatchStream:
         from one chunk; each chunk still feeds ``batches_per_chunk`` batches.
         Memory: ``mix`` chunks of the chosen fields copied into storage the
         stream owns, where ``buffer`` says; the loader's own buffers are
-        released as before. ``"auto"`` sizes it for the tier (see ``buffer``;
-        :attr:`buffer` says what was chosen and why). The held chunks stay
-        held when the next epoch starts (an epoch's first batches mix with the
-        previous epoch's last chunks), except after an epoch's iterator was
-        closed early. ``1`` (the default) draws each batch from one chunk,
-        without a copy.
+        released as before. ``"auto"`` sizes it for the tier
+        (:mod:`chunkstream.consumer._defaults`: on the host tier half the
+        memory the job may use, cgroup limits included, up to the whole split;
+        :attr:`buffer` says what was chosen, from what memory, and why). The
+        held chunks stay held when the next epoch starts (an epoch's first
+        batches mix with the previous epoch's last chunks), except after an
+        epoch's iterator was closed early. ``None`` (the default) is
+        ``"auto"``, or ``1`` for a source whose fields are known only after its
+        first read. ``1`` draws each batch from one chunk, without a copy (the
+        original's behaviour). An int larger than the chunks of one pass is
+        refused.
     align:
         Window starts are absolute timesteps that are multiples of ``align``
         (e.g. ``time_units``, the acquisition period), drawn uniformly over all
@@ -131,7 +137,9 @@ class BatchStream:
         ``state_dict``.
     host_memory:
         Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half the
-        memory available at start, less the loader's own arena.
+        host memory the job may use at start (the smaller of ``MemAvailable``
+        and the room under its cgroup limit, :func:`chunkstream._memory.job_memory`),
+        less the loader's own arena.
     batch_prefetch:
         Batches the host tier gathers (and copies) ahead of the one yielded.
     gather_threads:
@@ -177,7 +185,7 @@ class BatchStream:
         fields: str | Sequence[str] | None = None,
         seed: int | None = None,
         dtype: torch.dtype | None = None,
-        mix: int | str = 1,
+        mix: int | str | None = None,
         align: int = 1,
         buffer: str = "auto",
         device: str | torch.device | None = None,
@@ -246,6 +254,8 @@ class BatchStream:
         _log.info("%s", self.buffer.describe())
         if self.buffer.note and self.mix > 1:
             _log.info("%s", self.buffer.note)
+        if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
+            _log.info("%s", host_tier_hint(self.buffer, self.device))
         # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle).
         self._tier: BufferTier
         if tier == "host":
@@ -284,6 +294,10 @@ class BatchStream:
         segments = loader.plan.segments
         split = segments.timesteps if segments is not None else len(loader.source)
         pass_chunks = loader.chunks_per_pass or -(-split // loader.rows)
+        if mix is None:  # the default: "auto" once the fields' sizes are known
+            mix = "auto" if chunk_nbytes else 1
+            if not chunk_nbytes:
+                why += "; mix=1: the source's fields are unknown until its first read"
         if mix == "auto" and not chunk_nbytes:
             raise ConfigError.bad(
                 "mix",

@@ -15,11 +15,13 @@ Two tiers (``BatchStream(buffer=)``):
 ``"auto"`` takes the host tier when the loader is on the CPU (batches to the
 CPU or to a CUDA device), the device tier when it is on a CUDA device. On the
 CPU both tiers are host memory and draw the same windows; the host tier
-gathers into reused slots (no fresh pages per batch) and ahead of the consumer. ``mix="auto"`` sizes the buffer: on the
-host tier from ``host_memory`` (default :data:`HOST_SHARE` of the memory
-available at start, less the loader's own arena), up to the chunks of one pass
-over the split; on the device tier :data:`DEVICE_MIX` chunks, fewer when they
-would take more than :data:`DEVICE_SHARE` of the device's memory.
+gathers into reused slots (no fresh pages per batch) and ahead of the consumer.
+``mix="auto"`` sizes the buffer by the defaults' policy (:mod:`._defaults`): on
+the host tier from ``host_memory`` (default :data:`HOST_SHARE` of the host
+memory the job may use at start, cgroup limits included, less the loader's own
+arena), up to the chunks of one pass over the split; on the device tier
+:data:`DEVICE_MIX` chunks, fewer when they would take more than
+:data:`DEVICE_SHARE` of the device's memory.
 
 What decides model quality is the share of the training split the buffer holds
 (:func:`quality_note`; figures from the quality race in BENCHMARKS.md).
@@ -27,12 +29,14 @@ What decides model quality is the share of the training split the buffer holds
 
 from __future__ import annotations
 
-import os
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from .._errors import ConfigError
+from .._memory import job_memory
+from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit
 from ._mixing import check_mix
 
 __all__ = [
@@ -47,12 +51,8 @@ __all__ = [
     "resolve_tier",
 ]
 
-#: Of the host memory available at start, the share ``mix="auto"`` gives the host tier.
-HOST_SHARE = 0.5
-#: Chunks ``mix="auto"`` holds on the device tier when they fit :data:`DEVICE_SHARE`.
-DEVICE_MIX = 16
-#: The most of the device's memory (CUDA: its total; CPU: physical RAM) the device tier takes.
-DEVICE_SHARE = 1 / 8
+_log = logging.getLogger(__name__)
+
 #: Below this share of the split the buffer's quality cost is worth a note.
 NOTE_BELOW = 0.10
 
@@ -77,21 +77,8 @@ def check_buffer(buffer: object) -> str:
 
 
 def available_host_memory() -> int:
-    """Bytes of memory available now (``MemAvailable``; else physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def device_total_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    """Bytes of host memory the job may use now (:func:`~chunkstream._memory.job_memory`)."""
+    return job_memory().available
 
 
 def quality_note(share: float) -> str:
@@ -115,7 +102,10 @@ class BufferInfo:
     holds the loader's chunk); ``split_share``: the share of one pass over the
     training split it holds (``mix`` chunks over the chunks of a pass, at most
     1); ``pieces``: the independent pieces a batch is drawn from (``mix`` times
-    the pieces per chunk); ``reason``: how the tier and ``mix`` were chosen.
+    the pieces per chunk); ``reason``: how the tier and ``mix`` were chosen;
+    ``memory``: the host memory ``mix="auto"`` sized from and what bounds it
+    (e.g. ``host memory: 2.6 GiB left under the job's limit of 3 GiB``; ''
+    when no host memory was read).
     """
 
     tier: str
@@ -124,6 +114,7 @@ class BufferInfo:
     split_share: float
     pieces: int
     reason: str
+    memory: str = ""
 
     @property
     def note(self) -> str:
@@ -136,6 +127,7 @@ class BufferInfo:
             f"shuffle buffer: {self.tier} tier, mix={self.mix} chunks, "
             f"{self.nbytes / 1e9:.3g} GB, {self.split_share:.1%} of the split, "
             f"each batch over {self.pieces} pieces ({self.reason})"
+            + (f"; {self.memory}" if self.memory else "")
         )
 
 
@@ -149,34 +141,24 @@ def resolve_mix(
     host_memory: int | None,
     loader_nbytes: int,
     device_memory: int | None = None,
-) -> tuple[object, str]:
-    """``(mix, why)``: an int kept, ``"auto"`` sized for ``tier`` (module docs)."""
+) -> tuple[object, str, str]:
+    """``(mix, why, memory line)``: an int kept, ``"auto"`` sized for ``tier`` (:mod:`._defaults`)."""
     if mix != "auto":
-        return mix, f"mix={mix} as given"
+        return mix, f"mix={mix} as given", ""
     if tier == "host":
-        if host_memory is None:
-            avail = available_host_memory()
-            budget = int(avail * HOST_SHARE) - loader_nbytes
-            where = (
-                f"{HOST_SHARE:.0%} of {avail / 1e9:.3g} GB available, less the loader's "
-                f"{loader_nbytes / 1e9:.3g} GB"
-            )
-        else:
-            budget, where = int(host_memory), f"host_memory={host_memory / 1e9:.3g} GB"
-        fit = max(1, min(pass_chunks, budget // max(1, chunk_nbytes)))
-        why = (
-            f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
-            f"({where}; at most the {pass_chunks} chunks of one pass)"
+        return host_fit(
+            chunk_nbytes=chunk_nbytes,
+            pass_chunks=pass_chunks,
+            loader_nbytes=loader_nbytes,
+            host_memory=host_memory,
         )
-        return fit, why
-    total = device_total_memory(device) if device_memory is None else int(device_memory)
-    bound = int(total * DEVICE_SHARE)
-    fit = max(1, min(DEVICE_MIX, pass_chunks, bound // max(1, chunk_nbytes)))
-    why = (
-        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
-        f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)"
+    fit, why = device_fit(
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        device=device,
+        device_memory=device_memory,
     )
-    return fit, why
+    return fit, why, ""
 
 
 def resolve_tier(buffer: str, source_device: torch.device, device: torch.device) -> tuple[str, str]:
@@ -235,7 +217,7 @@ def plan_buffer(
     chunks of one pass over the training split; ``pieces``: per chunk.
     """
     pass_chunks = max(1, int(pass_chunks))
-    mix, sized = resolve_mix(
+    mix, sized, memory = resolve_mix(
         mix,
         tier,
         chunk_nbytes=chunk_nbytes,
@@ -246,6 +228,23 @@ def plan_buffer(
         device_memory=device_memory,
     )
     mix = check_mix(mix)
+    if mix > pass_chunks:
+        # Honoured, never cut in silence: the buffer is kept across epochs, so it then
+        # holds chunks of several passes (the trainer's resume test relies on it).
+        sized += (
+            f"; mix={mix} is more than the {pass_chunks} chunks of one pass: kept as given, "
+            f"the buffer holds chunks of the last {-(-mix // pass_chunks)} passes and is "
+            "allocated in full at the first chunk"
+        )
+        _log.warning(
+            "shuffle buffer: mix=%d is more than the %d chunks of one pass over the training "
+            "split; kept as given (it holds chunks of several passes, %.3g GB allocated at the "
+            "first chunk). Pass mix=%d to hold the split once, or mix='auto'.",
+            mix,
+            pass_chunks,
+            chunk_nbytes * mix / 1e9,
+            pass_chunks,
+        )
     return BufferInfo(
         tier=tier,
         mix=mix,
@@ -253,4 +252,5 @@ def plan_buffer(
         split_share=min(1.0, mix / pass_chunks),
         pieces=mix * max(1, int(pieces)),
         reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
+        memory=memory,
     )

@@ -42,6 +42,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import json
+import logging
 import os
 import shutil
 import time
@@ -71,6 +72,7 @@ from ._stores import is_remote, open_arrays, resolve_field
 
 __all__ = ["OUT_DTYPES", "ConvertReport", "FieldResult", "convert_store", "flyvis_fields"]
 
+_log = logging.getLogger(__name__)
 PROGRESS = ".chunkstream-convert.json"
 _FLYVIS_COLUMNS = {"voltage": 0, "stimulus": 1, "calcium": 2, "fluorescence": 3}
 _FLYVIS_IDS = {3: "voltage", 4: "stimulus", 7: "calcium", 8: "fluorescence"}
@@ -233,7 +235,17 @@ def _plan_fields(
         itemsize = (out_dtype or array.dtype).itemsize
         step_bytes = max(1, int(np.prod(step_shape, dtype=np.int64)) * itemsize)
         total = int(array.shape[0])
-        t_chunk = int(min(max(1, total), max(1, chunk_mb * 2**20 // step_bytes)))
+        wanted = int(max(1, chunk_mb * 2**20 // step_bytes))
+        t_chunk = min(max(1, total), wanted)
+        if wanted > total:  # said, not cut in silence: the field is shorter than one chunk
+            _log.info(
+                "%s: a time chunk of chunk_mb=%s MiB is %d timesteps, more than the field's "
+                "%d: one chunk holds the whole field",
+                req.name,
+                chunk_mb,
+                wanted,
+                total,
+            )
         plan.append(
             FieldPlan(req.name, f"{name}[{format_index(index)}]", array, index, step_shape, t_chunk)
         )

@@ -66,6 +66,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LAYOUTS = ("flyvis", "arrays")
+_log = logging.getLogger(__name__)
 STAMP = ".chunkstream-synth.json"
 _SLAB_BYTES = 64 * 2**20  # upper bound on the slab held in memory
 _CHUNK_BYTES = 8 * 2**20  # default decoded bytes per zarr chunk
@@ -267,7 +268,16 @@ def _create_arrays(
         path = out / f"{name}.zarr"
         if path.exists():
             shutil.rmtree(path)
-        chunk = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True)) if all(shape) else chunk
+        if all(shape) and any(c > s for c, s in zip(chunk, shape, strict=True)):
+            cut = tuple(min(c, s) for c, s in zip(chunk, shape, strict=True))
+            _log.warning(
+                "%s: chunks %s are larger than the array's shape %s: cut to %s",
+                name,
+                chunk,
+                shape,
+                cut,
+            )
+            chunk = cut
         return zarr.create_array(
             str(path),
             shape=shape,

@@ -1,13 +1,10 @@
 """A reference trainer: a latent-dynamics model trained by streaming chunks (see ``_trainer``)."""
 
 from ._config import (
-    MIX_AUTO,
-    MIX_MEMORY_FRACTION,
     PIECES_AUTO,
     EpochRecord,
     TrainConfig,
     TrainResult,
-    resolve_mix,
 )
 from ._data import TimeSlice, load_range
 from ._metrics import LossMeter, RunningMoments
@@ -15,8 +12,6 @@ from ._model import LatentDynamics, rollout_window
 from ._trainer import Trainer
 
 __all__ = [
-    "MIX_AUTO",
-    "MIX_MEMORY_FRACTION",
     "PIECES_AUTO",
     "EpochRecord",
     "LatentDynamics",
@@ -27,6 +22,5 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "load_range",
-    "resolve_mix",
     "rollout_window",
 ]

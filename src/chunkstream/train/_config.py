@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import torch
 
 from .._errors import ConfigError, check_int
 
 __all__ = [
-    "MIX_AUTO",
-    "MIX_MEMORY_FRACTION",
     "PIECES_AUTO",
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
-    "resolve_mix",
 ]
 
 #: Pieces per chunk ``pieces="auto"`` asks for: the best setting of the quality race
 #: (BENCHMARKS.md, "batch correlation"), fewer where a piece would be shorter than the
 #: source's stored time chunk.
 PIECES_AUTO = 128
-
-#: Chunks ``mix="auto"`` holds when they fit :data:`MIX_MEMORY_FRACTION`: the best
-#: setting of the quality race (BENCHMARKS.md, "batch correlation").
-MIX_AUTO = 16
-#: The most of the trainer device's memory ``mix="auto"`` gives the chunk shuffle
-#: buffer: of a CUDA device's total memory, or of the host's physical memory on CPU.
-MIX_MEMORY_FRACTION = 1 / 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,12 +36,15 @@ class TrainConfig:
     stored time chunk, so that no piece decodes a stored chunk for a part of
     it (read amplification). ``mix`` > 1 draws every batch over the windows of
     the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
-    shuffle buffer of chunks held on the device, kept across epochs), each
-    chunk still feeding its share of batches; ``mix="auto"`` holds
-    :data:`MIX_AUTO` chunks, or as many as fit :data:`MIX_MEMORY_FRACTION` of
-    the device's memory (:func:`resolve_mix`; at least 1), so a checkpoint resumes
-    exactly where ``"auto"`` resolves to the same count (an int pins it across
-    machines). With ``segments`` (anything
+    shuffle buffer of chunks, kept across epochs), each chunk still feeding
+    its share of batches; ``mix="auto"`` is ``BatchStream``'s default, sized by
+    the same policy (:mod:`chunkstream.consumer._defaults`): the largest share
+    of the training split the job's host memory allows (cgroup limits
+    included), on the host tier where that holds more than the device tier
+    may (on CUDA each batch is then gathered on the host and copied to the
+    device), else up to 16 chunks on the device. A checkpoint resumes exactly
+    where ``"auto"`` resolves to the same count (an int pins it across
+    machines; an int above the chunks of one pass is refused). With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
     ``val_fraction`` of *every* segment is held out instead
     (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
@@ -127,8 +117,8 @@ class TrainConfig:
                 "mix",
                 self.mix,
                 1,
-                f'Pass mix="auto" ({MIX_AUTO} chunks, fewer when they would take more than '
-                f"{MIX_MEMORY_FRACTION:.3g} of the device's memory), or e.g. mix=1 (no mixing).",
+                'Pass mix="auto" (the largest share of the split the memory allows), or '
+                "e.g. mix=1 (no mixing).",
                 expected='an int >= 1 (chunks held and mixed per batch) or "auto"',
             )
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
@@ -151,32 +141,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def device_memory(device: torch.device) -> int:
-    """Bytes of ``device``'s memory: a CUDA device's total, else the host's physical RAM."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def resolve_mix(mix: int | str, chunk_nbytes: int, memory: int) -> tuple[int, str]:
-    """``(chunks the shuffle buffer holds, why)`` for ``TrainConfig.mix``.
-
-    An int is kept. ``"auto"`` is :data:`MIX_AUTO`, capped so that ``mix *
-    chunk_nbytes`` (the buffer's copies of the trained fields) stays within
-    :data:`MIX_MEMORY_FRACTION` of ``memory`` (:func:`device_memory`), and at
-    least 1 (no copy).
-    """
-    if mix != "auto":
-        return int(mix), f"mix={mix}"
-    bound = int(memory * MIX_MEMORY_FRACTION)
-    fit = max(1, min(MIX_AUTO, bound // max(1, chunk_nbytes)))
-    why = (
-        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB '
-        f"(at most {MIX_AUTO}, within {MIX_MEMORY_FRACTION:.3g} of {memory / 1e9:.3g} GB)"
-    )
-    return fit, why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,3 +183,6 @@ class TrainResult:
     # (epoch, start, stop) of every piece streamed, in order
     windows: list[tuple[int, int, int]] = field(default_factory=list)
     val_segments: dict[str, float] = field(default_factory=dict)  # model MSE per held-out segment
+    #: The shuffle buffer (a :class:`~chunkstream.consumer.BufferInfo`: tier, chunks, share
+    #: of the split, the host memory it was sized from); ``None`` where not recorded.
+    buffer: Any = None

@@ -52,14 +52,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._memory import LOOP_HELD
 from .._resume import check_checkpoint_config
 from ..consumer import ChunkMixer
+from ..consumer._defaults import default_buffer
+from ..consumer._gather import gather_pool
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
 from ..sources import stored_time_chunk
 from ._batches import batch_seed, batch_starts
-from ._config import EpochRecord, TrainConfig, TrainResult, device_memory, resolve_mix
+from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, split_source
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
@@ -111,10 +114,6 @@ class Trainer:
         #: (:func:`fit_pieces`).
         self.pieces, self._align = fit_pieces(c, self.chunk_size, stored_time_chunk(source))
         self._mixed_fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
-        #: Chunks the shuffle buffer holds: ``config.mix``, or what ``"auto"`` chose
-        #: (:func:`~chunkstream.train.resolve_mix`: bounded by the device's memory).
-        self.mix, why = resolve_mix(c.mix, self._mixer_chunk_bytes(), device_memory(self.device))
-        _log.info("chunk shuffle buffer: %s", why)
         # With segments an epoch is the chunks a pass reads (plan_epoch's segments rule).
         self.plan = plan_epoch(
             total_timesteps=self.train_len if self.train_segments is None else len(source),
@@ -125,6 +124,24 @@ class Trainer:
             segments=self.train_segments,
             pieces=self.pieces,
         )
+        #: The shuffle buffer, sized by the library's one policy for defaults
+        #: (:func:`chunkstream.consumer._defaults.default_buffer`, as ``BatchStream``):
+        #: its tier, chunks (``mix``), share of the split and the host memory it read.
+        self.buffer = default_buffer(
+            c.mix,
+            device=self.device,
+            chunk_nbytes=self._mixer_chunk_bytes(),
+            pass_chunks=max(1, self.plan.chunks_per_epoch // c.passes_per_epoch),
+            pieces=self.pieces,
+            loader_nbytes=self._loader_nbytes(),
+        )
+        self.mix = self.buffer.mix
+        #: Batches gathered on the host and copied to a CUDA device (the host tier there);
+        #: the loader then reads to host memory.
+        self.host_tier = self.buffer.tier == "host" and self.device.type == "cuda"
+        _log.info("%s", self.buffer.describe())
+        if self.buffer.note and self.mix > 1:
+            _log.info("%s", self.buffer.note)
         # Held-out ranges, kept on the device; each rank validates its share of the windows.
         self.val_parts: list[HeldOut] = held_out_parts(
             source, split, c, self.device, self.rank, self.world_size
@@ -277,7 +294,7 @@ class Trainer:
         loader = ChunkLoader(
             source,
             self.chunk_size,
-            device=self.device,
+            device="cpu" if self.host_tier else self.device,
             prefetch=c.prefetch,
             workers=c.workers,
             sampling=c.sampling,
@@ -289,7 +306,11 @@ class Trainer:
         )
         self.loader = loader
         self.mixer = ChunkMixer(
-            self.mix, window=c.window, rows=loader.rows, fields=self._mixed_fields
+            self.mix,
+            window=c.window,
+            rows=loader.rows,
+            fields=self._mixed_fields,
+            host=gather_pool() if self.buffer.tier == "host" and self.mix > 1 else None,
         )
         try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
@@ -325,6 +346,7 @@ class Trainer:
             checkpoint=str(self.checkpoint_path) if self.checkpoint_path else None,
             windows=list(self.windows),
             val_segments=dict(self.val_segments),
+            buffer=self.buffer,
         )
 
     def _epoch(self, loader: ChunkLoader, epoch: int, timer: Any) -> EpochRecord:
@@ -344,15 +366,18 @@ class Trainer:
         for chunk in mixer.events(iter(iterator), loader.state_dict, refill=refill, keep=True):
             x_chunk = chunk[c.data_field]
             if epoch == 0:  # at the event, not the arrival: a refilled buffer adds nothing
-                self._pending.update(x_chunk)
+                self._pending.update(x_chunk.to(self.device))
             self.windows.extend((epoch, p.start, p.stop) for p in chunk.pieces)
-            generator = torch.Generator(device=self.device)
+            generator = torch.Generator(device=x_chunk.device)  # where the starts are drawn
             generator.manual_seed(batch_seed(c.seed, epoch, chunk.index, self.rank))
             count = min(per_chunk, budget - batches)
             passes = batch_starts(mixer, c, generator)
             for starts in itertools.islice(passes, count):
                 x = mixer.gather(c.data_field, starts)
                 s = mixer.gather(c.stim_field, starts) if c.stim_field else None
+                if self.host_tier:  # the host tier's cost per batch: a gather and one copy
+                    x = x.to(self.device, non_blocking=False)
+                    s = None if s is None else s.to(self.device, non_blocking=False)
                 with timer.batch() as timed:
                     losses = self._losses(x, s, warm)
                     timed.mark("forward")
@@ -403,6 +428,13 @@ class Trainer:
         fields = self.source.fields
         return self.chunk_size * sum(fields[n].step_nbytes for n in self._mixed_fields)
 
+    def _loader_nbytes(self) -> int:
+        """Bytes of the loader's host arena (every field of a chunk): its CPU size, the
+        larger (before the tier is chosen the loader may yet run on the CPU)."""
+        c, fields = self.config, self.source.fields
+        sets = c.prefetch + c.workers + LOOP_HELD
+        return sets * self.chunk_size * sum(f.step_nbytes for f in fields.values())
+
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
         return (
@@ -419,12 +451,13 @@ class Trainer:
     def _memory(self, loader: ChunkLoader) -> dict[str, int | None]:
         cfg, chunk_bytes = loader.config, loader.chunk_bytes
         cuda = self.device.type == "cuda"
+        loader_cuda = loader.device.type == "cuda"  # not with the host tier on CUDA
         step_bytes = chunk_bytes // max(1, loader.rows)
         return {
             "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
-            "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if cuda else 0,
-            "loader_host": cfg.host_sets(cuda) * chunk_bytes,
-            # the chunk shuffle buffer's own copies (ChunkMixer), on the trainer's device
+            "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if loader_cuda else 0,
+            "loader_host": cfg.host_sets(loader_cuda) * chunk_bytes,
+            # the chunk shuffle buffer's own copies (ChunkMixer), on its tier (self.buffer)
             "mixer": self.mix * self._mixer_chunk_bytes() if self.mix > 1 else 0,
             "validation": sum(
                 t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()

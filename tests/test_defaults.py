@@ -1,0 +1,139 @@
+"""The defaults (issue 36): the shortest code holds the largest share of the split memory allows."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from chunkstream._memory import ENV_HOST_MEMORY
+from chunkstream.consumer._defaults import DEVICE_MIX, preferred_tier
+
+T, CHUNK, WINDOW = 4000, 200, 16
+STEP = 3 * 4  # bytes per timestep of the source's fields
+
+
+def source():
+    t = np.arange(T, dtype=np.float32)
+    return cs.NumpySource({"x": np.stack([t, -t], axis=1), "s": (2 * t)[:, None]})
+
+
+def loader(**kwargs):
+    options = {"device": "cpu", "workers": 1, "prefetch": 1, "sampling": "shuffled", "seed": 3}
+    return cs.ChunkLoader(source(), CHUNK, **{**options, **kwargs})
+
+
+PLAN = cs.plan_epoch(total_timesteps=T, chunk_size=CHUNK, batch_size=8)
+
+
+def test_the_shortest_code_holds_the_whole_split_where_memory_allows(caplog):
+    with caplog.at_level(logging.INFO, logger="chunkstream"), loader() as ld:
+        stream = cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+        info = stream.buffer
+        assert (info.tier, info.mix, info.split_share) == ("host", T // CHUNK, 1.0)
+        assert info.memory.startswith("host memory: ") and info.memory in info.describe()
+        batches = list(stream)
+    assert len(batches) == len(stream)
+    # shown once: the choice, with the memory it read
+    assert sum("shuffle buffer: host tier" in r.getMessage() for r in caplog.records) == 1
+    # once the buffer has filled, a batch comes from many chunks, not one
+    spans = {int(s) // CHUNK for s in batches[-1]["x"][:, 0, 0].tolist()}
+    assert len(spans) > 1
+
+
+def test_the_jobs_memory_bounds_the_default_and_says_so(monkeypatch):
+    with loader() as ld:
+        loader_nbytes = ld.config.host_sets(False) * ld.rows * STEP
+        # half of the capped memory less the loader's arena: 5 chunks
+        monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * (loader_nbytes + 5 * CHUNK * STEP)))
+        stream = cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+        assert stream.mix == 5 and stream.buffer.split_share == 5 / (T // CHUNK)
+        assert f"capped by {ENV_HOST_MEMORY}" in stream.buffer.memory
+        assert len(list(stream)) == len(stream)
+        # not even the loader's own buffers fit: refused before anything is allocated
+        monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes // 2))
+        with pytest.raises(cs.ConfigError, match="do not fit the memory this job may use"):
+            cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+        monkeypatch.setenv(ENV_HOST_MEMORY, "plenty")
+        with pytest.raises(cs.ConfigError, match=ENV_HOST_MEMORY):
+            cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+
+
+def test_mix_1_stays_the_originals_and_a_large_int_is_kept_and_said(caplog):
+    with loader() as ld:
+        one = cs.BatchStream(ld, window=WINDOW, plan=PLAN, mix=1)
+        assert one.mix == 1 and one.buffer.nbytes == 0 and one.buffer.memory == ""
+        batch = next(iter(one))
+        assert len({int(s) // CHUNK for s in batch["x"][:, 0, 0].tolist()}) <= 2
+        with caplog.at_level(logging.WARNING, logger="chunkstream"):
+            many = cs.BatchStream(ld, window=WINDOW, plan=PLAN, mix=1000)
+        assert many.mix == 1000 and "kept as given" in many.buffer.reason
+        assert any("mix=1000 is more than the 20 chunks" in r.getMessage() for r in caplog.records)
+
+
+def test_on_cuda_the_host_tier_wins_where_it_holds_more():
+    cuda = torch.device("cuda")  # sized from the budgets given: no GPU needed
+    chunk = 10**9
+    tier, why = preferred_tier(cuda, chunk_nbytes=chunk, pass_chunks=100, loader_nbytes=0,
+                               host_memory=40 * chunk, device_memory=80 * chunk)  # fmt: skip
+    assert tier == "host" and "the host holds 40 chunks where the device tier may hold 10" in why
+    tier, _ = preferred_tier(cuda, chunk_nbytes=chunk, pass_chunks=100, loader_nbytes=0,
+                             host_memory=8 * chunk, device_memory=800 * chunk)  # fmt: skip
+    assert tier == "device" and DEVICE_MIX == 16
+    assert (
+        preferred_tier(torch.device("cpu"), chunk_nbytes=1, pass_chunks=1, loader_nbytes=0)[0]
+        == "host"
+    )
+
+
+@pytest.mark.gpu
+def test_the_default_on_cuda_sends_batches_from_a_host_tier_buffer():
+    with loader() as ld:  # the loader reads to the host, batches go to the GPU
+        stream = cs.BatchStream(ld, window=WINDOW, plan=PLAN, device="cuda")
+        assert stream.buffer.tier == "host" and stream.buffer.split_share == 1.0
+        batches = list(stream)
+        assert all(b["x"].device.type == "cuda" for b in batches)
+        x = batches[0]["x"]
+        starts = x[:, 0, 0]
+        torch.testing.assert_close(
+            x[:, :, 0], starts[:, None] + torch.arange(WINDOW, device="cuda")
+        )
+
+
+@pytest.mark.gpu
+def test_the_trainer_on_cuda_takes_the_host_tier_where_it_holds_more(tmp_path):
+    from chunkstream.tools import write_synthetic
+    from chunkstream.train import TrainConfig, Trainer
+
+    write_synthetic(tmp_path, timesteps=4096, neurons=16, stim_dims=4, chunks=(64, 4, 1),
+                    progress=False)  # fmt: skip
+    src = cs.flyvis.open(str(tmp_path), column="voltage", stim_dims=4)
+    try:
+        # 57 chunks of 64 steps per pass: more than the device tier's 16, all on the host
+        config = TrainConfig(chunk_size=64, batch_size=16, epochs=2, device="cuda",
+                             progress=False, tensorboard=False, workers=1)  # fmt: skip
+        trainer = Trainer(src, config)
+        assert trainer.buffer.tier == "host" and trainer.host_tier
+        assert trainer.mix == trainer.plan.chunks_per_epoch
+        result = trainer.fit()
+        assert trainer.loader.device.type == "cpu" and result.memory["loader_device"] == 0
+        assert result.val_loss < result.baseline_val
+        # an int keeps the device tier, as before
+        assert Trainer(src, TrainConfig(**{**config.to_dict(), "mix": 4})).buffer.tier == "device"
+    finally:
+        src.close()
+
+
+def test_a_cuda_loaders_device_tier_says_what_the_host_tier_would_hold(monkeypatch):
+    from chunkstream.consumer import BufferInfo
+    from chunkstream.consumer._defaults import host_tier_hint
+
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 40 * 10**7))
+    info = BufferInfo("device", 4, 4 * 10**7, 0.05, 4, "as sized")  # 4 of 80 chunks of 10 MB
+    hint = host_tier_hint(info, torch.device("cuda:0"))
+    assert "the host tier would hold 50.0%" in hint and "device='cpu'" in hint
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 3 * 10**7))
+    assert "would hold" not in host_tier_hint(info, torch.device("cuda:0"))
