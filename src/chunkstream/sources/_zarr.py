@@ -70,11 +70,20 @@ from .._errors import (
     check_int,
 )
 from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context, window_nbytes
+from ._cache import NodeCache
+from ._cached_store import CachedObjectStore, cache_folder, cached_store
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import FastChunkReader, decode_pool
 from ._read_checks import ReadChecks, check_all_chunks
-from ._remote import close_store, open_remote_store, own_store, store_errors
+from ._remote import (
+    OPTIONS_KEY,
+    RemoteOptions,
+    close_store,
+    open_remote_store,
+    own_store,
+    store_errors,
+)
 from ._select import (
     Selection,
     chunk_ranges,
@@ -113,7 +122,12 @@ def is_url(path: str) -> bool:
 
 
 def open_zarr_array(
-    path: str | Path, array: str | None = None, storage_options: Mapping[str, Any] | None = None
+    path: str | Path,
+    array: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
 ) -> zarr.Array:
     """Open the zarr array at ``path`` (or member ``array`` of the group there), read-only.
 
@@ -122,13 +136,21 @@ def open_zarr_array(
     object stores and HTTP). This is the one place a store is opened, so retries
     and timeouts for remote stores belong here. A URL's store belongs to the
     caller, who closes it with ``_remote.close_store(array.store)``; when opening
-    fails it is closed here.
+    fails it is closed here. ``cache``/``cache_bytes``: the node-local cache the
+    store reads through (:mod:`._cached_store`; ``cache=None`` takes
+    ``$CHUNKSTREAM_CACHE`` for a remote URL).
     """
     text = str(path)
+    root = cache_folder(text, cache, cache_bytes)
     if not is_url(text):
         return _select_array(_open_local(text), array, text)
     store = open_remote_store(text, storage_options)
     try:
+        if root is not None:
+            opts = (storage_options or {}).get(OPTIONS_KEY) or RemoteOptions()
+            # wait for another process's fetch as long as a fetch of our own may take
+            wait_s = (opts.retries + 1) * (opts.timeout + opts.max_backoff)
+            store = cached_store(store, text, root, cache_bytes, wait_s)
         try:
             with store_errors(text, "the zarr metadata"):
                 node = zarr.open(store, mode="r")
@@ -221,6 +243,11 @@ class ZarrSource(SourceBase):
     in use is :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
     threads zarrs decodes on (default: all cores). Thread-safe for distinct
     ``out``.
+
+    ``cache``: a folder for the node-local cache of a remote URL's stored bytes
+    (:mod:`._cache`; default ``$CHUNKSTREAM_CACHE``), shared by every process on the
+    node; ``cache_bytes`` its budget (default: half the free space of its disk).
+    :attr:`cache` is the cache in use, with its counters, or ``None``.
     """
 
     def __init__(
@@ -233,6 +260,8 @@ class ZarrSource(SourceBase):
         storage_options: Mapping[str, Any] | None = None,
         read_threads: int | None = None,
         engine: Literal["auto", "chunkstream", "zarrs", "zarr"] = "auto",
+        cache: str | os.PathLike | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if check_missing not in (True, False, "auto", "open"):
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
@@ -246,13 +275,25 @@ class ZarrSource(SourceBase):
         #: a caller's array's store is the caller's.
         self._close_store: Callable[[], Any] | None = None
         if isinstance(path_or_array, zarr.Array):
+            if cache is not None or cache_bytes is not None:
+                raise ConfigError.bad(
+                    "cache" if cache is not None else "cache_bytes",
+                    cache if cache is not None else cache_bytes,
+                    "None for an opened zarr.Array",
+                    "Pass the store's URL instead, so the source opens it through the cache.",
+                )
             self.array = path_or_array
             self.path = str(path_or_array.store_path)
         else:
-            self.array = open_zarr_array(path_or_array, array, storage_options)
+            self.array = open_zarr_array(
+                path_or_array, array, storage_options, cache=cache, cache_bytes=cache_bytes
+            )
             self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
             if is_url(str(path_or_array)):
                 self._close_store = own_store(self, self.array.store)
+        store = self.array.store
+        #: The node-local cache the store reads through (its ``counters``), or ``None``.
+        self.cache: NodeCache | None = store.cache if isinstance(store, CachedObjectStore) else None
         try:
             self._setup(fields, check_missing, read_threads, engine)
         except BaseException:

@@ -1,0 +1,437 @@
+"""The node-local cache of a remote store's bytes: one folder shared by every process of a node.
+
+:class:`NodeCache` keeps objects (or the byte ranges of them that were read) as the
+store holds them, compressed, under ``DIR``, within a byte budget, evicting the
+least recently used first. :mod:`._cached_store` puts it under zarr.
+
+Layout of ``DIR``:
+
+* ``entries/<ab>/<name>``: one object or byte range, followed by a 16-byte trailer
+  (magic, the crc32c of the bytes, their length). ``<name>`` is a digest of what
+  was asked (the store's URL and generation, the key, the byte range);
+* ``partial/<name>``: the entry being fetched. Its writer holds an exclusive
+  ``flock`` on it from creation until the ``os.replace`` that makes it the entry,
+  so the lock is also the fetch lock: a process that finds it held waits for the
+  entry instead of fetching the object again;
+* ``ledger``: the bytes the entries hold (8 bytes), read and written under an
+  exclusive ``flock`` on it, which every insert and every eviction takes.
+
+The rules, each held by a test in ``tests/test_cache.py``:
+
+* An entry appears only by renaming a complete file, so no process ever reads a
+  half-written one; a writer killed mid-write leaves a ``partial`` file no reader
+  opens, which the next fetch of that object takes over, or a sweep (when a cache
+  opens, and at each eviction) removes once its lock is free.
+* A reader checks the size and crc32c; an entry that fails is dropped with a
+  :class:`~chunkstream.CacheWarning` and fetched again. The checksum also covers an
+  entry whose bytes never reached the disk before a crash.
+* A reader holds a shared ``flock`` on the entry while it reads; eviction takes an
+  exclusive one without blocking and skips an entry it cannot lock, so it never
+  removes an entry another process is reading.
+* A hit sets the entry's mtime: eviction removes the oldest first, down to 90% of
+  the budget, before an insert that would pass it, so the entries never hold more
+  than the budget (an object larger than the budget is not kept).
+* The ledger is counted up before a rename and only corrected by a scan, which
+  sets it to the true sum (when a cache opens, and whenever room is needed): a
+  process killed between the two leaves it too high, never too low.
+* Nothing waits without bound. Waits for a lock or for another process's fetch
+  poll, from 1 ms growing to :data:`~chunkstream._executor.POLL_S`, up to a
+  deadline; past it the process fetches the object itself, or skips caching it.
+* A folder that cannot be written, or a full disk, turns the cache into a
+  read-through with one ``CacheWarning``: a read never fails because of the cache.
+
+**Concurrency.** Everything here runs on zarr's event-loop thread (the store calls
+it from ``async`` methods): the counters have that one writer. Between processes
+the only primitives are the ``flock``\\ s above and ``os.replace``; waits are
+``asyncio.sleep`` polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import struct
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._errors import CacheWarning
+from .._executor import POLL_S
+from ._shards import crc32c
+
+__all__ = ["CacheCounters", "NodeCache", "default_budget"]
+
+_log = logging.getLogger("chunkstream.sources.cache")
+_TRAILER = struct.Struct("<4sIQ")  # magic, crc32c of the bytes, their length
+_MAGIC = b"CSC1"
+_LOW_WATER = 0.9  # eviction frees down to this share of the budget, so scans stay rare
+#: The share of the free space of DIR's file system a cache takes when no budget is given.
+DEFAULT_SHARE = 0.5
+_FIRST_POLL = 0.001
+_BUSY = object()  # an entry another process holds exclusively for an instant
+_THROUGH = -1  # claim result: the cache cannot write, fetch without it
+
+
+@dataclass
+class CacheCounters:
+    """What one process's cache did: objects served from DIR (``hits``) and fetched
+    (``misses``), the bytes fetched, and the bytes this process evicted."""
+
+    hits: int = 0
+    misses: int = 0
+    fetched_bytes: int = 0
+    evicted_bytes: int = 0
+
+    def snapshot(self) -> CacheCounters:
+        return CacheCounters(self.hits, self.misses, self.fetched_bytes, self.evicted_bytes)
+
+
+def default_budget(root: Path, held: int = 0) -> int:
+    """:data:`DEFAULT_SHARE` of the free space of ``root``'s file system, plus what the
+    cache there already holds (``held`` bytes)."""
+    return max(1, int(DEFAULT_SHARE * (shutil.disk_usage(root).free + held)))
+
+
+async def _poll_lock(fd: int, how: int, deadline: float) -> bool:
+    """Take ``flock(fd, how)`` polling until ``deadline`` (monotonic); whether it was taken."""
+    delay = _FIRST_POLL
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, POLL_S)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    raw = os.pread(fd, size, 0)
+    while len(raw) < size:  # a read larger than the kernel returns at once
+        more = os.pread(fd, size - len(raw), len(raw))
+        if not more:
+            break
+        raw += more
+    return raw
+
+
+class NodeCache:
+    """The cache in folder ``root`` (module docs), budget ``budget`` bytes (``None``:
+    :func:`default_budget`). ``wait_s``: how long to wait for another process's fetch
+    of an object before fetching it too. ``counters`` counts this process's work."""
+
+    def __init__(self, root: Path, budget: int | None, *, wait_s: float = 60.0) -> None:
+        self.root = root
+        self.wait_s = wait_s
+        self.counters = CacheCounters()
+        self.active = True  # False: read-through (DIR unwritable, or the disk is full)
+        self._entries, self._partial = root / "entries", root / "partial"
+        self._ledger = -1
+        self.budget = budget or 1
+        try:
+            self._partial.mkdir(parents=True, exist_ok=True)
+            self._entries.mkdir(exist_ok=True)
+            self._ledger = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
+            probe = self._partial / f".probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            self._through(exc)
+
+    def open(self, budget: int | None) -> None:
+        """Sweep dead writers' files, count the entries, and evict down to the budget
+        (``None``: :func:`default_budget`); a coroutine's work, so run on zarr's loop."""
+        from zarr.core.sync import sync
+
+        if self.active:
+            sync(self._open(budget))
+
+    async def _open(self, budget: int | None) -> None:
+        if not await _poll_lock(self._ledger, fcntl.LOCK_EX, time.monotonic() + self.wait_s):
+            self.budget = budget or default_budget(self.root, self._total())
+            return
+        try:
+            found = self._scan()
+            held = sum(size for _, size, _ in found)
+            self.budget = budget or default_budget(self.root, held)
+            if held > self.budget:
+                held = self._evict(found, held, 0)
+            self._set_total(held)
+        finally:
+            fcntl.flock(self._ledger, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._ledger >= 0:
+            os.close(self._ledger)
+            self._ledger = -1
+
+    def __repr__(self) -> str:
+        return f"NodeCache({str(self.root)!r}, budget={self.budget})"
+
+    # -- reads ----------------------------------------------------------------------
+
+    def entry_path(self, name: str) -> Path:
+        return self._entries / name[:2] / name
+
+    def has(self, name: str) -> bool:
+        """Whether an entry ``name`` exists now (not read, not checked)."""
+        return self.active and self.entry_path(name).exists()
+
+    async def get(
+        self, name: str, fetch: Callable[[], Awaitable[bytes | None]]
+    ) -> bytes | memoryview | None:
+        """The bytes of entry ``name``, from DIR or, once, from ``fetch()`` (``None``:
+        the store has no such object, which is not cached)."""
+        deadline = time.monotonic() + self.wait_s
+        delay = _FIRST_POLL
+        while self.active:
+            data = self.read(name)
+            if isinstance(data, memoryview):
+                self.counters.hits += 1
+                return data
+            claim = None if data is _BUSY else self._claim(name)
+            if claim == _THROUGH:
+                break
+            if claim is not None:
+                return await self._fill(claim, name, fetch)
+            if time.monotonic() >= deadline:
+                _log.info("chunkstream: waited %.0f s for entry %s; fetching it", self.wait_s, name)
+                break
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, POLL_S)
+        return await self._fetch(fetch)
+
+    def read(self, name: str) -> memoryview | object | None:
+        """Entry ``name``'s bytes, checked; ``None`` if absent or dropped as damaged;
+        ``_BUSY`` for an instant while its writer or an evictor holds it."""
+        path = self.entry_path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _BUSY
+            raw = _read_all(fd, os.fstat(fd).st_size)
+            problem = _problem(raw)
+            if problem is not None:
+                warnings.warn(
+                    f"chunkstream cache: entry {path} {problem}; dropped and fetched again "
+                    "(a damaged disk, or a file changed outside chunkstream).",
+                    CacheWarning,
+                    stacklevel=2,
+                )
+                if _same_file(fd, path):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()  # the ledger stays high until the next scan: safe
+                return None
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # recency for eviction
+            return memoryview(raw)[: len(raw) - _TRAILER.size]
+        finally:
+            os.close(fd)
+
+    async def put(self, name: str, data: bytes) -> None:
+        """Store ``data`` as entry ``name`` unless another process is writing it now."""
+        if self.active:
+            claim = self._claim(name)
+            if claim is not None and claim != _THROUGH:
+                try:
+                    await self._commit(claim, name, data)
+                finally:
+                    self._release(claim, name)
+
+    # -- fetching and writing -------------------------------------------------------
+
+    async def _fetch(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+        data = await fetch()
+        self.counters.misses += 1
+        self.counters.fetched_bytes += 0 if data is None else len(data)
+        return data
+
+    async def _fill(
+        self, claim: int, name: str, fetch: Callable[[], Awaitable[bytes | None]]
+    ) -> bytes | memoryview | None:
+        """Fetch entry ``name`` holding its claim, and store it."""
+        try:
+            data = self.read(name)  # written by another process since ours looked
+            if isinstance(data, memoryview):
+                self.counters.hits += 1
+                return data
+            data = await self._fetch(fetch)
+            if data is not None:
+                await self._commit(claim, name, data)
+            return data
+        finally:
+            self._release(claim, name)
+
+    def _claim(self, name: str) -> int | None:
+        """The locked ``partial`` file of ``name`` (this process will fetch it); ``None``
+        if another process holds it; ``_THROUGH`` if the cache cannot write."""
+        path = self._partial / name
+        for _ in range(3):  # the file may be renamed or swept between open and lock
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self._through(exc)
+                return _THROUGH
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            if _same_file(fd, path):
+                return fd
+            os.close(fd)
+        return None
+
+    def _release(self, claim: int, name: str) -> None:
+        """Drop a claim: its ``partial`` file goes unless it became the entry."""
+        path = self._partial / name
+        if _same_file(claim, path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        os.close(claim)
+
+    async def _commit(self, claim: int, name: str, data: bytes) -> None:
+        """Write ``data`` into the claimed file and rename it into place, within the budget."""
+        trailer = _TRAILER.pack(_MAGIC, crc32c(data), len(data))
+        size = len(data) + len(trailer)
+        if size > self.budget:
+            return
+        try:
+            os.ftruncate(claim, 0)
+            written = os.pwritev(claim, [data, trailer], 0)
+            if written != size:
+                raise OSError(errno.ENOSPC, f"wrote {written} of {size} bytes")
+        except OSError as exc:
+            self._through(exc)
+            return
+        if not await _poll_lock(self._ledger, fcntl.LOCK_EX, time.monotonic() + self.wait_s):
+            return  # a stuck process holds the ledger: this object goes uncached
+        try:
+            total = self._total()
+            if total + size > self.budget:
+                found = self._scan()
+                total = self._evict(found, sum(s for _, s, _ in found), size)
+                if total + size > self.budget:  # every old entry is being read
+                    self._set_total(total)
+                    return
+            self._set_total(total + size)  # before the rename: a kill leaves it high
+            target = self.entry_path(name)
+            target.parent.mkdir(exist_ok=True)
+            os.replace(self._partial / name, target)
+        except OSError as exc:
+            self._through(exc)
+        finally:
+            fcntl.flock(self._ledger, fcntl.LOCK_UN)
+
+    # -- the ledger, scans and eviction (under the ledger lock) ---------------------
+
+    def _total(self) -> int:
+        raw = os.pread(self._ledger, 8, 0)
+        return struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0
+
+    def _set_total(self, total: int) -> None:
+        os.pwrite(self._ledger, struct.pack("<Q", max(0, total)), 0)
+
+    def _scan(self) -> list[tuple[int, int, str]]:
+        """``(mtime_ns, size, path)`` of every entry; removes dead writers' partial files."""
+        with os.scandir(self._partial) as partial:
+            for item in partial:
+                _sweep(Path(item.path))
+        found = []
+        with os.scandir(self._entries) as folders:
+            for folder in folders:
+                with os.scandir(folder.path) as entries:
+                    for entry in entries:
+                        with contextlib.suppress(FileNotFoundError):
+                            st = entry.stat()
+                            found.append((st.st_mtime_ns, st.st_size, entry.path))
+        return found
+
+    def _evict(self, found: list[tuple[int, int, str]], total: int, incoming: int) -> int:
+        """Remove the least recently used entries of ``found`` (holding ``total`` bytes)
+        until ``incoming`` more bytes fit under the low-water mark; the bytes left."""
+        goal = min(self.budget - incoming, int(_LOW_WATER * self.budget) - incoming)
+        for _, size, path in sorted(found):
+            if total <= goal:
+                break
+            if _remove_unread(Path(path)):
+                total -= size
+                self.counters.evicted_bytes += size
+        return total
+
+    def _through(self, exc: OSError) -> None:
+        """Turn the cache into a read-through, with one warning."""
+        if self.active:
+            self.active = False
+            why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
+            warnings.warn(
+                f"chunkstream cache {str(self.root)!r} cannot write ({why}); this source "
+                "reads straight from the store from now on. Free space, or pass another "
+                "cache= folder.",
+                CacheWarning,
+                stacklevel=3,
+            )
+
+
+def _problem(raw: bytes) -> str | None:
+    """What is wrong with an entry file's bytes ``raw``, or ``None``."""
+    if len(raw) < _TRAILER.size:
+        return f"holds {len(raw)} bytes, fewer than its trailer"
+    magic, crc, length = _TRAILER.unpack_from(raw, len(raw) - _TRAILER.size)
+    if magic != _MAGIC or length != len(raw) - _TRAILER.size:
+        return f"holds {len(raw)} bytes, its trailer says {length} + {_TRAILER.size}"
+    # a read-only array, not a slice: the checksum takes no copy of the bytes
+    if crc32c(np.frombuffer(raw, dtype=np.uint8, count=length)) != crc:
+        return "fails its crc32c"
+    return None
+
+
+def _sweep(path: Path) -> None:
+    """Remove a partial file whose writer is gone (nobody holds its lock)."""
+    _remove_unread(path)
+
+
+def _remove_unread(path: Path) -> bool:
+    """Unlink ``path`` if no process holds a lock on it; whether it was removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        if not _same_file(fd, path):
+            return False
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
