@@ -219,7 +219,11 @@ def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
             "http(s)://); a local store is read from its own disk.",
         )
     root = Path(folder).expanduser()
-    if root.exists() and not root.is_dir():
+    try:
+        is_file = root.exists() and not root.is_dir()
+    except OSError:  # unreachable: the cache reads through, with a warning
+        is_file = False
+    if is_file:
         raise ConfigError.bad(
             what,
             str(folder),
