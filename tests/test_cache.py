@@ -302,8 +302,21 @@ def test_the_loader_reports_cache_hits_and_misses(server, served, tmp_path):
                 assert summary["cache_fetched_bytes"] == T * F * 4
         assert summary["cache_hits"] == T // ZCHUNK  # counted over both epochs
         table = loader.stats.format_summary()
-        assert "cache: 20 hits, 20 misses" in table
+        assert "cache: 20 hits, 20 misses (50% hits); 0.1 MB fetched, 0.0 MB evicted" in table
+        stats = loader.stats
     source.close()
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(tmp_path / "tb")) as writer:
+        stats.log_to(writer, 3)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    (hits,) = events.Scalars("latency/cache_hits")
+    assert hits.step == 3 and hits.value == T // ZCHUNK
+    (fetched,) = events.Scalars("latency/cache_fetched_bytes")
+    assert fetched.value == T * F * 4
 
 
 # -- bad input -------------------------------------------------------------------------
