@@ -341,3 +341,32 @@ def test_bad_cache_options_name_the_parameter_and_the_fix(server, tmp_path):
         cs.ZarrSource("memory://x", cache=tmp_path / "c")
     with pytest.raises(cs.ConfigError, match=r"cache=.*None for an opened zarr.Array"):
         cs.ZarrSource(zarr.open_array(local, mode="r"), cache=tmp_path / "c")
+
+
+def test_bench_with_a_cache_reports_epoch_1_and_epoch_2(server, tmp_path, capsys):
+    from chunkstream.cli import main
+
+    url, folder = f"{server.url}/x.zarr", tmp_path / "cache"
+    args = ["bench", url, "--cache", str(folder), "--chunk-size", "100", "--chunks", "4",
+            "--prefetch", "1", "--workers", "2", "--train-ms", "0", "--device", "cpu",
+            "--no-progress"]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    cached = json.loads(capsys.readouterr().out)["cache"]
+    assert cached["url"] == url and cached["windows"] == 4 and cached["nbytes"] == 4 * 100 * F * 4
+    assert cached["misses"][0] > 0 and cached["fetched_bytes"][0] > 0  # epoch 1 fetched
+    assert cached["misses"][1] == 0 and cached["fetched_bytes"][1] == 0  # epoch 2 did not
+    assert cached["hits"][1] == sum(cached["hits"][:1]) + cached["misses"][0]
+    assert cached["speedup"] == pytest.approx(cached["epoch_s"][0] / cached["epoch_s"][1])
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"through the cache {folder}, epoch 2:" in text and "epoch 2 / epoch 1 =" in text
+
+
+def test_bench_refuses_a_cache_for_a_local_path(tmp_path, capsys):
+    from chunkstream.cli import main
+
+    local = tmp_path / "local.zarr"
+    zarr.create_array(local, shape=(10, 2), chunks=(5, 2), dtype="f4")[:] = 1
+    code = main(["bench", str(local), "--cache", str(tmp_path / "c"), "--device", "cpu"])
+    assert code != 0
+    assert "--cache" in capsys.readouterr().err
