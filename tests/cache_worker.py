@@ -16,7 +16,6 @@ import os
 import resource
 import signal
 import warnings
-from dataclasses import asdict
 
 import numpy as np
 
@@ -57,7 +56,7 @@ def main() -> None:
             for start in reversed(starts) if args.reverse else starts:
                 stop = min(start + WINDOW, total)
                 source.read_into(start, stop, {"data": result[start:stop]})
-            counters = asdict(source.cache.counters)
+            counters = source.cache.counters.as_dict()
     if args.fsize is not None:  # the output is the test's, not the cache's
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     if args.out != "-":

@@ -28,7 +28,8 @@ The rules, each held by a test in ``tests/test_cache.py``:
 * A reader holds a shared ``flock`` on the entry while it reads; eviction takes an
   exclusive one without blocking and skips an entry it cannot lock, so it never
   removes an entry another process is reading.
-* A hit sets the entry's mtime: eviction removes the oldest first, down to 90% of
+* A hit sets the entry's mtime (where it is older than a second: recency is kept to
+  the second): eviction removes the oldest first, down to 90% of
   the budget, before an insert that would pass it, so the entries never hold more
   than the budget (an object larger than the budget is not kept).
 * The ledger is counted up before a rename and only corrected by a scan, which
@@ -56,10 +57,11 @@ import logging
 import os
 import shutil
 import struct
+import threading
 import time
 import warnings
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,7 @@ _LOW_WATER = 0.9  # eviction frees down to this share of the budget, so scans st
 #: The share of the free space of DIR's file system a cache takes when no budget is given.
 DEFAULT_SHARE = 0.5
 _FIRST_POLL = 0.001
+_TOUCH_NS = 1_000_000_000  # a hit moves an entry's mtime when it is older than this
 _BUSY = object()  # an entry another process holds exclusively for an instant
 _THROUGH = -1  # claim result: the cache cannot write, fetch without it
 
@@ -84,15 +87,30 @@ _THROUGH = -1  # claim result: the cache cannot write, fetch without it
 @dataclass
 class CacheCounters:
     """What one process's cache did: objects served from DIR (``hits``) and fetched
-    (``misses``), the bytes fetched, and the bytes this process evicted."""
+    (``misses``), the bytes fetched, and the bytes this process evicted. Added to
+    under a lock: zarr's loop thread and the readers' threads (hits read by
+    :meth:`NodeCache.read_hit`) count at once."""
 
     hits: int = 0
     misses: int = 0
     fetched_bytes: int = 0
     evicted_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, hits: int = 0, misses: int = 0, fetched: int = 0, evicted: int = 0) -> None:
+        with self._lock:
+            self.hits += hits
+            self.misses += misses
+            self.fetched_bytes += fetched
+            self.evicted_bytes += evicted
+
+    def as_dict(self) -> dict[str, int]:
+        now = self.snapshot()
+        return {n: getattr(now, n) for n in ("hits", "misses", "fetched_bytes", "evicted_bytes")}
 
     def snapshot(self) -> CacheCounters:
-        return CacheCounters(self.hits, self.misses, self.fetched_bytes, self.evicted_bytes)
+        with self._lock:
+            return CacheCounters(self.hits, self.misses, self.fetched_bytes, self.evicted_bytes)
 
 
 def default_budget(root: Path, held: int = 0) -> int:
@@ -206,7 +224,7 @@ class NodeCache:
         while self.active:
             data = self.read(name)
             if isinstance(data, memoryview):
-                self.counters.hits += 1
+                self.counters.add(hits=1)
                 return data
             claim = None if data is _BUSY else self._claim(name)
             if claim == _THROUGH:
@@ -219,6 +237,18 @@ class NodeCache:
             await asyncio.sleep(delay)
             delay = min(2 * delay, POLL_S)
         return await self._fetch(fetch)
+
+    def read_hit(self, name: str) -> memoryview | None:
+        """Entry ``name``'s checked bytes, counted as a hit, or ``None`` (absent, damaged or
+        busy: ask :meth:`get`). Safe from any thread: a reader reads its window's hits
+        itself, beside the others, not one by one on zarr's loop."""
+        if not self.active:
+            return None
+        data = self.read(name)
+        if not isinstance(data, memoryview):
+            return None
+        self.counters.add(hits=1)
+        return data
 
     def read(self, name: str) -> memoryview | object | None:
         """Entry ``name``'s bytes, checked; ``None`` if absent or dropped as damaged;
@@ -233,7 +263,8 @@ class NodeCache:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return _BUSY
-            raw = _read_all(fd, os.fstat(fd).st_size)
+            st = os.fstat(fd)
+            raw = _read_all(fd, st.st_size)
             problem = _problem(raw)
             if problem is not None:
                 warnings.warn(
@@ -246,8 +277,9 @@ class NodeCache:
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()  # the ledger stays high until the next scan: safe
                 return None
-            with contextlib.suppress(OSError):
-                os.utime(fd)  # recency for eviction
+            if time.time_ns() - st.st_mtime_ns > _TOUCH_NS:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)  # recency for eviction, to the second
             return memoryview(raw)[: len(raw) - _TRAILER.size]
         finally:
             os.close(fd)
@@ -266,8 +298,7 @@ class NodeCache:
 
     async def _fetch(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
         data = await fetch()
-        self.counters.misses += 1
-        self.counters.fetched_bytes += 0 if data is None else len(data)
+        self.counters.add(misses=1, fetched=0 if data is None else len(data))
         return data
 
     async def _fill(
@@ -277,7 +308,7 @@ class NodeCache:
         try:
             data = self.read(name)  # written by another process since ours looked
             if isinstance(data, memoryview):
-                self.counters.hits += 1
+                self.counters.add(hits=1)
                 return data
             data = await self._fetch(fetch)
             if data is not None:
@@ -380,7 +411,7 @@ class NodeCache:
                 break
             if _remove_unread(Path(path)):
                 total -= size
-                self.counters.evicted_bytes += size
+                self.counters.add(evicted=size)
         return total
 
     def _through(self, exc: OSError) -> None:

@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,14 @@ from zarr.storage import ObjectStore
 from .._errors import ConfigError, check_int
 from ._cache import NodeCache
 
-__all__ = ["CACHE_ENV", "METADATA_KEYS", "CachedObjectStore", "cache_folder", "cached_store"]
+__all__ = [
+    "CACHE_ENV",
+    "METADATA_KEYS",
+    "CachedObjectStore",
+    "cache_folder",
+    "cached_store",
+    "chunk_fetcher",
+]
 
 #: The file names that hold zarr metadata (formats 2 and 3).
 METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
@@ -92,7 +99,7 @@ class CachedObjectStore(ObjectStore):
     def __str__(self) -> str:
         return f"cached_object_store://{self.store} in {self.cache.root}"
 
-    def _name(self, key: str, byte_range: ByteRequest | None) -> str:
+    def entry_name(self, key: str, byte_range: ByteRequest | None) -> str:
         if self._generation is None:
             seen = sorted(self._validators.items())
             self._generation = _digest(*(f"{k}={v}" for k, v in seen))
@@ -105,7 +112,7 @@ class CachedObjectStore(ObjectStore):
             data = await self._get_metadata(key)
         else:
             data = await self.cache.get(
-                self._name(key, byte_range), lambda: self._fetch(key, byte_range)
+                self.entry_name(key, byte_range), lambda: self._fetch(key, byte_range)
             )
         return None if data is None else prototype.buffer.from_bytes(data)
 
@@ -121,7 +128,9 @@ class CachedObjectStore(ObjectStore):
         return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
 
     async def exists(self, key: str) -> bool:
-        if key.rsplit("/", 1)[-1] not in METADATA_KEYS and self.cache.has(self._name(key, None)):
+        if key.rsplit("/", 1)[-1] not in METADATA_KEYS and self.cache.has(
+            self.entry_name(key, None)
+        ):
             return True
         return await super().exists(key)
 
@@ -241,3 +250,37 @@ def cached_store(
     cache = NodeCache(root, budget, wait_s=wait_s)
     cache.open(budget)
     return CachedObjectStore(store.store, cache=cache, url=url)
+
+
+def chunk_fetcher(arr: Any, url: str) -> Callable[[list[str], tuple[int, int]], list]:
+    """``fetch(keys, window)`` for ``FastChunkReader``: the bytes of chunk keys of ``arr``
+    (over a :class:`CachedObjectStore`), fetched together on zarr's loop (hits from the
+    cache, misses concurrently from the store), a failed request a ``RemoteStoreError``
+    naming ``url`` and the window."""
+    from zarr.core.sync import sync
+
+    from ._remote import store_errors
+
+    store, prefix = arr.store, arr.store_path.path
+    prototype = default_buffer_prototype()
+
+    def _path(key: str) -> str:
+        return f"{prefix}/{key}" if prefix else key
+
+    async def get_all(keys: list[str]) -> list[Buffer | None]:
+        return list(await asyncio.gather(*(store.get(_path(k), prototype) for k in keys)))
+
+    def fetch(keys: list[str], window: tuple[int, int]) -> list[memoryview | None]:
+        # hits read here, in the reader's thread; the rest through the store on zarr's loop
+        found: list = [store.cache.read_hit(store.entry_name(_path(k), None)) for k in keys]
+        rest = [k for k, raw in zip(keys, found, strict=True) if raw is None]
+        if rest:
+            with store_errors(url, f"the chunks of timesteps [{window[0]}, {window[1]})"):
+                fetched = iter(sync(get_all(rest)))
+            for i, raw in enumerate(found):
+                if raw is None:
+                    buf = next(fetched)
+                    found[i] = None if buf is None else memoryview(buf.as_numpy_array())
+        return found
+
+    return fetch

@@ -71,7 +71,7 @@ from .._errors import (
 )
 from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context, window_nbytes
 from ._cache import NodeCache
-from ._cached_store import CachedObjectStore, cache_folder, cached_store
+from ._cached_store import CachedObjectStore, cache_folder, cached_store, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import FastChunkReader, decode_pool
@@ -361,6 +361,9 @@ class ZarrSource(SourceBase):
                 fill_missing=mode is False,
                 pool=self._pool,
                 shards=chosen.decoder[1],
+                # a remote store through the cache: chunk bytes fetched, not read from files
+                fetch=None if local is not None else chunk_fetcher(arr, self.path),
+                where=self.path,
             )
 
     @property
