@@ -133,7 +133,7 @@ async def _poll_lock(fd: int, how: int, deadline: float) -> bool:
         delay = min(2 * delay, POLL_S)
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _same_file(fd: int, path: str | Path) -> bool:
     """Whether ``path`` still names the file open as ``fd`` (not removed or replaced)."""
     try:
         here, there = os.fstat(fd), os.stat(path)
@@ -163,6 +163,7 @@ class NodeCache:
         self.counters = CacheCounters()
         self.active = True  # False: read-through (DIR unwritable, or the disk is full)
         self._entries, self._partial = root / "entries", root / "partial"
+        self._entries_text = str(self._entries)
         self._ledger = -1
         self.budget = budget or 1
         try:
@@ -207,12 +208,13 @@ class NodeCache:
 
     # -- reads ----------------------------------------------------------------------
 
-    def entry_path(self, name: str) -> Path:
-        return self._entries / name[:2] / name
+    def entry_path(self, name: str) -> str:
+        # a string, not a Path: this is on every hit's path, and pathlib costs more
+        return f"{self._entries_text}/{name[:2]}/{name}"
 
     def has(self, name: str) -> bool:
         """Whether an entry ``name`` exists now (not read, not checked)."""
-        return self.active and self.entry_path(name).exists()
+        return self.active and os.path.exists(self.entry_path(name))
 
     async def get(
         self, name: str, fetch: Callable[[], Awaitable[bytes | None]]
@@ -275,7 +277,7 @@ class NodeCache:
                 )
                 if _same_file(fd, path):
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()  # the ledger stays high until the next scan: safe
+                        os.unlink(path)  # the ledger stays high until the next scan: safe
                 return None
             if time.time_ns() - st.st_mtime_ns > _TOUCH_NS:
                 with contextlib.suppress(OSError):
@@ -371,7 +373,7 @@ class NodeCache:
                     return
             self._set_total(total + size)  # before the rename: a kill leaves it high
             target = self.entry_path(name)
-            target.parent.mkdir(exist_ok=True)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             os.replace(self._partial / name, target)
         except OSError as exc:
             self._through(exc)

@@ -36,6 +36,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -253,34 +254,49 @@ def cached_store(
 
 
 def chunk_fetcher(arr: Any, url: str) -> Callable[[list[str], tuple[int, int]], list]:
-    """``fetch(keys, window)`` for ``FastChunkReader``: the bytes of chunk keys of ``arr``
-    (over a :class:`CachedObjectStore`), fetched together on zarr's loop (hits from the
-    cache, misses concurrently from the store), a failed request a ``RemoteStoreError``
-    naming ``url`` and the window."""
+    """``fetch(keys, window)`` for ``FastChunkReader``: per chunk key of ``arr`` (over a
+    :class:`CachedObjectStore`), its bytes, ``None`` (absent), or for an entry in the
+    cache a ``load()`` that reads it in the decoding thread (so hits are read beside
+    the decoding, on every pool thread). What is not in the cache is fetched at once,
+    together on zarr's loop; a failed request is a ``RemoteStoreError`` naming ``url``
+    and the window."""
     from zarr.core.sync import sync
 
     from ._remote import store_errors
 
     store, prefix = arr.store, arr.store_path.path
+    cache: NodeCache = store.cache
     prototype = default_buffer_prototype()
 
-    def _path(key: str) -> str:
+    def path_of(key: str) -> str:
         return f"{prefix}/{key}" if prefix else key
 
-    async def get_all(keys: list[str]) -> list[Buffer | None]:
-        return list(await asyncio.gather(*(store.get(_path(k), prototype) for k in keys)))
+    def fetched(paths: list[str], window: tuple[int, int]) -> list[memoryview | None]:
+        async def get_all() -> list[Buffer | None]:
+            return list(await asyncio.gather(*(store.get(p, prototype) for p in paths)))
 
-    def fetch(keys: list[str], window: tuple[int, int]) -> list[memoryview | None]:
-        # hits read here, in the reader's thread; the rest through the store on zarr's loop
-        found: list = [store.cache.read_hit(store.entry_name(_path(k), None)) for k in keys]
-        rest = [k for k, raw in zip(keys, found, strict=True) if raw is None]
+        with store_errors(url, f"the chunks of timesteps [{window[0]}, {window[1]})"):
+            found = sync(get_all())
+        return [None if b is None else memoryview(b.as_numpy_array()) for b in found]
+
+    def load(path: str, name: str, window: tuple[int, int]) -> memoryview | None:
+        raw = cache.read_hit(name)
+        # gone since (evicted), damaged (dropped, with a warning) or busy: ask the store
+        return raw if raw is not None else fetched([path], window)[0]
+
+    def fetch(keys: list[str], window: tuple[int, int]) -> list:
+        paths = [path_of(k) for k in keys]
+        found: list = [None] * len(keys)
+        rest = []
+        for i, path in enumerate(paths):
+            name = store.entry_name(path, None)
+            if cache.has(name):
+                found[i] = partial(load, path, name, window)
+            else:
+                rest.append(i)
         if rest:
-            with store_errors(url, f"the chunks of timesteps [{window[0]}, {window[1]})"):
-                fetched = iter(sync(get_all(rest)))
-            for i, raw in enumerate(found):
-                if raw is None:
-                    buf = next(fetched)
-                    found[i] = None if buf is None else memoryview(buf.as_numpy_array())
+            for i, raw in zip(rest, fetched([paths[i] for i in rest], window), strict=True):
+                found[i] = raw
         return found
 
     return fetch

@@ -346,6 +346,8 @@ class FastChunkReader:
         if read.raws is not None:
             label = f"zarr chunk {self._meta.encode_chunk_key(coords)!r} of {self._where!r}"
             raw = read.raws[coords]
+            if callable(raw):  # an entry of the node-local cache, read here
+                raw = raw()
         elif read.shards is None:
             path = self.chunk_path(coords)
             label = f"zarr chunk file {path}"
@@ -434,11 +436,12 @@ class _Read(NamedTuple):
 
     window: tuple[int, int]
     shards: dict[tuple[int, ...], Shard | None] | None
-    raws: dict[tuple[int, ...], memoryview | None] | None = None
+    raws: dict[tuple[int, ...], object] | None = None
 
 
-#: ``fetch(keys, window)``: the stored bytes of each chunk key (``None``: absent).
-Fetch = Callable[[list[str], tuple[int, int]], list[memoryview | None]]
+#: ``fetch(keys, window)``: the stored bytes of each chunk key (``None``: absent), or a
+#: ``load()`` that returns them, called by the task that decodes the chunk.
+Fetch = Callable[[list[str], tuple[int, int]], list]
 
 
 def declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:
