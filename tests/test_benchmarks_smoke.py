@@ -236,3 +236,13 @@ def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
     assert "8 regimes: training split" in text and "| target |" in text
     png = qs.plot_quality_scale(res, tmp_path / "q.png")
     assert png.stat().st_size > 10_000
+
+
+def test_the_cache_race_runs_and_reports_both_targets(tmp_path: Path) -> None:
+    from benchmarks._cache import CacheGeometry, run_cache
+
+    res = json.loads(json.dumps(run_cache(CacheGeometry.tiny(), tmp_path)))
+    assert set(res["chunks_per_s"]) == {"local", "nocache", "cold", "warm"}
+    assert all(v > 0 for rates in res["chunks_per_s"].values() for v in rates)
+    assert res["counters"]["misses"] > 0 and res["counters"]["hits"] == res["counters"]["misses"]
+    assert [t["target"] for t in res["targets"]] == [">= 0.8x", ">= 0.9x"]

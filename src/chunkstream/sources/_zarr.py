@@ -7,7 +7,9 @@ engines" has the race that set the default):
 
 * the **fast path** (:mod:`._fastzarr`, engine ``"chunkstream"``) for local
   stores with a plain codec chain, sharded or not: chunk files decoded on a
-  thread pool straight into ``out``; the default wherever the array suits it;
+  thread pool straight into ``out``; the default wherever the array suits it,
+  also for an unsharded remote array read through the node-local cache
+  (``cache=``, :mod:`._cached_store`), whose chunk bytes are fetched, not read;
 * the **general path** for everything else (remote, other codecs):
   ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
   caller's buffer without an extra copy, decoded by zarr's own pipeline
