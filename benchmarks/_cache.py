@@ -62,7 +62,7 @@ class CacheGeometry:
     def full() -> CacheGeometry:
         # 128 KiB chunks, 32 per window (4 MiB), 24 windows (96 MiB); 20 ms, 200 MB/s
         return CacheGeometry(chunk_steps=128, width=256, chunks_per_window=32, windows=24,
-                             latency_ms=20.0, link_mb_s=200.0)  # fmt: skip
+                             latency_ms=20.0, link_mb_s=200.0, runs=5)  # fmt: skip
 
     @staticmethod
     def tiny() -> CacheGeometry:

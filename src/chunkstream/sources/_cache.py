@@ -164,6 +164,8 @@ class NodeCache:
         self.active = True  # False: read-through (DIR unwritable, or the disk is full)
         self._entries, self._partial = root / "entries", root / "partial"
         self._entries_text = str(self._entries)
+        self._folders: set[str] = set()  # entries/<ab> folders known to exist
+        self._writing: set[asyncio.Task] = set()  # entries being stored (see _fill)
         self._ledger = -1
         self.budget = budget or 1
         try:
@@ -199,6 +201,19 @@ class NodeCache:
             fcntl.flock(self._ledger, fcntl.LOCK_UN)
 
     def close(self) -> None:
+        """Wait for the entries being stored (up to ``wait_s``), then close the ledger."""
+        if self._writing:
+            from zarr.core.sync import SyncError, sync
+
+            async def drain() -> None:  # on the loop: the set is the loop's
+                await asyncio.gather(*list(self._writing), return_exceptions=True)
+
+            try:
+                sync(drain(), timeout=self.wait_s)
+            # a stuck write, a close on zarr's loop thread (a finalizer) or after the loop
+            # stopped: the writes left are lost, their partial files swept later
+            except (TimeoutError, RuntimeError, SyncError) as exc:
+                _log.warning("chunkstream cache: entries still being written at close: %s", exc)
         if self._ledger >= 0:
             os.close(self._ledger)
             self._ledger = -1
@@ -306,7 +321,10 @@ class NodeCache:
     async def _fill(
         self, claim: int, name: str, fetch: Callable[[], Awaitable[bytes | None]]
     ) -> bytes | memoryview | None:
-        """Fetch entry ``name`` holding its claim, and store it."""
+        """Fetch entry ``name`` holding its claim; the bytes go to the caller at once and
+        are stored by a task on the loop (holding the claim until they are in place), so
+        the caller decodes while the entry is written."""
+        handed = False
         try:
             data = self.read(name)  # written by another process since ours looked
             if isinstance(data, memoryview):
@@ -314,8 +332,18 @@ class NodeCache:
                 return data
             data = await self._fetch(fetch)
             if data is not None:
-                await self._commit(claim, name, data)
+                task = asyncio.get_running_loop().create_task(self._store(claim, name, data))
+                self._writing.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._writing.discard)
+                handed = True
             return data
+        finally:
+            if not handed:
+                self._release(claim, name)
+
+    async def _store(self, claim: int, name: str, data: bytes) -> None:
+        try:
+            await self._commit(claim, name, data)
         finally:
             self._release(claim, name)
 
@@ -373,7 +401,10 @@ class NodeCache:
                     return
             self._set_total(total + size)  # before the rename: a kill leaves it high
             target = self.entry_path(name)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            folder = os.path.dirname(target)
+            if folder not in self._folders:
+                os.makedirs(folder, exist_ok=True)
+                self._folders.add(folder)
             os.replace(self._partial / name, target)
         except OSError as exc:
             self._through(exc)
