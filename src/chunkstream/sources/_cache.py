@@ -14,7 +14,8 @@ Layout of ``DIR``:
   so the lock is also the fetch lock: a process that finds it held waits for the
   entry instead of fetching the object again;
 * ``ledger``: the bytes the entries hold (8 bytes), read and written under an
-  exclusive ``flock`` on it, which every insert and every eviction takes.
+  exclusive ``flock`` on it, which every insert and every eviction takes (the ledger,
+  scans and eviction: :mod:`._cache_room`).
 
 The rules, each held by a test in ``tests/test_cache.py``:
 
@@ -55,7 +56,6 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
 import struct
 import threading
 import time
@@ -68,17 +68,14 @@ import numpy as np
 
 from .._errors import CacheWarning
 from .._executor import POLL_S
+from ._cache_room import FIRST_POLL, Room, default_budget, same_file
 from ._shards import crc32c
 
-__all__ = ["CacheCounters", "NodeCache", "default_budget"]
+__all__ = ["CacheCounters", "NodeCache"]
 
 _log = logging.getLogger("chunkstream.sources.cache")
 _TRAILER = struct.Struct("<4sIQ")  # magic, crc32c of the bytes, their length
 _MAGIC = b"CSC1"
-_LOW_WATER = 0.9  # eviction frees down to this share of the budget, so scans stay rare
-#: The share of the free space of DIR's file system a cache takes when no budget is given.
-DEFAULT_SHARE = 0.5
-_FIRST_POLL = 0.001
 _TOUCH_NS = 1_000_000_000  # a hit moves an entry's mtime when it is older than this
 _BUSY = object()  # an entry another process holds exclusively for an instant
 _THROUGH = -1  # claim result: the cache cannot write, fetch without it
@@ -113,35 +110,6 @@ class CacheCounters:
             return CacheCounters(self.hits, self.misses, self.fetched_bytes, self.evicted_bytes)
 
 
-def default_budget(root: Path, held: int = 0) -> int:
-    """:data:`DEFAULT_SHARE` of the free space of ``root``'s file system, plus what the
-    cache there already holds (``held`` bytes)."""
-    return max(1, int(DEFAULT_SHARE * (shutil.disk_usage(root).free + held)))
-
-
-async def _poll_lock(fd: int, how: int, deadline: float) -> bool:
-    """Take ``flock(fd, how)`` polling until ``deadline`` (monotonic); whether it was taken."""
-    delay = _FIRST_POLL
-    while True:
-        try:
-            fcntl.flock(fd, how | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, POLL_S)
-
-
-def _same_file(fd: int, path: str | Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced)."""
-    try:
-        here, there = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
 def _read_all(fd: int, size: int) -> bytes:
     raw = os.pread(fd, size, 0)
     while len(raw) < size:  # a read larger than the kernel returns at once
@@ -166,12 +134,12 @@ class NodeCache:
         self._entries_text = str(self._entries)
         self._folders: set[str] = set()  # entries/<ab> folders known to exist
         self._writing: set[asyncio.Task] = set()  # entries being stored (see _fill)
-        self._ledger = -1
+        self._room = Room(-1, self._entries, self._partial)
         self.budget = budget or 1
         try:
             self._partial.mkdir(parents=True, exist_ok=True)
             self._entries.mkdir(exist_ok=True)
-            self._ledger = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
+            self._room.fd = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
             probe = self._partial / f".probe-{os.getpid()}"
             probe.touch()
             probe.unlink()
@@ -187,18 +155,20 @@ class NodeCache:
             sync(self._open(budget))
 
     async def _open(self, budget: int | None) -> None:
-        if not await _poll_lock(self._ledger, fcntl.LOCK_EX, time.monotonic() + self.wait_s):
-            self.budget = budget or default_budget(self.root, self._total())
+        room = self._room
+        if not await room.lock(time.monotonic() + self.wait_s):
+            self.budget = budget or default_budget(self.root, room.total())
             return
         try:
-            found = self._scan()
+            found = room.scan()
+            self.budget = budget or default_budget(self.root, sum(s for _, s, _ in found))
             held = sum(size for _, size, _ in found)
-            self.budget = budget or default_budget(self.root, held)
-            if held > self.budget:
-                held = self._evict(found, held, 0)
-            self._set_total(held)
+            if held > self.budget:  # a smaller budget than the last process's
+                held, removed = room.evict(found, self.budget, 0)
+                self.counters.add(evicted=removed)
+            room.set_total(held)
         finally:
-            fcntl.flock(self._ledger, fcntl.LOCK_UN)
+            room.unlock()
 
     def close(self) -> None:
         """Wait for the entries being stored (up to ``wait_s``), then close the ledger."""
@@ -214,9 +184,9 @@ class NodeCache:
             # stopped: the writes left are lost, their partial files swept later
             except (TimeoutError, RuntimeError, SyncError) as exc:
                 _log.warning("chunkstream cache: entries still being written at close: %s", exc)
-        if self._ledger >= 0:
-            os.close(self._ledger)
-            self._ledger = -1
+        if self._room.fd >= 0:
+            os.close(self._room.fd)
+            self._room.fd = -1
 
     def __repr__(self) -> str:
         return f"NodeCache({str(self.root)!r}, budget={self.budget})"
@@ -237,7 +207,7 @@ class NodeCache:
         """The bytes of entry ``name``, from DIR or, once, from ``fetch()`` (``None``:
         the store has no such object, which is not cached)."""
         deadline = time.monotonic() + self.wait_s
-        delay = _FIRST_POLL
+        delay = FIRST_POLL
         while self.active:
             data = self.read(name)
             if isinstance(data, memoryview):
@@ -290,7 +260,7 @@ class NodeCache:
                     CacheWarning,
                     stacklevel=2,
                 )
-                if _same_file(fd, path):
+                if same_file(fd, path):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)  # the ledger stays high until the next scan: safe
                 return None
@@ -362,7 +332,7 @@ class NodeCache:
             except BlockingIOError:
                 os.close(fd)
                 return None
-            if _same_file(fd, path):
+            if same_file(fd, path):
                 return fd
             os.close(fd)
         return None
@@ -370,7 +340,7 @@ class NodeCache:
     def _release(self, claim: int, name: str) -> None:
         """Drop a claim: its ``partial`` file goes unless it became the entry."""
         path = self._partial / name
-        if _same_file(claim, path):
+        if same_file(claim, path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         os.close(claim)
@@ -389,17 +359,18 @@ class NodeCache:
         except OSError as exc:
             self._through(exc)
             return
-        if not await _poll_lock(self._ledger, fcntl.LOCK_EX, time.monotonic() + self.wait_s):
+        room = self._room
+        if not await room.lock(time.monotonic() + self.wait_s):
             return  # a stuck process holds the ledger: this object goes uncached
         try:
-            total = self._total()
+            total = room.total()
             if total + size > self.budget:
-                found = self._scan()
-                total = self._evict(found, sum(s for _, s, _ in found), size)
+                total, removed = room.evict(room.scan(), self.budget, size)
+                self.counters.add(evicted=removed)
                 if total + size > self.budget:  # every old entry is being read
-                    self._set_total(total)
+                    room.set_total(total)
                     return
-            self._set_total(total + size)  # before the rename: a kill leaves it high
+            room.set_total(total + size)  # before the rename: a kill leaves it high
             target = self.entry_path(name)
             folder = os.path.dirname(target)
             if folder not in self._folders:
@@ -409,43 +380,7 @@ class NodeCache:
         except OSError as exc:
             self._through(exc)
         finally:
-            fcntl.flock(self._ledger, fcntl.LOCK_UN)
-
-    # -- the ledger, scans and eviction (under the ledger lock) ---------------------
-
-    def _total(self) -> int:
-        raw = os.pread(self._ledger, 8, 0)
-        return struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0
-
-    def _set_total(self, total: int) -> None:
-        os.pwrite(self._ledger, struct.pack("<Q", max(0, total)), 0)
-
-    def _scan(self) -> list[tuple[int, int, str]]:
-        """``(mtime_ns, size, path)`` of every entry; removes dead writers' partial files."""
-        with os.scandir(self._partial) as partial:
-            for item in partial:
-                _sweep(Path(item.path))
-        found = []
-        with os.scandir(self._entries) as folders:
-            for folder in folders:
-                with os.scandir(folder.path) as entries:
-                    for entry in entries:
-                        with contextlib.suppress(FileNotFoundError):
-                            st = entry.stat()
-                            found.append((st.st_mtime_ns, st.st_size, entry.path))
-        return found
-
-    def _evict(self, found: list[tuple[int, int, str]], total: int, incoming: int) -> int:
-        """Remove the least recently used entries of ``found`` (holding ``total`` bytes)
-        until ``incoming`` more bytes fit under the low-water mark; the bytes left."""
-        goal = min(self.budget - incoming, int(_LOW_WATER * self.budget) - incoming)
-        for _, size, path in sorted(found):
-            if total <= goal:
-                break
-            if _remove_unread(Path(path)):
-                total -= size
-                self.counters.add(evicted=size)
-        return total
+            room.unlock()
 
     def _through(self, exc: OSError) -> None:
         """Turn the cache into a read-through, with one warning."""
@@ -472,30 +407,3 @@ def _problem(raw: bytes) -> str | None:
     if crc32c(np.frombuffer(raw, dtype=np.uint8, count=length)) != crc:
         return "fails its crc32c"
     return None
-
-
-def _sweep(path: Path) -> None:
-    """Remove a partial file whose writer is gone (nobody holds its lock)."""
-    _remove_unread(path)
-
-
-def _remove_unread(path: Path) -> bool:
-    """Unlink ``path`` if no process holds a lock on it; whether it was removed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        if not _same_file(fd, path):
-            return False
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(fd)
