@@ -370,3 +370,25 @@ def test_bench_refuses_a_cache_for_a_local_path(tmp_path, capsys):
     code = main(["bench", str(local), "--cache", str(tmp_path / "c"), "--device", "cpu"])
     assert code != 0
     assert "--cache" in capsys.readouterr().err
+
+
+def test_a_sharded_store_is_cached_by_the_ranges_read(tmp_path):
+    root = tmp_path / "store"
+    data = np.random.default_rng(5).standard_normal((T, 8)).astype(np.float32)
+    zarr.create_array(root / "s.zarr", shape=data.shape, chunks=(10, 8), shards=(50, 8),
+                      dtype="f4")[:] = data  # fmt: skip
+    folder = tmp_path / "cache"
+    for server in serve(root):
+        url = f"{server.url}/s.zarr"
+        for _ in range(2):
+            with cs.ZarrSource(url, cache=folder, storage_options=OPTIONS) as source:
+                out = {"data": np.empty((35, 8), np.float32)}
+                for start in (0, 120, 333):  # parts of shards: the index and inner chunks
+                    source.read_into(start, start + 35, out)
+                    np.testing.assert_array_equal(out["data"], data[start : start + 35])
+            if not source.cache.counters.hits:
+                cold = dict(server.faults.paths)
+        assert source.cache.counters.misses == 0 and source.cache.counters.hits > 0
+        assert {p: n for p, n in server.faults.paths.items() if "/c/" in p} == {
+            p: n for p, n in cold.items() if "/c/" in p
+        }  # the second pass asked for no shard bytes
