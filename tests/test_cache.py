@@ -392,3 +392,22 @@ def test_a_sharded_store_is_cached_by_the_ranges_read(tmp_path):
         assert {p: n for p, n in server.faults.paths.items() if "/c/" in p} == {
             p: n for p, n in cold.items() if "/c/" in p
         }  # the second pass asked for no shard bytes
+
+
+def test_over_s3_the_metadata_is_revalidated_by_its_etag(served, tmp_path):
+    pytest.importorskip("moto.server")
+    from tests.faults import s3_server
+
+    root, data = served[1], served[2]
+    with s3_server(root) as (_proxy, s3):
+        options = {"endpoint": s3["endpoint"], "region": s3["region"],
+                   "access_key_id": s3["key"], "secret_access_key": s3["secret"], **OPTIONS}  # fmt: skip
+        for _ in range(2):  # cold, then warm
+            with cs.ZarrSource("s3://bucket/x.zarr", cache=tmp_path / "c",
+                               storage_options=options) as source:  # fmt: skip
+                out = {"data": np.empty((T, F), np.float32)}
+                source.read_into(0, T, out)
+                np.testing.assert_array_equal(out["data"], data)
+                validators = dict(source.array.store._validators)
+        assert source.cache.counters.hits == T // ZCHUNK and source.cache.counters.misses == 0
+        assert validators and all(v.startswith("etag:") for v in validators.values())
