@@ -107,8 +107,14 @@ def run_dtype(
     per_call_s = min(timeit.repeat(lambda: profiled(READ, (0, 1)), number=calls, repeat=3)) / calls
     read_s = min(statistics.median(s["read_mean_ms"]) for s in stores.values()) / 1e3
     return {
-        "geometry": {"timesteps": timesteps, "neurons": neurons, "chunk_size": chunk_size,
-                     "time_chunk": 1024, "repeats": repeats, "workers": 2},
+        "geometry": {
+            "timesteps": timesteps,
+            "neurons": neurons,
+            "chunk_size": chunk_size,
+            "time_chunk": 1024,
+            "repeats": repeats,
+            "workers": 2,
+        },
         "stores": stores,
         "gather_ms": gather,
         "gather_shape": [batch, window, neurons],
@@ -163,13 +169,16 @@ def dtype_section(results: dict | None) -> list[str]:
                          f"of float32 and delivers {ratio:.2f}x its timesteps/s (medians)")  # fmt: skip
     shape = " x ".join(map(str, d["gather_shape"]))
     gathers = "; ".join(f"{k} {v:.3f} ms" for k, v in d["gather_ms"].items())
-    lines.append(f"- gather of a {shape} batch (best of 5x5, CPU): {gathers}. On the CPU the "
-                 "conversion is torch's float16 -> float32 kernel, slow on this machine; on "
-                 "CUDA it is one elementwise kernel over the batch (not measured here: no GPU)")
+    lines.append(
+        f"- gather of a {shape} batch (best of 5x5, CPU): {gathers}. On the CPU the "
+        "conversion is torch's float16 -> float32 kernel, slow on this machine; on "
+        "CUDA it is one elementwise kernel over the batch (not measured here: no GPU)"
+    )
     frac = d["profiled_fraction_of_read"]
     lines.append(
         f"- `profiled(...)` with no profiler running: {d['profiled_off_ns']:.0f} ns a call; "
         f"three a chunk are {100 * frac:.4f}% of the fastest store's mean chunk read"
-        if frac is not None else "- `profiled(...)`: no read time measured"
+        if frac is not None
+        else "- `profiled(...)`: no read time measured"
     )
     return [*lines, ""]

@@ -154,7 +154,8 @@ def race_dataset(data: Path, reps: QualityReps, segments: cs.Segments | None,
                        latent_dim=reps.latent_dim, pieces=1, mix=1)  # fmt: skip
     contiguous = cs.plan_epoch(
         segments.timesteps if segments is not None else reps.timesteps - int(reps.timesteps * 0.1),
-        reps.chunk_size, base.batch_size,
+        reps.chunk_size,
+        base.batch_size,
     )
     batches = contiguous.chunks_per_epoch * contiguous.batches_per_chunk
     out: dict = {"batches_per_epoch": batches, "arms": {}}
@@ -246,7 +247,8 @@ def best_pieces(res: dict) -> str:
     names = [f"pieces={k}" for k in res["pieces"]]
     names += [f"pieces={k},mix={m}" for k, m in res.get("mixes", [])]
     return min(
-        names, key=lambda n: max(res[d]["arms"][n]["ratio"]["mean"] for d in ("demo", "regimes_data"))
+        names,
+        key=lambda n: max(res[d]["arms"][n]["ratio"]["mean"] for d in ("demo", "regimes_data")),
     )
 
 

@@ -195,8 +195,7 @@ def _throughput(servers: dict, data: np.ndarray, geo: RemoteGeometry) -> dict:
                 # A broad except on purpose: whatever a store raises is its result, and the
                 # other store's figures (and the rest of the run) must still come out.
                 try:
-                    sources[name] = stack.enter_context(
-                        _source(name, server, url, s3, geo.timeout))
+                    sources[name] = stack.enter_context(_source(name, server, url, s3, geo.timeout))
                     sources[name].read_into(0, geo.window_steps, buf)  # connect, warm the pool
                     if not np.array_equal(buf["data"], data[: geo.window_steps]):
                         failed[name] = "read other data than was written"

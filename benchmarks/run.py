@@ -11,6 +11,8 @@
                                                    # share of the split (results/quality-scale.json)
     python -m benchmarks.run --only first-epoch  # a new loader's first epoch vs its steady state
     python -m benchmarks.run --only resident  # resident mode vs streaming epoch times
+    python -m benchmarks.run --only cache     # the node-local cache against a throttled HTTP
+                                              # server and local disk (results/cache.json)
 
 Writes ``benchmarks/results/<mode>.json`` and rewrites BENCHMARKS.md from every
 results file present. Stores are written once by ``synth`` under
@@ -26,7 +28,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import _measure as m
@@ -280,12 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only",
         choices=("engines", "remote", "dtype", "quality", "quality-scale", "first-epoch",
-                 "resident"),
+                 "resident", "cache"),
         help="engines: only the decode-engine race (CPU); remote: only the remote-store race; "
              "dtype: only float16 vs float32 storage; quality: only the quality race "
              "(batch correlation); quality-scale: the quality race at scale (the buffer's share of "
              "the split); first-epoch: only a new loader's first epoch against its "
-             "steady state; resident: resident mode against streaming",
+             "steady state; resident: resident mode against streaming; cache: the node-local "
+             "cache (epoch 1 and 2) against no cache and local disk over a throttled server",
     )  # fmt: skip
     p.add_argument(
         "--preset", choices=("full", "shared", "quick", "smoke"), default=None,
@@ -337,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         from ._resident import run_resident
 
         results = {"resident": run_resident(geo, quick=args.quick or args.tiny)}
+    elif args.only == "cache":
+        from ._cache import CacheGeometry, run_cache
+
+        cache_geo = CacheGeometry.tiny() if args.tiny else CacheGeometry.full()
+        if args.quick and not args.tiny:
+            cache_geo = replace(cache_geo, runs=1)
+        _log(f"node-local cache: {cache_geo}")
+        results = {"cache": run_cache(cache_geo, DATA_DIR)}
     elif args.only == "first-epoch":
         reps = Reps.smoke() if args.tiny else (Reps.quick() if args.quick else Reps.full())
         results = {"geometry": asdict(geo), "first_epoch": run_first_epoch(geo, reps)}
@@ -356,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         results["targets"] = results["quality_scale"]["targets"]
     elif args.only == "first-epoch":
         results["targets"] = first_epoch_targets(results["first_epoch"])
+    elif args.only == "cache":
+        results["targets"] = results["cache"]["targets"]
     else:
         quality_met = results.get("quality", {}).get("targets", [])
         results["targets"] = [] if args.only else targets(results) + quality_met

@@ -7,6 +7,7 @@ about a reader that raises, sleeps or hangs needs to control exactly when.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.client
 import http.server
@@ -167,12 +168,16 @@ class Wrapped:
 
 # -- a fault hook in front of real servers (used by test_remote and benchmarks/_remote) --------
 
+#: How late a "slow" fault serves its request.
+SLOW_S = 0.05
+
 
 @dataclass
 class Faults:
     """Requests whose path contains ``match`` get ``kind`` ("500", "403", "stall", "drop",
-    or "short": a byte range served one byte short), ``times`` times (``None``: always).
-    ``hits`` counts the faults served.
+    "short": a byte range served one byte short, or "slow": served after ``SLOW_S``),
+    ``times`` times (``None``: always). ``hits`` counts the faults served, ``paths`` every
+    request by path.
 
     A stalled request waits on the ``release`` event of the rule that stalled it;
     :meth:`set` (a new rule, or ``set("", "", 0)`` to clear) sets that event, so no
@@ -187,6 +192,7 @@ class Faults:
     requests: int = 0
     release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    paths: collections.Counter = field(default_factory=collections.Counter)
 
     def set(self, match: str, kind: str, times: int | None) -> None:
         with self.lock:
@@ -198,6 +204,7 @@ class Faults:
         """The fault to serve ``path`` and the event that ends a stall, or ``None``."""
         with self.lock:
             self.requests += 1
+            self.paths[path] += 1
             if not self.kind or self.match not in path:
                 return None
             if self.times is not None and self.hits >= self.times:
@@ -231,6 +238,9 @@ class FaultHandler(http.server.SimpleHTTPRequestHandler):
         kind, release = fault
         if kind == "short":  # served as asked, less its last byte (a ranged GET only)
             self.short = True
+            return False
+        if kind == "slow":  # served as asked, late (a far-away server)
+            release.wait(SLOW_S)
             return False
         if kind == "stall":
             release.wait(10)  # the client times out long before; the next set() ends it

@@ -244,6 +244,16 @@ def _segments_file(tmp: Path, name: str, text: str):
 
 
 # (row id, call(tmp_path), error class, built-in, strings the message must hold)
+#: A URL nothing listens at: the cache's options are refused before any request.
+_URL = "http://127.0.0.1:9/x.zarr"
+
+
+def _a_file(tmp: Path) -> Path:
+    path = tmp / "a-file"
+    path.write_text("")
+    return path
+
+
 CASES = [
     ("ChunkLoader.pieces", lambda t: _loader(pieces=0),
      cs.ConfigError, ValueError, ["pieces=0", ">= 1", "pieces=1"]),
@@ -377,6 +387,18 @@ CASES = [
      cs.ConfigError, ValueError, ["read_threads=0", "positive int"]),
     ("ZarrSource.read_threads", lambda t: cs.ZarrSource(_zarr(t), read_threads=True),
      cs.ConfigError, ValueError, ["read_threads=True", "positive int"]),
+    ("ZarrSource.cache", lambda t: cs.ZarrSource(_zarr(t), cache=t / "c"),
+     cs.ConfigError, ValueError, ["cache=", "None for the local path", "local store"]),
+    ("ZarrSource.cache", lambda t: cs.ZarrSource(_URL, cache=_a_file(t)),
+     cs.ConfigError, ValueError, ["cache=", "is a file", "Pass a folder"]),
+    ("ZarrSource.cache", lambda t: cs.ZarrSource("memory://x", cache=t / "c"),
+     cs.ConfigError, ValueError, ["cache=", "memory:// URL"]),
+    ("ZarrSource.cache_bytes", lambda t: cs.ZarrSource(_URL, cache=t / "c", cache_bytes=0),
+     cs.ConfigError, ValueError, ["cache_bytes=0", "positive number of bytes"]),
+    ("ZarrSource.cache_bytes", lambda t: cs.ZarrSource(_URL, cache=t / "c", cache_bytes=True),
+     cs.ConfigError, ValueError, ["cache_bytes=True", "positive number of bytes"]),
+    ("ZarrSource.cache_bytes", lambda t: cs.ZarrSource(_URL, cache_bytes=10**9),
+     cs.ConfigError, ValueError, ["cache_bytes=1000000000", "Pass cache=DIR"]),
     ("ZarrSource.engine", lambda t: cs.ZarrSource(_zarr(t), engine="rust"),
      cs.ConfigError, ValueError, ["engine='rust'", '"auto"', '"zarrs"']),
     ("ZarrSource.engine.unsuited", _transposed_with_our_reader,

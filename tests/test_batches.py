@@ -15,9 +15,7 @@ T, WINDOW = 2000, 16
 
 def source():
     t = np.arange(T, dtype=np.float32)
-    return cs.NumpySource(
-        {"x": np.stack([t, -t], axis=1), "s": (2 * t)[:, None].repeat(3, axis=1)}
-    )
+    return cs.NumpySource({"x": np.stack([t, -t], axis=1), "s": (2 * t)[:, None].repeat(3, axis=1)})
 
 
 def loader(**kwargs):

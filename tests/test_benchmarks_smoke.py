@@ -110,7 +110,8 @@ def test_quality_race_figures(results: dict) -> None:
     assert q["regimes_data"]["arms"]["contiguous"]["runs"][0]["val_segments"]
     assert q["reads"]["ratio"]["contiguous"] == 1.0 and len(q["reads"]["rates"]) >= 2
     assert {t["what"].split(":")[0] for t in q["targets"]} >= {
-        "batch correlation, demo data", "batch correlation, 8 regimes"
+        "batch correlation, demo data",
+        "batch correlation, 8 regimes",
     }
 
 
@@ -172,8 +173,11 @@ def test_a_store_that_fails_is_recorded_and_shown_not_raised(monkeypatch, tmp_pa
     assert "NotFound" in reason or "missing.zarr" in reason, reason
     assert r["decision"]["obstore_over_fsspec"] == {"http": None, "s3": None}
     assert r["decision"]["contract_met"] == {"obstore": True, "fsspec": False}
-    (tmp_path / "remote.json").write_text(json.dumps(
-        {"remote": r, "command": "python -m benchmarks.run --only remote", "seconds": 1.0}))
+    (tmp_path / "remote.json").write_text(
+        json.dumps(
+            {"remote": r, "command": "python -m benchmarks.run --only remote", "seconds": 1.0}
+        )
+    )
     text = "\n".join(remote_section(tmp_path))
     rows = [line for line in text.splitlines() if "`RetryingStore` (before) |" in line]
     assert len(rows) == 2 and all(f"| failed: {reason[:40]}" in row for row in rows[1:])
@@ -239,3 +243,13 @@ def test_quality_scale_race_runs_and_renders(tmp_path: Path) -> None:
     assert "8 regimes: training split" in text and "| target |" in text
     png = qs.plot_quality_scale(res, tmp_path / "q.png")
     assert png.stat().st_size > 10_000
+
+
+def test_the_cache_race_runs_and_reports_both_targets(tmp_path: Path) -> None:
+    from benchmarks._cache import CacheGeometry, run_cache
+
+    res = json.loads(json.dumps(run_cache(CacheGeometry.tiny(), tmp_path)))
+    assert set(res["chunks_per_s"]) == {"local", "nocache", "cold", "warm"}
+    assert all(v > 0 for rates in res["chunks_per_s"].values() for v in rates)
+    assert res["counters"]["misses"] > 0 and res["counters"]["hits"] == res["counters"]["misses"]
+    assert [t["target"] for t in res["targets"]] == [">= 0.8x", ">= 0.9x"]

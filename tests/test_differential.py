@@ -22,9 +22,12 @@ fill values) and ``True`` (``MissingChunkError``); a damaged chunk or shard is
 ``CorruptChunkError`` naming the URL and window, never a ``RemoteStoreError``. Sharded
 stores get a run of their own, since one random store in five is sharded.
 
+The remote path also runs through the node-local cache (``cache=DIR``): cold, warm (no
+request for a chunk) and with every other entry removed, with the same outcomes.
+
 Bounded for CI: 400 small stores on the local engines, derandomized so a run is
 reproducible (about 20 s on 2 cores); on the remote path the same 400 (slow: about 40 s)
-and 100 sharded ones (about 13 s).
+and 100 sharded ones (about 13 s); through the cache 100 (three passes each).
 """
 
 from __future__ import annotations
@@ -349,49 +352,69 @@ def _read_or_error(source, start: int, stop: int) -> np.ndarray | Exception:
         return exc
 
 
-def _run_remote(case: dict, server: Server, root: Path) -> None:
+def _run_remote(case: dict, server: Server, root: Path, cached: bool = False) -> None:
     folder = Path(tempfile.mkdtemp(dir=root))
+    cache = Path(tempfile.mkdtemp()) if cached else None
     try:
-        _check_remote(case, server, folder)
+        _check_remote(case, server, folder, cache)
     finally:
         shutil.rmtree(folder)
+        if cache is not None:
+            shutil.rmtree(cache)
 
 
-def _check_remote(case: dict, server: Server, folder: Path) -> None:
+def _check_remote(case: dict, server: Server, folder: Path, cache: Path | None) -> None:
+    """Every window's bytes or error through zarr's pipeline over HTTP; with ``cache``,
+    through the node-local cache there, cold, warm and with every other entry evicted."""
     path = folder / "x.zarr"
     expected, whole, outcome = _prepare(case, path)
     start, stop = case["window"]
     if outcome.startswith("missing"):  # what zarr reads there: absent chunks as fill values
         expected = zarr.open_array(str(path), mode="r")[(slice(start, stop), *case["index"])]
     url = f"{server.url}/{folder.name}/x.zarr"
-    for check_missing in ("auto", True):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
-            source = cs.ZarrSource(url, {"x": case["index"]}, check_missing=check_missing,
-                                   storage_options={"chunkstream": REMOTE})  # fmt: skip
-        with source:
-            assert source.engine == "zarr", source.engine  # zarr's pipeline over obstore
-            got = _read_or_error(source, start, stop)
-            what = (check_missing, outcome, got)
-            if outcome == "none":
-                assert isinstance(got, np.ndarray), what
-                np.testing.assert_array_equal(got, expected)
-                np.testing.assert_array_equal(_read(source, 0, case["shape"][0]), whole)
-                # more windows, each a shard read whole or by range, or chunks in parts
-                rng = np.random.default_rng(case["seed"])
-                for _ in range(3):
-                    lo = int(rng.integers(0, case["shape"][0]))
-                    hi = int(rng.integers(lo + 1, case["shape"][0] + 1))
-                    np.testing.assert_array_equal(_read(source, lo, hi), whole[lo:hi])
-            elif outcome.startswith("missing") and check_missing == "auto":
-                # a remote store is not checked for absent chunks unless asked
-                assert isinstance(got, np.ndarray), what
-                np.testing.assert_array_equal(got, expected)
-            else:
-                owed = cs.MissingChunkError if outcome.startswith("missing") else cs.CorruptChunkError
-                assert isinstance(got, owed), what  # never data
-                assert not isinstance(got, cs.RemoteStoreError), what  # nor a network error
-                assert url in str(got) and f"[{start}, {stop})" in str(got), what
+    for phase in ("cold", "warm", "half-evicted") if cache is not None else ("uncached",):
+        if phase == "half-evicted":
+            for entry in sorted(p for p in (cache / "entries").rglob("*") if p.is_file())[::2]:
+                entry.unlink()
+        for check_missing in ("auto", True):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cs.ReadAmplificationWarning)
+                source = cs.ZarrSource(url, {"x": case["index"]}, check_missing=check_missing,
+                                       storage_options={"chunkstream": REMOTE},
+                                       cache=cache)  # fmt: skip
+            with source:
+                # zarr's pipeline over obstore; through the cache, an unsharded store's
+                # chunks come to chunkstream's reader
+                engines = ("zarr",) if cache is None or case["sharded"] else ("chunkstream", "zarr")
+                assert source.engine in engines, source.engine
+                _check_remote_reads(case, source, url, expected, whole, outcome, check_missing)
+                if phase == "warm" and outcome == "none":
+                    assert source.cache.counters.misses == 0, source.cache.counters
+
+
+def _check_remote_reads(case, source, url, expected, whole, outcome, check_missing) -> None:
+    start, stop = case["window"]
+    got = _read_or_error(source, start, stop)
+    what = (check_missing, outcome, got)
+    if outcome == "none":
+        assert isinstance(got, np.ndarray), what
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(_read(source, 0, case["shape"][0]), whole)
+        # more windows, each a shard read whole or by range, or chunks in parts
+        rng = np.random.default_rng(case["seed"])
+        for _ in range(3):
+            lo = int(rng.integers(0, case["shape"][0]))
+            hi = int(rng.integers(lo + 1, case["shape"][0] + 1))
+            np.testing.assert_array_equal(_read(source, lo, hi), whole[lo:hi])
+    elif outcome.startswith("missing") and check_missing == "auto":
+        # a remote store is not checked for absent chunks unless asked
+        assert isinstance(got, np.ndarray), what
+        np.testing.assert_array_equal(got, expected)
+    else:
+        owed = cs.MissingChunkError if outcome.startswith("missing") else cs.CorruptChunkError
+        assert isinstance(got, owed), what  # never data
+        assert not isinstance(got, cs.RemoteStoreError), what  # nor a network error
+        assert url in str(got) and f"[{start}, {stop})" in str(got), what
 
 
 @pytest.mark.slow
@@ -409,12 +432,23 @@ def test_the_remote_path_reads_zarrs_bytes_or_raises_the_documented_error(served
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 @given(case=_case(sharded_only=True))
-def test_the_remote_path_reads_sharded_stores_as_zarr_or_raises_the_documented_error(
-    served, case
-):
+def test_the_remote_path_reads_sharded_stores_as_zarr_or_raises_the_documented_error(served, case):
     # a shard is read whole or by range, each request checked (one in five random stores
     # above is sharded: too few for the ways a shard read can go)
     _run_remote(case, *served)
+
+
+@settings(
+    max_examples=100, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+@given(case=_case())
+def test_the_remote_path_through_the_cache_reads_zarrs_bytes_or_raises_the_documented_error(
+    served, case
+):
+    # the node-local cache (ZarrSource(url, cache=DIR)) cold, warm and half evicted: the
+    # same bytes, and every damaged or absent chunk the same error, as without it
+    _run_remote(case, *served, cached=True)
 
 
 # -- two layouts once refused falsely, each also among the random stores above ---------------

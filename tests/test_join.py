@@ -219,9 +219,11 @@ def test_pieces_of_a_join_start_on_every_parts_stored_chunk_grid(tmp_path):
         for chunk in chunks:
             for p in chunk.pieces:
                 np.testing.assert_array_equal(
-                    chunk["a"].numpy()[p.offset : p.offset + p.length], a[p.start : p.stop])
+                    chunk["a"].numpy()[p.offset : p.offset + p.length], a[p.start : p.stop]
+                )
                 np.testing.assert_array_equal(
-                    chunk["b"].numpy()[p.offset : p.offset + p.length], b[p.start : p.stop])
+                    chunk["b"].numpy()[p.offset : p.offset + p.length], b[p.start : p.stop]
+                )
     assert len(starts) == 24 and all(s % 40 == 0 and s % 60 == 0 for s in starts)
     assert len(set(starts)) > 1
     # a join of a join keeps the grid; a part without a grid leaves it unchanged

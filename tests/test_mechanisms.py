@@ -96,6 +96,8 @@ def used(path: Path) -> set[str]:
         names = []
         if isinstance(node, ast.Call):
             names.append(_dotted(node.func))
+            # a dataclass field made by a primitive: field(default_factory=threading.Lock)
+            names += [_dotted(k.value) for k in node.keywords if k.arg == "default_factory"]
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names += [_dotted(d) for d in node.decorator_list]
         for name in names:

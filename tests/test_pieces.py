@@ -109,7 +109,9 @@ def test_chunk_rows_are_the_source_slices_its_pieces_name(store, sampling, k):
             assert len(x) == chunk.length == sum(p.length for p in chunk.pieces)
             assert (chunk.start, chunk.stop) == chunk.pieces[0][1:3]
             for p in chunk.pieces:
-                np.testing.assert_array_equal(x[p.offset : p.offset + p.length], data[p.start : p.stop])
+                np.testing.assert_array_equal(
+                    x[p.offset : p.offset + p.length], data[p.start : p.stop]
+                )
                 assert segs[p.segment][0] <= p.start < p.stop <= segs[p.segment][1]
                 assert p.segment != 1
             seen += 1

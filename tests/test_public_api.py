@@ -5,7 +5,7 @@ import inspect
 import chunkstream as cs
 
 PUBLIC = [
-    "BatchStream", "BatchTimer", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkMixer",
+    "BatchStream", "BatchTimer", "CacheWarning", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkMixer",
     "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig",

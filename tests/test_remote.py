@@ -694,7 +694,9 @@ def test_an_absent_remote_chunk_is_a_fill_value_unless_checked_then_names_url_ke
     if sharded:
         make_sharded(tmp_path / "x.zarr", data, (25, 5), (50, 5), "zstd")
     else:
-        zarr.create_array(tmp_path / "x.zarr", shape=data.shape, chunks=(50, 5), dtype="f4")[:] = data
+        zarr.create_array(tmp_path / "x.zarr", shape=data.shape, chunks=(50, 5), dtype="f4")[:] = (
+            data
+        )
     (tmp_path / "x.zarr" / "c" / "1" / "0").unlink()  # timesteps [50, 100)
     expected = zarr.open_array(tmp_path / "x.zarr", mode="r")[40:110]
     assert (expected[10:60] == 0).all()  # zarr's fill value

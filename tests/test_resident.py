@@ -77,8 +77,10 @@ def test_resident_and_streamed_runs_give_identical_chunks(stores, plan):
         assert a["mask"].dtype == torch.bool and a["traces"].dtype == torch.float16
         for piece in pieces_a:  # and both equal the stores' own rows
             rows = slice(piece.offset, piece.offset + piece.length)
-            np.testing.assert_array_equal(a["traces"][rows].numpy(), traces[piece.start:piece.stop])
-            np.testing.assert_array_equal(a["mask"][rows].numpy(), mask[piece.start:piece.stop])
+            np.testing.assert_array_equal(
+                a["traces"][rows].numpy(), traces[piece.start : piece.stop]
+            )
+            np.testing.assert_array_equal(a["mask"][rows].numpy(), mask[piece.start : piece.stop])
 
 
 def test_resident_mode_reads_the_source_once(stores):
@@ -190,6 +192,7 @@ def test_a_load_that_hangs_is_a_stall_and_a_failed_load_does_not_read_the_rest(t
         assert ld.closed
     finally:
         release.set()
+
     # One reader: the first failure ends the load; blocks not yet started are cancelled.
     def failing(start, stop):
         if stop - start < 50:  # CallableSource's probe of the shapes

@@ -212,7 +212,9 @@ def test_reads_take_slots_in_window_order_or_a_late_first_read_starves(ordered):
                    ordered=ordered)  # fmt: skip
     try:
         if ordered:
-            assert [run.take()[0].result(timeout=5) for _ in range(8)] == [(k, k + 1) for k in range(8)]
+            assert [run.take()[0].result(timeout=5) for _ in range(8)] == [
+                (k, k + 1) for k in range(8)
+            ]
         else:
             with pytest.raises(TimeoutError):
                 run.take()[0].result(timeout=1.5)

@@ -178,9 +178,7 @@ def test_unsupported_output_dtype_is_refused(store, tmp_path, dtype):
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
-def test_a_big_endian_input_converts_to_native_order_and_verifies_its_values(
-    tmp_path, zarr_format
-):
+def test_a_big_endian_input_converts_to_native_order_and_verifies_its_values(tmp_path, zarr_format):
     # issue 19 item 4: a v2 '>f4' input was written correctly, then failed its own
     # verification ("differs from the input") because the digests hashed raw bytes
     from chunkstream import ZarrSource

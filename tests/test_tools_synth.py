@@ -130,7 +130,9 @@ def test_regimes_write_blocks_with_their_own_statistics_and_a_segments_file(tmp_
     assert not (tmp_path / "plain" / "regimes.csv").exists()
     segs = cs.Segments.read(tmp_path / "regimes" / "regimes.csv")
     assert [(s.start, s.stop, s.name) for s in segs] == [
-        (0, 300, "regime0"), (300, 600, "regime1"), (600, 900, "regime2")
+        (0, 300, "regime0"),
+        (300, 600, "regime1"),
+        (600, 900, "regime2"),
     ]
     # the blocks differ from each other far more than the blocks of a plain recording
     assert changing.std(0).mean() > 3 * plain.std(0).mean()

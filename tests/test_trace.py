@@ -42,7 +42,7 @@ def test_export_trace_of_an_epoch_on_real_stores(tmp_path):
     with cs.ChunkLoader(source, 50, device="cpu", workers=3, seed=1, close_source=True) as ld:
         for _ in range(2):
             for chunk in ld.epoch():
-                np.testing.assert_array_equal(chunk["data"].numpy(), data[chunk.start:chunk.stop])
+                np.testing.assert_array_equal(chunk["data"].numpy(), data[chunk.start : chunk.stop])
         records = list(ld.stats.chunks)
         path = ld.stats.export_trace(tmp_path / "out" / "trace.json")
     trace = json.loads(path.read_text())  # parses as JSON
@@ -73,8 +73,9 @@ def _record(i: int, begin: float, **kwargs) -> ChunkRecord:
 
 def test_copies_go_on_the_transfer_track_and_unnamed_reads_are_packed():
     records = [
-        _record(0, 0.0, transfer_begin=0.25, transfer_end=0.3,
-                transfer_thread="chunkstream-transfer-0"),
+        _record(
+            0, 0.0, transfer_begin=0.25, transfer_end=0.3, transfer_thread="chunkstream-transfer-0"
+        ),
         _record(1, 0.1),  # overlaps read 0: a second lane
         _record(2, 0.15, transfer_begin=0.4, transfer_end=None),  # a third; copy unresolved
         _record(3, 0.21),  # read 0 has ended: back on the first lane

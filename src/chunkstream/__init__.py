@@ -9,6 +9,7 @@ pinned slots, the transfer stream, :class:`ChunkLoader`) -> ``consumer``
 
 from . import compat, flyvis, plans
 from ._errors import (
+    CacheWarning,
     ChunkLoadError,
     ChunkstreamError,
     ConfigError,
@@ -68,6 +69,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchStream",
     "BatchTimer",
+    "CacheWarning",
     "CallableSource",
     "Chunk",
     "ChunkLoadError",

@@ -22,7 +22,8 @@ each subclass also inherits the built-in a caller would naturally catch::
     └── LoaderClosedError(RuntimeError)  the loader was used after ``close()``
 
 Warnings: ``ReadAmplificationWarning(UserWarning)``, a field decodes much more than it
-uses because of the zarr chunk layout.
+uses because of the zarr chunk layout; ``CacheWarning(UserWarning)``, the node-local
+cache of a remote store dropped a damaged entry or fell back to reading through.
 
 Messages say what was received, what was expected and what to do.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import operator
 
 __all__ = [
+    "CacheWarning",
     "ChunkLoadError",
     "ChunkstreamError",
     "ConfigError",
@@ -183,3 +185,9 @@ class ReadAmplificationWarning(UserWarning):
 
     Issued when a ``ZarrSource`` opens, once per store and field in a process.
     """
+
+
+class CacheWarning(UserWarning):
+    """The node-local cache of a remote store (``ZarrSource(url, cache=DIR)``) found a
+    damaged entry (dropped and fetched again) or cannot write (reads go through to the
+    store from then on). Reads never fail because of the cache."""

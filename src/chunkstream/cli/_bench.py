@@ -50,7 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "was empty/full, the epoch time against the ideal bound first_read + n * "
             "max(read / workers, transfer, train), and a verdict: keeping up or not, and what "
             "to change. With --local COPY (PATH a URL, COPY a local copy of the same store) it "
-            "also streams the same windows from both and reports remote vs local GB/s."
+            "also streams the same windows from both and reports remote vs local GB/s. With "
+            "--cache DIR (PATH a URL) it streams the same windows twice through the node-local "
+            "cache in DIR and reports epoch 1 (cold: fetched and kept) against epoch 2 (warm)."
         ),
     )
     p.add_argument("path", metavar="PATH", help="zarr store, FlyVis run directory or URL")
@@ -123,6 +125,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a local copy of the store at PATH (a URL): also report the URL's "
         "throughput against it (GB/s of decoded windows, and the ratio)",
     )
+    p.add_argument(
+        "--cache",
+        default=None,
+        metavar="DIR",
+        help="a cache folder for the store at PATH (a URL): also report epoch 1 and epoch 2 "
+        "of the same windows through the node-local cache there",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
 
@@ -149,6 +158,14 @@ def check(args: argparse.Namespace) -> None:
             )
         if is_remote(str(args.local)):
             raise refuse("--local", args.local, "a local copy of the store", "Pass a local path.")
+    if args.cache is not None and not is_remote(str(args.path)):
+        raise refuse(
+            "--cache",
+            args.cache,
+            "PATH to be a URL (s3://, gs://, https://...)",
+            f"PATH {args.path!r} is local: the cache keeps copies of remote stores, so drop "
+            "--cache.",
+        )
     if args.plot_setting is not None:
         if args.plot is None:
             raise unused("--plot-setting", ",".join(map(str, args.plot_setting)), "--plot")
@@ -177,7 +194,7 @@ def _on_cpu(device: str | None) -> bool:
 
 @naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    from ..tools import compare_local, open_bench_source, plot_bench, run_bench
+    from ..tools import compare_cache, compare_local, open_bench_source, plot_bench, run_bench
 
     check(args)
     if args.gpu_prefetch != 1 and _on_cpu(args.device):
@@ -227,6 +244,20 @@ def run(args: argparse.Namespace) -> int:
             workers=max(args.workers),
             seed=args.seed,
         )
+    cached = None
+    if args.cache is not None:
+        cached = compare_cache(
+            args.path,
+            args.cache,
+            args.fields,
+            flyvis=args.flyvis,
+            column=args.column,
+            stim_dims=args.stim_dims,
+            chunk_size=report.chunk_size,
+            windows=args.chunks,
+            workers=max(args.workers),
+            seed=args.seed,
+        )
     plotted = None
     if args.plot is not None:
         chosen = report.find(*args.plot_setting) if args.plot_setting else None
@@ -236,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
         out["plot"] = plotted
         if remote is not None:
             out["remote"] = remote.to_dict()
+        if cached is not None:
+            out["cache"] = cached.to_dict()
         print(json.dumps(out, indent=2))
         return 0
     print(
@@ -294,6 +327,14 @@ def run(args: argparse.Namespace) -> int:
             f"{remote.remote_gbps:.3f} GB/s from {remote.url}, {remote.local_gbps:.3f} GB/s "
             f"from {remote.local}; remote/local = {remote.ratio:.2f}"
         )
+    if cached is not None:
+        for i in range(2):
+            print(
+                f"through the cache {cached.cache}, epoch {i + 1}: {cached.epoch_s[i]:.2f} s, "
+                f"{cached.gbps[i]:.3f} GB/s; {cached.hits[i]} hits, {cached.misses[i]} "
+                f"misses, {cached.fetched_bytes[i] / 1e6:.1f} MB fetched"
+            )
+        print(f"  epoch 2 / epoch 1 = {cached.speedup:.2f}x")
     if plotted:
         print(f"timeline written to {plotted}")
     return 0

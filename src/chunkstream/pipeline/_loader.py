@@ -191,6 +191,9 @@ class ChunkLoader:
                 "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
             )
         self.stats = stats if stats is not None else LatencyStats()
+        cache = getattr(source, "cache", None)  # a remote ZarrSource's node-local cache
+        if cache is not None:
+            self.stats.watch_cache(cache.counters)
         self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
         # Serialises what changes the cursor and the run (epoch()'s publication, a resume),
         # for a few steps at a time, never across long work; see _publishing.

@@ -53,7 +53,8 @@ def choose_engine(
             "engine",
             engine,
             '"auto", "zarrs" or "zarr" for this array',
-            "chunkstream's reader takes local arrays: zarr v2 with any numcodecs "
+            "chunkstream's reader takes local arrays (and unsharded remote ones read "
+            "through cache=): zarr v2 with any numcodecs "
             "compressor and filters; zarr v3, sharded or not, with a bytes codec, at most "
             "one of blosc, zstd or gzip and a trailing crc32c, and no transpose.",
         )

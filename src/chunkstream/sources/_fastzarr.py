@@ -111,11 +111,17 @@ def fast_decoder(arr: zarr.Array) -> tuple[ChunkCodec, ShardLayout | None] | Non
     """``(codec, shards)`` if ``arr`` suits the fast path, else ``None``.
 
     ``codec`` decodes one (inner) chunk; ``shards`` is the shard layout of a sharded
-    array, else ``None``.
+    array, else ``None``. A remote store read through the node-local cache suits it
+    when it is not sharded (its chunks come through ``FastChunkReader(fetch=...)``).
     """
     from zarr.storage import LocalStore
 
-    if not isinstance(arr.store, LocalStore):
+    from ._cached_store import CachedObjectStore
+
+    cached = isinstance(arr.store, CachedObjectStore)
+    if not isinstance(arr.store, LocalStore) and not cached:
+        return None
+    if cached and getattr(arr, "shards", None) is not None:
         return None
     dtype = np.dtype(arr.dtype)
     if dtype.hasobject or dtype.itemsize == 0:
@@ -170,7 +176,9 @@ class FastChunkReader:
     instead of raising ``MissingChunkError``; so are an absent shard file and an
     inner chunk its shard's index marks empty. ``codec`` and ``shards`` (the
     layout of a sharded array, whose chunks are then its inner chunks) come from
-    :func:`fast_decoder`.
+    :func:`fast_decoder`. ``fetch`` (a remote store read through the node-local
+    cache): how a window's chunk bytes are fetched, all at once before they are
+    decoded, instead of read from files; ``where`` names the store in errors.
     """
 
     def __init__(
@@ -182,10 +190,14 @@ class FastChunkReader:
         fill_missing: bool,
         pool: ThreadPoolExecutor,
         shards: ShardLayout | None = None,
+        fetch: Fetch | None = None,
+        where: str = "",
     ) -> None:
         self._meta = arr.metadata
         self._layout = shards
-        self._root = Path(arr.store.root) / arr.store_path.path
+        self._fetch = fetch
+        self._where = where
+        self._root = Path(arr.store.root) / arr.store_path.path if fetch is None else Path()
         self._codec = codec
         self._is_blosc = isinstance(codec.compressor, numcodecs.Blosc)
         self._chunks = tuple(arr.chunks)
@@ -237,7 +249,12 @@ class FastChunkReader:
                         src.append(slice(a - o, b - o))
                         whole = whole and o == item.start and o + chunk == item.stop
                 uses.setdefault(coords, []).append((name, tuple(dest), tuple(src), whole))
-        read = _Read((start, stop), self._open_shards(uses, (start, stop)))
+        raws = None
+        if self._fetch is not None:  # every chunk's bytes, fetched together, then decoded
+            coords_list = list(uses)
+            keys = [self._meta.encode_chunk_key(c) for c in coords_list]
+            raws = dict(zip(coords_list, self._fetch(keys, (start, stop)), strict=True))
+        read = _Read((start, stop), self._open_shards(uses, (start, stop)), raws)
         tasks = []
         for coords, targets in uses.items():
             if len(targets) == 1 and targets[0][3] and self._codec.direct:
@@ -326,7 +343,12 @@ class FastChunkReader:
 
     def _decode(self, coords: tuple[int, ...], target: np.ndarray, read: _Read) -> bool:
         """Decode chunk ``coords`` into ``target`` (uint8, chunk-sized); False if absent and allowed."""
-        if read.shards is None:
+        if read.raws is not None:
+            label = f"zarr chunk {self._meta.encode_chunk_key(coords)!r} of {self._where!r}"
+            raw = read.raws[coords]
+            if callable(raw):  # an entry of the node-local cache, read here
+                raw = raw()
+        elif read.shards is None:
             path = self.chunk_path(coords)
             label = f"zarr chunk file {path}"
             raw = self._raw(path, into=target if self._codec.raw else None)
@@ -382,7 +404,10 @@ class FastChunkReader:
         return True
 
     def _missing(self, coords: tuple[int, ...], read: _Read) -> MissingChunkError:
-        if read.shards is None:
+        if read.raws is not None:
+            key = self._meta.encode_chunk_key(coords)
+            what = f"zarr chunk {key!r} is missing from {self._where!r}"
+        elif read.shards is None:
             key = self._meta.encode_chunk_key(coords)
             what = f"zarr chunk {key!r} is missing: no file {self.chunk_path(coords)}"
         else:
@@ -406,10 +431,17 @@ class FastChunkReader:
 
 
 class _Read(NamedTuple):
-    """What the tasks of one ``read_into`` share: its window and its mapped shards."""
+    """What the tasks of one ``read_into`` share: its window, its mapped shards, and the
+    bytes of its chunks where they were fetched (``fetch=``)."""
 
     window: tuple[int, int]
     shards: dict[tuple[int, ...], Shard | None] | None
+    raws: dict[tuple[int, ...], object] | None = None
+
+
+#: ``fetch(keys, window)``: the stored bytes of each chunk key (``None``: absent), or a
+#: ``load()`` that returns them, called by the task that decodes the chunk.
+Fetch = Callable[[list[str], tuple[int, int]], list]
 
 
 def declared_size(codec: numcodecs.abc.Codec, raw: memoryview) -> int | None:

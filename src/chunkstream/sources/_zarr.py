@@ -7,7 +7,9 @@ engines" has the race that set the default):
 
 * the **fast path** (:mod:`._fastzarr`, engine ``"chunkstream"``) for local
   stores with a plain codec chain, sharded or not: chunk files decoded on a
-  thread pool straight into ``out``; the default wherever the array suits it;
+  thread pool straight into ``out``; the default wherever the array suits it,
+  also for an unsharded remote array read through the node-local cache
+  (``cache=``, :mod:`._cached_store`), whose chunk bytes are fetched, not read;
 * the **general path** for everything else (remote, other codecs):
   ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
   caller's buffer without an extra copy, decoded by zarr's own pipeline
@@ -70,11 +72,20 @@ from .._errors import (
     check_int,
 )
 from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context, window_nbytes
+from ._cache import NodeCache
+from ._cached_store import CachedObjectStore, cache_folder, cached_store, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import FastChunkReader, decode_pool
 from ._read_checks import ReadChecks, check_all_chunks
-from ._remote import close_store, open_remote_store, own_store, store_errors
+from ._remote import (
+    OPTIONS_KEY,
+    RemoteOptions,
+    close_store,
+    open_remote_store,
+    own_store,
+    store_errors,
+)
 from ._select import (
     Selection,
     chunk_ranges,
@@ -113,7 +124,12 @@ def is_url(path: str) -> bool:
 
 
 def open_zarr_array(
-    path: str | Path, array: str | None = None, storage_options: Mapping[str, Any] | None = None
+    path: str | Path,
+    array: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
 ) -> zarr.Array:
     """Open the zarr array at ``path`` (or member ``array`` of the group there), read-only.
 
@@ -122,13 +138,21 @@ def open_zarr_array(
     object stores and HTTP). This is the one place a store is opened, so retries
     and timeouts for remote stores belong here. A URL's store belongs to the
     caller, who closes it with ``_remote.close_store(array.store)``; when opening
-    fails it is closed here.
+    fails it is closed here. ``cache``/``cache_bytes``: the node-local cache the
+    store reads through (:mod:`._cached_store`; ``cache=None`` takes
+    ``$CHUNKSTREAM_CACHE`` for a remote URL).
     """
     text = str(path)
+    root = cache_folder(text, cache, cache_bytes)
     if not is_url(text):
         return _select_array(_open_local(text), array, text)
     store = open_remote_store(text, storage_options)
     try:
+        if root is not None:
+            opts = (storage_options or {}).get(OPTIONS_KEY) or RemoteOptions()
+            # wait for another process's fetch as long as a fetch of our own may take
+            wait_s = (opts.retries + 1) * (opts.timeout + opts.max_backoff)
+            store = cached_store(store, text, root, cache_bytes, wait_s)
         try:
             with store_errors(text, "the zarr metadata"):
                 node = zarr.open(store, mode="r")
@@ -221,6 +245,11 @@ class ZarrSource(SourceBase):
     in use is :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
     threads zarrs decodes on (default: all cores). Thread-safe for distinct
     ``out``.
+
+    ``cache``: a folder for the node-local cache of a remote URL's stored bytes
+    (:mod:`._cache`; default ``$CHUNKSTREAM_CACHE``), shared by every process on the
+    node; ``cache_bytes`` its budget (default: half the free space of its disk).
+    :attr:`cache` is the cache in use, with its counters, or ``None``.
     """
 
     def __init__(
@@ -233,6 +262,8 @@ class ZarrSource(SourceBase):
         storage_options: Mapping[str, Any] | None = None,
         read_threads: int | None = None,
         engine: Literal["auto", "chunkstream", "zarrs", "zarr"] = "auto",
+        cache: str | os.PathLike | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if check_missing not in (True, False, "auto", "open"):
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
@@ -246,13 +277,25 @@ class ZarrSource(SourceBase):
         #: a caller's array's store is the caller's.
         self._close_store: Callable[[], Any] | None = None
         if isinstance(path_or_array, zarr.Array):
+            if cache is not None or cache_bytes is not None:
+                raise ConfigError.bad(
+                    "cache" if cache is not None else "cache_bytes",
+                    cache if cache is not None else cache_bytes,
+                    "None for an opened zarr.Array",
+                    "Pass the store's URL instead, so the source opens it through the cache.",
+                )
             self.array = path_or_array
             self.path = str(path_or_array.store_path)
         else:
-            self.array = open_zarr_array(path_or_array, array, storage_options)
+            self.array = open_zarr_array(
+                path_or_array, array, storage_options, cache=cache, cache_bytes=cache_bytes
+            )
             self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
             if is_url(str(path_or_array)):
                 self._close_store = own_store(self, self.array.store)
+        store = self.array.store
+        #: The node-local cache the store reads through (its ``counters``), or ``None``.
+        self.cache: NodeCache | None = store.cache if isinstance(store, CachedObjectStore) else None
         try:
             self._setup(fields, check_missing, read_threads, engine)
         except BaseException:
@@ -320,6 +363,9 @@ class ZarrSource(SourceBase):
                 fill_missing=mode is False,
                 pool=self._pool,
                 shards=chosen.decoder[1],
+                # a remote store through the cache: chunk bytes fetched, not read from files
+                fetch=None if local is not None else chunk_fetcher(arr, self.path),
+                where=self.path,
             )
 
     @property

@@ -15,6 +15,11 @@ prints them as a table, :meth:`LatencyStats.log_to` writes TensorBoard scalars,
 :func:`chunkstream.stats.plot_timeline` draws the per-chunk lanes and
 :meth:`LatencyStats.export_trace` writes them as a Chrome/Perfetto trace.
 
+A remote source's node-local cache (``ZarrSource(url, cache=DIR)``) adds its
+counters: ``cache_hits``, ``cache_misses``, ``cache_fetched_bytes`` and
+``cache_evicted_bytes`` in the summary (counted since the loader was made or the
+stats reset), a line of the table, and TensorBoard scalars.
+
 Thread-safety: records are appended under a lock; summaries copy them first.
 """
 
@@ -151,6 +156,8 @@ class LatencyStats:
         self._epoch_begin: float | None = None
         self._elapsed = 0.0  # seconds inside epochs, closed spans only
         self._pending_batches: list[tuple[float, tuple]] = []  # CUDA events not yet read
+        self._cache: Any = None  # a source cache's CacheCounters, and their values at reset
+        self._cache_base: Any = None
 
     # -- recording -----------------------------------------------------------------
 
@@ -215,9 +222,17 @@ class LatencyStats:
             if self.chunks and self.chunks[-1].compute_end is None:
                 self.chunks[-1].compute_end = now
 
+    def watch_cache(self, counters: Any) -> None:
+        """Report a node-local cache's ``CacheCounters`` (hits, misses, bytes fetched
+        and evicted) from now on, in :meth:`summary`, the table and TensorBoard."""
+        with self._lock:
+            self._cache, self._cache_base = counters, counters.snapshot()
+
     def reset(self) -> None:
         """Forget every record and the elapsed time."""
         with self._lock:
+            if self._cache is not None:
+                self._cache_base = self._cache.snapshot()
             self.chunks.clear()
             self.batches.clear()
             self._pending_batches.clear()
@@ -275,7 +290,9 @@ class LatencyStats:
         and ``step`` (``queue_depth_*`` without unit), plus ``num_chunks``,
         ``num_batches``, ``elapsed_s``, ``stall_fraction``,
         ``stall_fraction_after_first``, ``chunks_per_s``, ``gb_per_s``, ``bytes``
-        and ``queue_empty_count``. Empty quantities are 0.0.
+        and ``queue_empty_count``, and with a watched cache ``cache_hits``,
+        ``cache_misses``, ``cache_fetched_bytes`` and ``cache_evicted_bytes``.
+        Empty quantities are 0.0.
         """
         self.resolve_pending()
         with self._lock:
@@ -312,6 +329,12 @@ class LatencyStats:
         out["gb_per_s"] = total_bytes / elapsed / 1e9 if elapsed > 0 else 0.0
         out["bytes"] = float(total_bytes)
         out["queue_empty_count"] = float(sum(1 for c in chunks if c.queue_depth == 0))
+        with self._lock:
+            cache, base = self._cache, self._cache_base
+        if cache is not None:
+            now = cache.snapshot()
+            for name in _CACHE_COUNTERS:
+                out[f"cache_{name}"] = float(getattr(now, name) - getattr(base, name))
         return out
 
     # -- reporting -----------------------------------------------------------------
@@ -332,6 +355,14 @@ class LatencyStats:
             f"{s['chunks_per_s']:.2f} chunks/s, {s['gb_per_s']:.3f} GB/s; "
             f"queue empty {int(s['queue_empty_count'])}x"
         )
+        if "cache_hits" in s:
+            hits, misses = int(s["cache_hits"]), int(s["cache_misses"])
+            rate = 100 * hits / (hits + misses) if hits + misses else 0.0
+            rows.append(
+                f"cache: {hits} hits, {misses} misses ({rate:.0f}% hits); "
+                f"{s['cache_fetched_bytes'] / 1e6:.1f} MB fetched, "
+                f"{s['cache_evicted_bytes'] / 1e6:.1f} MB evicted"
+            )
         return "\n".join(rows)
 
     def print_summary(self, file: Any = None) -> None:
@@ -357,6 +388,8 @@ class LatencyStats:
         s = self.summary()
         for key in _LOGGED:
             writer.add_scalar(f"{prefix}{key}", s[key], step)
+        for name in _CACHE_COUNTERS if "cache_hits" in s else ():
+            writer.add_scalar(f"{prefix}cache_{name}", s[f"cache_{name}"], step)
 
 
 _TABLE_ROWS = (
@@ -368,6 +401,7 @@ _TABLE_ROWS = (
     ("backward", "backward"),
     ("step", "step"),
 )
+_CACHE_COUNTERS = ("hits", "misses", "fetched_bytes", "evicted_bytes")
 _LOGGED = (
     "wait_mean_ms",
     "wait_p95_ms",

@@ -29,6 +29,7 @@ from ._plan import (
 from ._synth import SynthInfo, default_chunks, ensure_synthetic, write_synthetic
 
 # The package's internal face for the CLI (not public API).
+from ._bench import compare_cache as compare_cache  # isort: skip
 from ._bench import compare_local as compare_local  # isort: skip
 from ._codecs import CODECS as CODECS  # isort: skip
 from ._convert import OUT_DTYPES as OUT_DTYPES  # isort: skip

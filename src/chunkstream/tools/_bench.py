@@ -143,6 +143,39 @@ def compare_local(
     )
 
 
+def compare_cache(
+    path: str | os.PathLike,
+    cache: str | os.PathLike,
+    fields: Sequence[str] | None = None,
+    *,
+    flyvis: bool = False,
+    column: str | int = "voltage",
+    stim_dims: int | None = None,
+    chunk_size: int,
+    windows: int = 8,
+    workers: int = 4,
+    seed: int = 0,
+) -> Any:
+    """Epoch 1 against epoch 2 of ``path`` (a URL) through the node-local cache in
+    ``cache``: the same ``windows`` windows twice. Returns a
+    :class:`~chunkstream.tools._throughput.CacheEpochsReport`."""
+    from ._throughput import cache_epochs
+
+    root, array, selection = _bench_selection(
+        path, fields, flyvis=flyvis, column=column, stim_dims=stim_dims
+    )
+    return cache_epochs(
+        root,
+        cache,
+        fields=selection,
+        array=array.path or None,
+        chunk_size=chunk_size,
+        windows=windows,
+        workers=workers,
+        seed=seed,
+    )
+
+
 def _bench_selection(
     path: str | os.PathLike,
     fields: Sequence[str] | None,

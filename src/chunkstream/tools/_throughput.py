@@ -1,4 +1,5 @@
-"""Remote against local throughput: the same windows streamed from a URL and from a copy."""
+"""Remote against local throughput: the same windows streamed from a URL and from a copy;
+and a URL through its node-local cache, epoch 1 (cold) against epoch 2 (warm)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .._errors import ConfigError
 from ..pipeline import ChunkLoader
 from ..sources import ZarrSource
 
-__all__ = ["ThroughputReport", "compare_throughput"]
+__all__ = ["CacheEpochsReport", "ThroughputReport", "cache_epochs", "compare_throughput"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,4 +92,76 @@ def compare_throughput(
         nbytes=nbytes,
         remote_s=remote_s,
         local_s=local_s,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheEpochsReport:
+    """The same windows of a URL streamed twice through the cache in ``cache``: seconds,
+    and the cache's hits, misses and bytes fetched, per epoch."""
+
+    url: str
+    cache: str
+    windows: int
+    nbytes: int
+    epoch_s: tuple[float, float]
+    hits: tuple[int, int]
+    misses: tuple[int, int]
+    fetched_bytes: tuple[int, int]
+
+    @property
+    def gbps(self) -> tuple[float, float]:
+        return (self.nbytes / self.epoch_s[0] / 1e9, self.nbytes / self.epoch_s[1] / 1e9)
+
+    @property
+    def speedup(self) -> float:
+        """Epoch 2's throughput over epoch 1's."""
+        return self.epoch_s[0] / self.epoch_s[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(gbps=self.gbps, speedup=self.speedup)
+        return out
+
+
+def cache_epochs(
+    url: str,
+    cache: str | Path,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    array: str | None = None,
+    chunk_size: int,
+    windows: int = 8,
+    workers: int = 4,
+    seed: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> CacheEpochsReport:
+    """Stream the same ``windows`` windows of ``url`` twice through a CPU
+    :class:`ChunkLoader` over one ``ZarrSource(url, cache=cache)``: epoch 1 fills the
+    cache (or finds it filled by an earlier run), epoch 2 reads it."""
+    seconds, hits, misses, fetched, nbytes = [], [], [], [], 0
+    with ZarrSource(
+        url, fields, array=array, storage_options=storage_options, cache=cache
+    ) as source:
+        counters = source.cache.counters
+        for _ in range(2):
+            before = counters.snapshot()
+            # a new loader with the same seed: the same windows in the same order
+            with ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as run:
+                begin, nbytes = time.perf_counter(), 0
+                for chunk in run.epoch(windows):
+                    nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
+                seconds.append(time.perf_counter() - begin)
+            hits.append(counters.hits - before.hits)
+            misses.append(counters.misses - before.misses)
+            fetched.append(counters.fetched_bytes - before.fetched_bytes)
+    return CacheEpochsReport(
+        url=url,
+        cache=str(cache),
+        windows=windows,
+        nbytes=nbytes,
+        epoch_s=(seconds[0], seconds[1]),
+        hits=(hits[0], hits[1]),
+        misses=(misses[0], misses[1]),
+        fetched_bytes=(fetched[0], fetched[1]),
     )
