@@ -56,7 +56,6 @@ from .._memory import LOOP_HELD
 from .._resume import check_checkpoint_config
 from ..consumer import ChunkMixer
 from ..consumer._defaults import default_buffer
-from ..consumer._gather import gather_pool
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
@@ -310,8 +309,7 @@ class Trainer:
             window=c.window,
             rows=loader.rows,
             fields=self._mixed_fields,
-            host=gather_pool() if self.buffer.tier == "host" and self.mix > 1 else None,
-        )
+        )  # on the host tier the loader's chunks are on the CPU, and so is the buffer
         try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
