@@ -94,8 +94,18 @@ class Job:
     :meth:`wait` claims what is left, then returns that value or raises.
     """
 
-    __slots__ = ("cancelled", "claimed", "closed", "done", "error", "fn", "future", "lock", "n",
-                 "then")  # fmt: skip
+    __slots__ = (
+        "cancelled",
+        "claimed",
+        "closed",
+        "done",
+        "error",
+        "fn",
+        "future",
+        "lock",
+        "n",
+        "then",
+    )
 
     def __init__(
         self, fn: Callable[[int], None], n: int, then: Callable[[bool], object] | None = None
