@@ -8,7 +8,7 @@ everything sized from host memory reads.
 """
 
 from ._arena import BufferSet, HostBufferPool, PinnedSlotPool
-from ._job import ENV_HOST_MEMORY, JobMemory, job_memory, parse_memory
+from ._job import ENV_HOST_MEMORY, JobMemory, job_memory, parse_bytes, parse_memory
 from ._model import (
     CUDA_MARGIN_FRACTION,
     CUDA_MARGIN_MIN,
@@ -29,6 +29,7 @@ __all__ = [
     "PinnedSlotPool",
     "budget_depths",
     "job_memory",
+    "parse_bytes",
     "parse_memory",
     "resident_decision",
     "streaming_bytes",

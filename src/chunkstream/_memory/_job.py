@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .._errors import ConfigError
 
-__all__ = ["ENV_HOST_MEMORY", "JobMemory", "job_memory", "parse_memory"]
+__all__ = ["ENV_HOST_MEMORY", "JobMemory", "job_memory", "parse_bytes", "parse_memory"]
 
 #: Environment variable that caps the host memory the library sizes from (bytes or "3GiB").
 ENV_HOST_MEMORY = "CHUNKSTREAM_HOST_MEMORY"
@@ -93,18 +93,31 @@ class JobMemory:
         )
 
 
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_UNITS_FIX = "Units: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)."
+
+
+def parse_bytes(text: str | int, name: str = "size", fix: str = _UNITS_FIX) -> int:
+    """``"8GB"`` -> 8e9, ``"512MiB"`` -> 512 * 2**20, ``"1000"`` -> 1000 bytes; a
+    :class:`ConfigError` naming ``name`` (with ``fix``) for anything else or a size <= 0."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = match[2].lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ConfigError.bad(name, text, "a size such as 8GB, 512MiB or 1000000 (bytes)", fix)
+        value = int(float(match[1]) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError.bad(name, text, "a positive size", fix)
+    return value
+
+
 def parse_memory(text: str, name: str = ENV_HOST_MEMORY) -> int:
     """Bytes from ``"3221225472"``, ``"3GiB"`` or ``"512 MB"``; :class:`ConfigError` naming ``name``."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise ConfigError.bad(
-            name,
-            text,
-            "a positive number of bytes, optionally with a unit (e.g. 3221225472, '3GiB', '512MB')",
-            f"Set {name} to the host memory the job may use, or unset it.",
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    return parse_bytes(
+        text, name, f"Set {name} to the host memory the job may use, or unset it. {_UNITS_FIX}"
+    )
 
 
 def job_memory(root: str | os.PathLike = "/", env: Mapping[str, str] | None = None) -> JobMemory:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._errors import ConfigError
+from .._memory import parse_bytes
 from ..sources import FieldSpec, check_lengths, window_nbytes
 from ._fieldspec import FieldRequest, parse_fields, selected_shape, validate_index
 from ._stores import open_arrays, resolve_field
@@ -29,44 +29,6 @@ __all__ = [
     "layout_from_store",
     "parse_bytes",
 ]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str | int, name: str = "size") -> int:
-    """``"8GB"`` -> 8e9, ``"512MiB"`` -> 512 * 2**20, ``"1000"`` -> 1000 bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = _SIZE.match(str(text))
-        unit = match[2].lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ConfigError.bad(
-                name,
-                text,
-                "a size such as 8GB, 512MiB or 1000000 (bytes)",
-                "Units: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).",
-            )
-        value = int(float(match[1]) * _UNITS[unit])
-    if value <= 0:
-        raise ConfigError.bad(name, text, "a positive size")
-    return value
 
 
 def format_bytes(n: float | None) -> str:
