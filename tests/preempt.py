@@ -6,7 +6,7 @@ doing, saves ``state_dict()`` and calls ``close()``. :func:`preempt` runs a body
 (an epoch loop over the object under test) once per moment and interrupts it
 there with such a handler:
 
-* :class:`Call` ``(k)``: at the ``k``-th profile event (a call or a C call) of the
+* :class:`Call` ``(k)``: at the ``k``-th profile event (a call, or just before a C call) of the
   main thread, the handler runs as a signal handler would, inside whatever the
   main thread holds at that point (the loader's lock while it publishes, a run's
   lock in ``take``, the stats' lock, a future's wait); :func:`call_sites` lists a
@@ -97,6 +97,14 @@ def save_reload_and_close(obj: Any) -> Any:
     return state
 
 
+def _in_gc_callback(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _frames(frame: Any, limit: int = 12) -> list[str]:
     names = []
     while frame is not None and len(names) < limit:
@@ -122,6 +130,22 @@ def _close(obj: Any) -> None:
     obj.close()
 
 
+# The events a handler runs at: a function's start and just before a C call, where a real
+# signal's handler can run too. Not a C call's return: a handler raising there, after
+# ``lock.__enter__`` acquired the lock and before the ``with`` block began, would leave it
+# held, which a real signal cannot do (CPython runs handlers between bytecodes). Nor just
+# before a lock's ``__exit__``/``release``: a raising handler there leaks the lock in any
+# Python code (bpo-29988), which is no finding about ours.
+_BEFORE = ("call", "c_call")
+
+
+def _counts(frame: Any, event: str, arg: Any, keep: str) -> bool:
+    """Whether this profile event is a moment (:class:`Call` counts these)."""
+    if event not in _BEFORE or keep not in frame.f_code.co_filename:
+        return False
+    return not (event == "c_call" and getattr(arg, "__name__", "") in ("__exit__", "release"))
+
+
 def call_sites(
     make: Callable[[], T],
     body: Callable[[T, list], None],
@@ -143,9 +167,9 @@ def call_sites(
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal count
-        code = frame.f_code
-        if keep not in code.co_filename:
+        if not _counts(frame, event, arg, keep):
             return
+        code = frame.f_code
         count += 1
         inner = getattr(arg, "__qualname__", "") if event.startswith("c_") else ""
         caller = frame.f_back.f_code.co_name if frame.f_back is not None else "-"
@@ -175,15 +199,16 @@ def preempt(
     close: Callable[[T], None] = _close,
 ) -> list[Trial[T]]:
     """One trial per moment: a fresh ``make()``, ``body(obj, log)`` on the main thread,
-    ``handler(obj)`` run at the moment (its return value saved as the state), then
-    :class:`Preempted` raised from the first handler to end the body.
+    ``handler(obj)`` run at the moment (its return value saved as the state); at a
+    :class:`Call` the first handler then raises :class:`Preempted` to end the body, as
+    ``sys.exit`` would; after an :class:`Alarm` the closed object ends it (below).
 
     ``body`` appends what it received to ``log`` (the test checks the saved state
     against it). An exception of type ``closed_error`` from the body (the closed
     object's answer to a later call) also ends a trial normally. Must run on the
-    main thread (signals are delivered there). :class:`Call` counts only events in
-    files whose path contains ``keep`` (never a weakref callback of the interpreter's,
-    where the handler's exception would be swallowed). ``close(obj)`` ends every
+    main thread (signals are delivered there). :class:`Call` counts only calls and C
+    calls in files whose path contains ``keep`` (never a weakref callback of the
+    interpreter's, where the handler's exception would be swallowed). ``close(obj)`` ends every
     trial (an object without ``close()``, a ``BatchStream``, closes its loader).
     """
     assert threading.current_thread() is threading.main_thread()
@@ -220,10 +245,12 @@ def _trial(
             trial.handler_s = max(trial.handler_s, time.monotonic() - began)
         if first:
             trial.state = state
-            # Raised inside a weakref callback the garbage collector runs, the exception
-            # would be swallowed (and reported as unraisable): the closed object ends the
-            # body instead, at its next call.
-            if not frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            # A real signal may land between a lock's acquire and its ``with`` block, where
+            # an exception from the handler leaks the lock (bpo-29988; the profile sweep
+            # skips those two points), and inside a weakref callback the garbage collector
+            # runs the exception would be swallowed: there the closed object ends the body
+            # instead, at its next call (``closed_error``).
+            if isinstance(moment, Call) and not _in_gc_callback(frame):
                 raise Preempted
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -233,7 +260,7 @@ def _trial(
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal calls
-        if keep not in frame.f_code.co_filename:
+        if not _counts(frame, event, arg, keep):
             return
         calls += 1
         if calls == moment.k and not in_handler:  # type: ignore[union-attr]
@@ -281,3 +308,44 @@ def describe(trials: list[Trial]) -> str:
             f"error={t.error!r} at {where}"
         )
     return "\n".join(lines)
+
+
+def from_another_thread(
+    obj: T,
+    body: Callable[[T, list], None],
+    poke: Callable[[T], Any],
+    *,
+    close: Callable[[T], None] = _close,
+    closed_error: type[BaseException] | tuple[type[BaseException], ...],
+    join_s: float,
+    run_s: float = 0.05,
+) -> list:
+    """Control calls from another thread while the main thread iterates: a thread calls
+    ``poke(obj)`` over and over (its answers returned) for ``run_s``, then ``close(obj)``;
+    the main thread runs ``body`` until the closed object answers with ``closed_error``.
+    Fails if the body ends otherwise or the thread is still alive ``join_s`` after."""
+    answers: list = []
+    stop = threading.Event()
+
+    def pokes() -> None:
+        while not stop.is_set():
+            answers.append(poke(obj))
+            time.sleep(0.001)
+        close(obj)
+
+    thread = threading.Thread(target=pokes)
+    thread.start()
+    try:
+        time.sleep(run_s)
+        stop.set()
+        try:
+            while True:
+                body(obj, [])
+        except closed_error:
+            pass
+    finally:
+        stop.set()
+        thread.join(join_s)
+        close(obj)
+    assert not thread.is_alive(), "the other thread's control calls did not end"
+    return answers

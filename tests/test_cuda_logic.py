@@ -398,6 +398,74 @@ def test_pool_close_after_a_cuda_error_keeps_the_arena_and_stays_idempotent(monk
     assert pool.close() is False and unregistered == []  # the second call: the same answer
 
 
+class _CopyEvent:
+    """A copy's done event that completes when the test says: ``synchronize()`` blocks
+    (as a blocking-sync CUDA event's does) until then, counting its callers."""
+
+    def __init__(self):
+        self.finished = threading.Event()
+        self.waiters = 0
+
+    def query(self) -> bool:
+        return self.finished.is_set()
+
+    def synchronize(self) -> None:
+        self.waiters += 1
+        assert self.finished.wait(30), "a copy that never ends"
+
+
+def test_a_slot_in_flight_is_waited_for_by_its_event_not_polled(monkeypatch):
+    pool = _fake_pool(monkeypatch, [])
+    first, second = pool.acquire(), pool.acquire()
+    events = [_CopyEvent(), _CopyEvent()]
+    pool.release(first, after=events[0])
+    pool.release(second, after=events[1])
+    got = []
+    taker = threading.Thread(target=lambda: got.append(pool.acquire()))
+    taker.start()
+    deadline = time.monotonic() + 10
+    while events[0].waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert events[0].waiters == 1 and events[1].waiters == 0  # the oldest copy, in the driver
+    time.sleep(0.05)
+    assert taker.is_alive() and not got  # its copy runs: the slot is not handed out
+    events[0].finished.set()
+    taker.join(10)
+    assert got == [first]  # copies end in order: the oldest slot comes back first
+    assert len(pool._pending) == 1 and pool._pending[0][1] is second
+
+
+def test_close_waits_for_the_copy_an_acquirer_is_waiting_for(monkeypatch):
+    unregistered = []
+    pool = _fake_pool(monkeypatch, unregistered)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    first, second = pool.acquire(), pool.acquire()
+    event = _CopyEvent()
+    pool.release(first, after=_DoneEvent())
+    pool.release(second, after=event)
+    assert pool.acquire() is first  # the done one
+    errors = []
+
+    def take():
+        try:
+            pool.acquire()
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    deadline = time.monotonic() + 10
+    while event.waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    # The event is still queued while it is waited for: close must not unpin under it.
+    with pytest.warns(RuntimeWarning, match=r"stays pinned.*had not finished"):
+        assert pool.close(timeout=0.2) is False
+    assert unregistered == []
+    event.finished.set()
+    taker.join(10)
+    assert [str(e) for e in errors] == ["pinned slot pool is closed"]
+
+
 def test_pool_close_unregisters_in_a_helper_thread_and_warns_on_failure(monkeypatch):
     from chunkstream._memory import _arena
 
@@ -613,6 +681,9 @@ class _DoneEvent:
 
     def query(self) -> bool:
         return True
+
+    def synchronize(self) -> None:
+        pass
 
     def elapsed_time(self, other) -> float:
         return 0.0

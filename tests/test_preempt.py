@@ -13,7 +13,6 @@ the epoch; ``close()`` must end within its deadline and leave no thread.
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import numpy as np
@@ -21,7 +20,15 @@ import pytest
 
 import chunkstream as cs
 from tests.faults import ArraySource, make_arrays, wait_for_no_threads
-from tests.preempt import Alarm, Call, call_sites, describe, preempt, save_reload_and_close
+from tests.preempt import (
+    Alarm,
+    Call,
+    call_sites,
+    describe,
+    from_another_thread,
+    preempt,
+    save_reload_and_close,
+)
 
 CHUNKS = 6  # per epoch
 EPOCHS = 2
@@ -142,31 +149,18 @@ def test_signals_while_workers_read_and_handlers_nest(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_control_calls_from_another_thread_while_the_main_thread_iterates(device):
-    loader = _loader(device, delay=0.001)
-    states: list[dict] = []
-    stop = threading.Event()
+    def poke(loader: cs.ChunkLoader) -> dict:
+        state = loader.state_dict()
+        loader.load_state_dict(state)  # a resume to where it is: harmless, but it drops
+        return state
 
-    def poke() -> None:
-        while not stop.is_set():
-            state = loader.state_dict()
-            states.append(state)
-            loader.load_state_dict(state)  # a resume to where it is: harmless, but it drops
-        loader.close()
-
-    thread = threading.Thread(target=poke)
-    log: list = []
-    thread.start()
-    try:
-        time.sleep(0.05)
-        stop.set()
-        with pytest.raises(cs.LoaderClosedError):
-            while True:
-                _body(loader, log)
-    finally:
-        stop.set()
-        thread.join(CLOSE_TIMEOUT + 2.0)
-        loader.close()
-    assert not thread.is_alive()
+    states = from_another_thread(
+        _loader(device, delay=0.001),
+        _body,
+        poke,
+        closed_error=cs.LoaderClosedError,
+        join_s=CLOSE_TIMEOUT + 2.0,
+    )
     assert states and all(s["step"] >= 0 for s in states)
     assert not wait_for_no_threads()
 

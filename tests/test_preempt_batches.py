@@ -18,20 +18,14 @@ No trial may hang; every saved state must be the position after the batches the
 body received (or one more: the handler may land after a batch was handed over
 and before the body logged it) and resume to exactly the rest of its epoch.
 
-The harness here is small and local (``_trial``); the loader's own preemption
-tests (issue 37a) keep theirs.
+The driver is the loader's (:mod:`tests.preempt`): only the object, the body and
+the handler differ (a ``BatchStream`` closes through its loader).
 """
 
 from __future__ import annotations
 
-import _thread
 import random
-import signal
-import sys
-import threading
 import time
-import traceback
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +34,7 @@ import torch
 
 import chunkstream as cs
 from tests.faults import wait_for_no_threads
+from tests.preempt import Alarm, Call, Trial, call_sites, describe, from_another_thread, preempt
 
 T, WINDOW, CHUNK = 2400, 12, 200
 PER_CHUNK, CHUNKS = 4, 5
@@ -106,22 +101,6 @@ def _body(stream: cs.BatchStream, log: list) -> None:
             log.append(_digest(batch))
 
 
-class Preempted(BaseException):  # what a real handler's sys.exit would raise
-    """Raised by the first handler once it checkpointed and closed."""
-
-
-@dataclass
-class Trial:
-    moment: Any
-    fired: int = 0
-    state: Any = None
-    log: list = field(default_factory=list)
-    where: list[str] = field(default_factory=list)
-    handler_s: float = 0.0
-    hung: str | None = None
-    error: BaseException | None = None
-
-
 def save_and_close(stream: cs.BatchStream) -> Any:
     state = stream.state_dict()
     stream.loader.close()
@@ -141,53 +120,26 @@ def save_reload_and_close(stream: cs.BatchStream) -> Any:
     return state
 
 
-def _frames(frame: Any, limit: int = 8) -> list[str]:
-    names = []
-    while frame is not None and len(names) < limit:
-        names.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
-        frame = frame.f_back
-    return names
-
-
-# The events a handler runs at: a function's start and just before a C call, where a real
-# signal's handler can run too. Not a C call's return: a handler raising there, after
-# ``lock.__enter__`` acquired the lock and before the ``with`` block began, would leave it
-# held, which a real signal cannot do (CPython runs handlers between bytecodes).
-# Nor just before a lock's ``__exit__`` at the end of a ``with`` block: a raising handler
-# there leaks the lock in any Python code (bpo-29988), which is no finding about ours.
-_BEFORE = ("call", "c_call")
-
-
-def _counts(event: str, arg: Any) -> bool:
-    if event not in _BEFORE:
-        return False
-    return not (event == "c_call" and getattr(arg, "__name__", "") in ("__exit__", "release"))
+def _close(stream: cs.BatchStream) -> None:
+    stream.loader.close()
 
 
 def _sites(tier: str, keep: str) -> list[int]:
-    """The profile event counts (in files whose path holds ``keep``) of the first event at
-    each distinct site of one uninterrupted body: a sweep over them interrupts the body
-    once inside every function the main thread enters there."""
-    stream = _stream(tier)
-    count, sites = 0, {}
+    """The moments of a sweep: one per site the main thread's body reaches in files whose
+    path holds ``keep`` (:func:`tests.preempt.call_sites`)."""
+    return [k for k, _ in call_sites(lambda: _stream(tier), _body, keep=keep, close=_close)]
 
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal count
-        if not _counts(event, arg) or keep not in frame.f_code.co_filename:
-            return
-        count += 1
-        inner = getattr(arg, "__qualname__", "") if event.startswith("c_") else ""
-        sites.setdefault(f"{event} {frame.f_code.co_name} {inner}", count)
 
-    try:
-        sys.setprofile(profile)
-        try:
-            _body(stream, [])
-        finally:
-            sys.setprofile(None)
-    finally:
-        stream.loader.close()
-    return sorted(sites.values())
+def _trials(tier: str, moments: list, handler: Any, keep: str) -> list[Trial]:
+    return preempt(
+        lambda: _stream(tier),
+        _body,
+        moments,
+        handler=handler,
+        closed_error=cs.LoaderClosedError,
+        keep=keep,
+        close=_close,
+    )
 
 
 def _spread(sites: list[int], n: int) -> list[int]:
@@ -195,95 +147,6 @@ def _spread(sites: list[int], n: int) -> list[int]:
     if len(sites) <= n:
         return sites
     return [sites[round(i * (len(sites) - 1) / (n - 1))] for i in range(n)]
-
-
-def _in_gc_callback(frame: Any) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _trial(tier: str, moment: Any, handler: Any, keep: str, hang_s: float = 30.0) -> Trial:
-    """One fresh stream, ``_body`` on the main thread, ``handler`` at ``moment``: a profile
-    event count (int) or an alarm delay in seconds (float)."""
-    trial = Trial(moment)
-    stream = _stream(tier)
-    log: list = []
-    main = threading.main_thread().ident
-    busy = False
-
-    def run_handler(frame: Any) -> None:
-        nonlocal busy
-        if busy:
-            return
-        first = trial.fired == 0
-        trial.fired += 1
-        if first:
-            trial.where, trial.log = _frames(frame), list(log)
-        busy, began = True, time.monotonic()
-        try:
-            state = handler(stream)
-        finally:
-            busy = False
-            trial.handler_s = max(trial.handler_s, time.monotonic() - began)
-        if first:
-            trial.state = state
-            # A real signal may land between a lock's acquire and its ``with`` block, where
-            # an exception from the handler leaks the lock (bpo-29988; the profile sweep
-            # skips those two points): there the closed loader ends the body instead.
-            # Inside a weakref callback the garbage collector runs, the exception would be
-            # swallowed (reported as unraisable): there too the closed loader ends it.
-            if not isinstance(moment, float) and not _in_gc_callback(frame):
-                raise Preempted
-
-    calls = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal calls
-        if not _counts(event, arg) or keep not in frame.f_code.co_filename:
-            return
-        calls += 1
-        if calls == moment:
-            sys.setprofile(None)
-            run_handler(frame)
-
-    def watchdog() -> None:
-        frame = sys._current_frames().get(main)
-        trial.hung = "".join(traceback.format_stack(frame)) if frame else "?"
-        _thread.interrupt_main()
-
-    dog = threading.Timer(hang_s, watchdog)
-    dog.daemon = True
-    previous = signal.signal(signal.SIGALRM, lambda signum, frame: run_handler(frame))
-    try:
-        dog.start()
-        try:
-            if isinstance(moment, float):
-                signal.setitimer(signal.ITIMER_REAL, moment)
-            else:
-                sys.setprofile(profile)
-            try:
-                _body(stream, log)
-            finally:
-                sys.setprofile(None)
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except Preempted:
-            pass
-        except KeyboardInterrupt:
-            if trial.hung is None:
-                raise
-        except cs.LoaderClosedError:
-            pass  # the closed loader's answer to a later call
-        except BaseException as exc:
-            trial.error = exc
-        finally:
-            dog.cancel()
-    finally:
-        signal.signal(signal.SIGALRM, previous)
-        stream.loader.close()
-    return trial
 
 
 def _reference(tier: str) -> list[tuple[int, ...]]:
@@ -298,13 +161,7 @@ def _reference(tier: str) -> list[tuple[int, ...]]:
 
 
 def _check(trials: list[Trial], tier: str, *, resumes: int = 4) -> None:
-    report = "\n".join(
-        f"{t.moment}: fired={t.fired} log={len(t.log)} where={t.where[:3]} "
-        f"state={t.state and (t.state['loader'], t.state['batch'], t.state['refill'])} "
-        f"error={t.error!r} hung={t.hung}"
-        for t in trials
-    )
-    assert all(t.hung is None for t in trials), report
+    report = describe(trials)
     assert all(t.error is None for t in trials), report
     assert all(t.handler_s < CLOSE_TIMEOUT + 1.0 for t in trials), report
     assert not wait_for_no_threads(), report
@@ -331,7 +188,7 @@ def test_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
     sites = _sites(tier, "consumer")
     assert len(sites) > 20  # the sweep reaches into the gather, the mixer, the tiers
     moments = _spread(sites, 40)
-    trials = [_trial(tier, k, save_and_close, "consumer") for k in moments]
+    trials = _trials(tier, [Call(k) for k in moments], save_and_close, "consumer")
     assert sum(t.fired > 0 for t in trials) > 0.9 * len(trials)
     where = {name for t in trials for name in t.where[:2]}
     inside = ["_batches.py:_batches", "_mixing.py:add", "_mixing.py:sample"]
@@ -348,7 +205,7 @@ def test_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
 @pytest.mark.parametrize("tier", ["device-mix3", "host-mix3"])
 def test_load_state_dict_from_a_handler_at_every_consumer_function(tier):
     moments = _spread(_sites(tier, "consumer"), 15)
-    trials = [_trial(tier, k, save_reload_and_close, "consumer") for k in moments]
+    trials = _trials(tier, [Call(k) for k in moments], save_reload_and_close, "consumer")
     _check(trials, tier, resumes=2)
 
 
@@ -359,37 +216,21 @@ def test_signals_while_the_helpers_gather_and_the_readers_read(tier):
     probe.loader.close()
     span = time.monotonic() - start
     rng = random.Random(2)
-    moments = [rng.uniform(0.0, span) for _ in range(8)]
-    trials = [_trial(tier, d, save_and_close, "chunkstream") for d in moments]
+    moments = [Alarm(rng.uniform(0.0, span)) for _ in range(8)]
+    trials = _trials(tier, moments, save_and_close, "chunkstream")
     _check(trials, tier)
 
 
 @pytest.mark.parametrize("tier", ["device-mix3", "host-mix3"])
 def test_control_calls_from_another_thread_while_the_main_thread_iterates(tier):
-    stream = _stream(tier)
-    states: list[dict] = []
-    stop = threading.Event()
-
-    def poke() -> None:
-        while not stop.is_set():
-            states.append(stream.state_dict())
-            time.sleep(0.001)
-        stream.loader.close()
-
-    thread = threading.Thread(target=poke)
-    log: list = []
-    thread.start()
-    try:
-        time.sleep(0.05)
-        stop.set()
-        with pytest.raises(cs.LoaderClosedError):
-            while True:
-                _body(stream, log)
-    finally:
-        stop.set()
-        thread.join(CLOSE_TIMEOUT + 2.0)
-        stream.loader.close()
-    assert not thread.is_alive()
+    states = from_another_thread(
+        _stream(tier),
+        _body,
+        lambda stream: stream.state_dict(),
+        close=_close,
+        closed_error=cs.LoaderClosedError,
+        join_s=CLOSE_TIMEOUT + 2.0,
+    )
     assert states and all(0 <= s["batch"] < PER_CHUNK and 0 <= s["refill"] < 3 for s in states)
     assert not wait_for_no_threads()
 
@@ -398,7 +239,7 @@ def test_control_calls_from_another_thread_while_the_main_thread_iterates(tier):
 @pytest.mark.parametrize("tier", list(GPU_TIERS))
 def test_on_cuda_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
     moments = _spread(_sites(tier, "consumer"), 30)
-    trials = [_trial(tier, k, save_and_close, "consumer") for k in moments]
+    trials = _trials(tier, [Call(k) for k in moments], save_and_close, "consumer")
     _check(trials, tier)
 
 
@@ -410,7 +251,6 @@ def test_on_cuda_signals_while_batches_are_copied(tier):
     probe.loader.close()
     span = time.monotonic() - start
     rng = random.Random(3)
-    trials = [
-        _trial(tier, rng.uniform(0.0, span), save_and_close, "chunkstream") for _ in range(10)
-    ]
+    moments = [Alarm(rng.uniform(0.0, span)) for _ in range(10)]
+    trials = _trials(tier, moments, save_and_close, "chunkstream")
     _check(trials, tier)

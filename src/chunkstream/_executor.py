@@ -8,8 +8,8 @@ Python 3.9, bpo-39812, so one read hung on a dead mount would hang the exit);
 stacks, are known to a watchdog (:meth:`Executor.busy_stacks`). One job waits
 for another's future with :func:`wait_done`, never through a callback.
 :data:`POLL_S` is the one interval every blocking wait in chunkstream polls
-at, so errors, ``close()`` and the watchdog are seen within it; the one exception,
-:data:`EVENT_POLL_S`, checks a CUDA event (which has no wait with a timeout).
+at, so errors, ``close()`` and the watchdog are seen within it (a pinned slot's
+copy is waited for by its CUDA event's blocking ``synchronize``, not polled).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 from ._errors import LoaderClosedError
 
 __all__ = [
-    "EVENT_POLL_S",
     "POLL_S",
     "Cancelled",
     "Executor",
@@ -36,10 +35,6 @@ __all__ = [
 ]
 
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
-# A CUDA event has no wait with a timeout, and a copy ends within milliseconds: a wait for
-# one (a pinned slot's copy) checks it at this interval, on the pool's condition, so a slot
-# given back wakes it at once. The one exception to POLL_S (docs/architecture.md).
-EVENT_POLL_S = 0.0005
 
 
 def done_within(future: Future, timeout: float = POLL_S) -> bool:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .._device import device_binder
-from .._executor import EVENT_POLL_S, Executor
+from .._executor import Executor
 from .._executor import POLL_S as _POLL_S
 from ..sources import FieldSpec
 
@@ -309,19 +309,31 @@ class PinnedSlotPool:
         _KEPT.append(arena)
 
     def acquire(self, cancelled: Callable[[], bool] | None = None) -> BufferSet:
-        """A free slot; waits (polling, stoppable) for the oldest copy to finish if none is.
-        ``Event.query()`` has no device guard: the caller must have set the pool's device."""
+        """A free slot; if none is, the oldest one given back once its copy has finished.
+
+        That wait is the copy event's ``synchronize()`` (a blocking-sync event, so the
+        thread sleeps in the driver, never spins or polls) outside the pool's lock; it
+        is bounded by the copies already queued on the one transfer stream. With nothing
+        given back yet it waits on the condition (a release wakes it), checking
+        ``cancelled`` every :data:`POLL_S`. The event stays queued while it is waited
+        for, so :meth:`close` still waits for that copy before unpinning. ``synchronize``
+        has no device guard: the caller must have set the pool's device.
+        """
         while True:
             with self._cond:
                 if self._closed:
                     raise RuntimeError("pinned slot pool is closed")
                 if self._free:
                     return self._free.popleft()
-                if self._pending and self._pending[0][0].query():  # one stream: copies end in order
-                    return self._pending.popleft()[1]
-                # The oldest slot's copy is in flight (its event is checked again soon), or
-                # none is pending (a release wakes this).
-                self._cond.wait(EVENT_POLL_S if self._pending else _POLL_S)
+                oldest = self._pending[0] if self._pending else None
+                if oldest is None:
+                    self._cond.wait(_POLL_S)
+            if oldest is not None:
+                oldest[0].synchronize()  # one stream: copies end in order, this one first
+                with self._cond:
+                    if not self._closed and self._pending and self._pending[0] is oldest:
+                        return self._pending.popleft()[1]
+                # Another acquirer took it, or the pool closed: look again.
             if cancelled is not None and cancelled():
                 raise InterruptedError("acquire cancelled")
 
@@ -365,7 +377,9 @@ class PinnedSlotPool:
             while not all(event.query() for event in pending):
                 if time.monotonic() >= deadline:
                     return False
-                self._cond.wait(EVENT_POLL_S)  # closed: nothing notifies; the event is polled
+                # Closed: nothing notifies. A CUDA event has no wait with a timeout and
+                # close has a deadline, so the events are checked once per POLL_S.
+                self._cond.wait(_POLL_S)
         return True
 
     def _release(self, pending: list[torch.cuda.Event], deadline: float, unpin: bool) -> bool:

@@ -259,7 +259,9 @@ def on_stream(stream: Any, work: Callable[[], Any]) -> tuple[Any, tuple[Any, Any
     events ``(begin, done)`` (the consumer's stream waits on ``done``)."""
     with torch.cuda.stream(stream):
         begin = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        # Blocking sync: a thread waiting for this copy (a pinned slot given back behind
+        # it, _memory/_arena.py) sleeps in the driver instead of spinning a core.
+        end = torch.cuda.Event(enable_timing=True, blocking=True)
         begin.record(stream)
         value = work()
         end.record(stream)
@@ -277,7 +279,7 @@ def _release_after_failed_copy(pool: Any, buffers: BufferSet, stream: Any) -> No
         pool.release(buffers)
         return
     try:
-        fence = torch.cuda.Event()
+        fence = torch.cuda.Event(blocking=True)  # waited for as a copy's done event is
         fence.record(stream)
     except Exception:  # the original error is what the consumer must see
         _log.warning("chunkstream: no event after a failed copy; its pinned slot is retired")
