@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from .._device import device_binder
-from .._executor import Executor
 from .._executor import POLL_S as _POLL_S
+from .._executor import Executor
 from ..sources import FieldSpec
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
