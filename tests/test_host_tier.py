@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import threading
 import time
 
@@ -230,6 +231,50 @@ def test_a_cancelled_job_runs_its_then_once_with_failed():
     job.cancel()
     job.wait()
     assert calls == [True]
+
+
+def test_a_signal_handler_that_raises_in_submit_never_leaves_the_pool_locked():
+    """A handler raising (``sys.exit``, ``KeyboardInterrupt``) wherever the main thread is
+    inside the pool's ``submit``, timers every 50 us: its lock is never left held (with
+    ``with self._cond``, Condition.__enter__'s Python frame leaked it every time)."""
+
+    class Boom(Exception):
+        pass
+
+    def handler(signum, frame):
+        # In the pool's code, and in a Condition's __enter__ (where the leak was); not in
+        # Thread.start, whose own bookkeeping a raising handler corrupts (stdlib's).
+        code = frame.f_code
+        if code.co_filename.endswith("_gather.py") or code.co_name == "__enter__":
+            raise Boom
+
+    def free() -> bool:  # not held, or held only for a moment by a helper
+        if not pool._lock.acquire(timeout=2):
+            return False
+        pool._lock.release()
+        return True
+
+    pool = GatherPool(2)
+    previous = signal.signal(signal.SIGALRM, handler)
+    raised = 0
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5e-5, 5e-5)
+        for _ in range(3000):
+            try:
+                pool.submit(lambda block: None, 2)
+            except Boom:
+                raised += 1
+                if not free():
+                    break
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert free(), f"left locked after {raised} raised handlers"
+    assert raised > 10  # the handler did land inside submit
+    ran = threading.Event()
+    job = pool.submit(lambda block: ran.set(), 1)
+    assert ran.wait(5)  # the helpers still take work
+    job.wait()
 
 
 def test_idle_gather_helpers_end():

@@ -264,7 +264,11 @@ class PinnedSlotPool:
             if device is not None
             else torch.device("cuda", torch.cuda.current_device())
         )
-        self._cond = threading.Condition()
+        # Entered as ``with self._lock`` (C code), never ``with self._cond``: a signal
+        # handler that raises inside Condition.__enter__, a Python function, after it
+        # took the lock would leak it (bpo-29988), and the main thread takes this one.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._free: deque[BufferSet] = deque()
         self._pending: deque[tuple[torch.cuda.Event, BufferSet]] = deque()
         self._closed, self._close_lock = False, threading.Lock()
@@ -320,7 +324,7 @@ class PinnedSlotPool:
         has no device guard: the caller must have set the pool's device.
         """
         while True:
-            with self._cond:
+            with self._lock:
                 if self._closed:
                     raise RuntimeError("pinned slot pool is closed")
                 if self._free:
@@ -330,7 +334,7 @@ class PinnedSlotPool:
                     self._cond.wait(_POLL_S)
             if oldest is not None:
                 oldest[0].synchronize()  # one stream: copies end in order, this one first
-                with self._cond:
+                with self._lock:
                     if not self._closed and self._pending and self._pending[0] is oldest:
                         return self._pending.popleft()[1]
                 # Another acquirer took it, or the pool closed: look again.
@@ -340,7 +344,7 @@ class PinnedSlotPool:
     def release(self, buffers: BufferSet, after: torch.cuda.Event | None = None) -> None:
         """Give a slot back; it is reused only once ``after`` (its copy's event, if any)
         has completed."""
-        with self._cond:
+        with self._lock:
             if after is None:
                 self._free.append(buffers)
             else:
@@ -361,7 +365,7 @@ class PinnedSlotPool:
         with self._close_lock:
             if self._released is not None:
                 return self._released
-            with self._cond:
+            with self._lock:
                 self._closed = True
                 pending = [event for event, _ in self._pending]
                 self._pending.clear()
@@ -373,7 +377,7 @@ class PinnedSlotPool:
     def _copies_finished(self, pending: list[torch.cuda.Event], deadline: float) -> bool:
         # Often called from the main thread, whose current device may be another
         # GPU (or none yet): query() has no device guard.
-        with torch.cuda.device(self.device), self._cond:
+        with torch.cuda.device(self.device), self._lock:
             while not all(event.query() for event in pending):
                 if time.monotonic() >= deadline:
                     return False

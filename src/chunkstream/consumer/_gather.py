@@ -197,7 +197,11 @@ class GatherPool:
 
     def __init__(self, threads: int) -> None:
         self.threads = check_gather_threads(threads)
-        self._cond = threading.Condition()
+        # Entered as ``with self._lock`` (C code), never ``with self._cond``: a signal
+        # handler that raises inside Condition.__enter__, a Python function, after it
+        # took the lock would leak it (bpo-29988), and the main thread takes this one.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._jobs: deque[Job] = deque()
         self._alive = 0
         self._started = 0  # helper names count up, so a name is never reused while alive
@@ -207,7 +211,7 @@ class GatherPool:
     ) -> Job:
         job = Job(fn, n, then)
         if self.threads > 1 and n > 0:
-            with self._cond:
+            with self._lock:
                 # Fully claimed jobs are dropped here too, not only by a helper: a finished
                 # job's future holds its batch, which must not stay referenced (a CPU slot
                 # is reused only once nothing refers to it), also while no helper runs.
@@ -237,7 +241,7 @@ class GatherPool:
 
     def _help(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 job = self._next_job()
                 if job is None:
                     self._cond.wait(IDLE_S)

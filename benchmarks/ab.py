@@ -1,0 +1,112 @@
+"""One arm of the gather benchmark on this tree and on an older commit, alternated in one run.
+
+    python -m benchmarks.ab --against 19e07c6                  # host tier, 8 rounds of 5 s
+    python -m benchmarks.ab --against 19e07c6 --arm device --rounds 4 --seconds 3
+
+Issue 37 asks the host tier to keep >= 0.95x its batches/s from before the change,
+"one run, same machine". On a shared machine two runs minutes apart differ by more
+than 5%, so this runs both trees in the same run, taking turns: round ``r`` measures
+this tree and the other one (the order alternating each round), each in a fresh
+process with ``chunkstream`` imported from that tree's ``src/`` (the other commit's
+``src/`` exported with ``git archive``), over the same data and the same harness
+(:func:`benchmarks.gather_busy.measure`, idle: no burners). Reported: each round's
+two figures and their ratio, and the median of the per-round ratios with its range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _export(rev: str, into: Path) -> Path:
+    """``src/`` of ``rev`` unpacked under ``into``; its path."""
+    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
+                             capture_output=True).stdout  # fmt: skip
+    with tempfile.TemporaryFile() as f:
+        f.write(archive)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def _child(arm: str, seconds: float, quick: bool) -> None:
+    import numpy as np
+
+    import chunkstream
+    from benchmarks.gather_busy import measure
+
+    t, n, chunk = (16384, 256, 4096) if quick else (65536, 1024, 16384)
+    data = np.random.default_rng(0).standard_normal((t, n), dtype=np.float32)
+    out = measure(data, chunk, arm, seconds, gather_threads=None,
+                  **({"batch_prefetch": 2} if arm == "host" else {}))  # fmt: skip
+    print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
+
+
+def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
+    cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds)]
+    done = subprocess.run(cmd + (["--quick"] if quick else []), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{src}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(out["module"]).resolve().is_relative_to(src.resolve()), (out, src)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", help="the older commit (any git revision)")
+    ap.add_argument("--arm", default="host", choices=["host", "device", "before"])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=5.0, help="per arm and tree")
+    ap.add_argument("--quick", action="store_true", help="16,384 x 256, chunk 4,096")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        _child(args.child, args.seconds, args.quick)
+        return 0
+    if not args.against:
+        ap.error("--against REV is required (e.g. --against 19e07c6)")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="chunkstream-ab-") as tmp:
+        trees = {"this tree": ROOT / "src", args.against: _export(args.against, Path(tmp))}
+        print(f"arm {args.arm}, idle, {args.seconds:g} s per run, {args.rounds} rounds; "
+              f"this tree (HEAD {head}, with any uncommitted change) vs {args.against}; "
+              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        ratios, figures = [], {name: [] for name in trees}
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            got = {name: _run(trees[name], args.arm, args.seconds, args.quick) for name in order}
+            for name in trees:
+                figures[name].append(got[name]["batches_s"])
+            a, b = got["this tree"]["batches_s"], got[args.against]["batches_s"]
+            ratios.append(a / b)
+            print(f"  round {r} ({' first, '.join(order)} second): this tree {a:7.1f}, "
+                  f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    med = statistics.median(ratios)
+    print(f"\n| tree | median batches/s | range |\n|---|---|---|")
+    for name, values in figures.items():
+        print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
+    print(f"\nthis tree / {args.against}: median {med:.3f}x over {len(ratios)} rounds "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
+    ok = med >= 0.95
+    print(f"{'met ' if ok else 'MISS'}  {args.arm} batches/s >= 0.95x {args.against}: {med:.3f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
