@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x; "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     med = statistics.median(ratios)
-    print(f"\n| tree | median batches/s | range |\n|---|---|---|")
+    print("\n| tree | median batches/s | range |\n|---|---|---|")
     for name, values in figures.items():
         print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
     print(f"\nthis tree / {args.against}: median {med:.3f}x over {len(ratios)} rounds "
