@@ -16,7 +16,10 @@ Concurrency: one :class:`GatherPool` serves any number of callers (each call is
 a job of its own, whose value or error lands in its
 :class:`~concurrent.futures.Future`, as an executor's calls do); the helpers end
 after :data:`IDLE_S` without work, so an idle process holds no
-``chunkstream-gather-*`` thread, and start again on the next call. That is why
+``chunkstream-gather-*`` thread, and start again on the next call; at
+interpreter exit a pool's finalizer stops and joins them (:func:`_stop_helpers`:
+a daemon thread dropping torch tensors while the interpreter finalizes aborts
+the process). That is why
 the helpers are not an :class:`~chunkstream._executor.Executor`, whose threads
 live as long as their owner: the process's default pool
 (:func:`gather_pool`) serves :func:`~chunkstream.gather_windows`, a plain
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -50,6 +55,7 @@ __all__ = [
 ]
 
 IDLE_S = 0.5  # a helper with nothing to claim for this long ends
+EXIT_JOIN_S = 5.0  # at interpreter exit, the helpers' jobs get this long to finish
 _MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy nothing
 
 
@@ -203,8 +209,11 @@ class GatherPool:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._jobs: deque[Job] = deque()
-        self._alive = 0
+        self._helpers = _Helpers(self._lock, self._cond)
         self._started = 0  # helper names count up, so a name is never reused while alive
+        # At interpreter exit (a finalizer's atexit call, before the interpreter starts
+        # finalizing): the helpers stop and are joined (_stop_helpers).
+        weakref.finalize(self, _stop_helpers, self._helpers, EXIT_JOIN_S)
 
     def submit(
         self, fn: Callable[[int], None], n: int, then: Callable[[bool], object] | None = None
@@ -217,8 +226,9 @@ class GatherPool:
                 # is reused only once nothing refers to it), also while no helper runs.
                 self._next_job()
                 self._jobs.append(job)
-                for _ in range(min(self.threads - 1, n) - self._alive):
-                    self._start_helper()
+                if not self._helpers.stopping:
+                    for _ in range(min(self.threads - 1, n) - len(self._helpers.threads)):
+                        self._start_helper()
                 self._cond.notify_all()
         return job
 
@@ -231,24 +241,27 @@ class GatherPool:
 
     def _start_helper(self) -> None:
         self._started += 1
-        name = f"chunkstream-gather-{self._started}"
-        self._alive += 1
+        thread = threading.Thread(
+            target=self._help, name=f"chunkstream-gather-{self._started}", daemon=True
+        )
+        self._helpers.threads.add(thread)
         try:
-            threading.Thread(target=self._help, name=name, daemon=True).start()
+            thread.start()
         except BaseException:  # a signal handler's exception, say: no helper was started
-            self._alive -= 1
+            self._helpers.threads.discard(thread)
             raise
 
     def _help(self) -> None:
+        helpers = self._helpers
         while True:
             with self._lock:
-                job = self._next_job()
-                if job is None:
+                job = None if helpers.stopping else self._next_job()
+                if job is None and not helpers.stopping:
                     self._cond.wait(IDLE_S)
-                    job = self._next_job()
-                    if job is None:
-                        self._alive -= 1
-                        return
+                    job = None if helpers.stopping else self._next_job()
+                if job is None:
+                    helpers.threads.discard(threading.current_thread())
+                    return
             job.run_blocks()
             del job  # an idle helper must not keep a caller's arrays referenced
 
@@ -256,6 +269,38 @@ class GatherPool:
         while self._jobs and self._jobs[0].claimed >= self._jobs[0].n:
             self._jobs.popleft()  # fully claimed: its caller waits for it, helpers need not
         return self._jobs[0] if self._jobs else None
+
+
+class _Helpers:
+    """A pool's helper threads, as its exit finalizer sees them (it must not hold the
+    pool): the threads alive, and whether they are told to stop (under the pool's lock)."""
+
+    __slots__ = ("cond", "lock", "stopping", "threads")
+
+    def __init__(self, lock: threading.Lock, cond: threading.Condition) -> None:
+        self.lock, self.cond = lock, cond
+        self.stopping = False
+        self.threads: set[threading.Thread] = set()
+
+
+def _stop_helpers(helpers: _Helpers, timeout: float) -> None:
+    """Tell the helpers to stop and join them, up to ``timeout`` s in all.
+
+    Run at interpreter exit, before the interpreter starts finalizing: a helper
+    still finishing a job then would drop the job's tensors after that, and a
+    tensor made from a numpy array takes the GIL in its deleter, which a daemon
+    thread of a finalizing interpreter cannot: the thread unwinds through torch's
+    ``noexcept`` deleter and the process aborts ("terminate called without an
+    active exception"). A helper's job is copies (bounded); one still running at
+    ``timeout`` is left to the process.
+    """
+    with helpers.lock:
+        helpers.stopping = True
+        helpers.cond.notify_all()
+        threads = list(helpers.threads)
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def gather_pool(threads: int | None = None) -> GatherPool:
