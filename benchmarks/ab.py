@@ -58,9 +58,13 @@ def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds)]
     done = subprocess.run(cmd + (["--quick"] if quick else []), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
-    if done.returncode != 0:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
         raise SystemExit(f"{src}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(lines[-1])
+    # Figures printed, then a failed exit (before 0fd2131 a gather helper could abort
+    # the interpreter's exit): the figures stand, the exit status is reported.
+    out["exit"] = done.returncode
     assert Path(out["module"]).resolve().is_relative_to(src.resolve()), (out, src)
     return out
 
@@ -87,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
               f"this tree (HEAD {head}, with any uncommitted change) vs {args.against}; "
               f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
         ratios, figures = [], {name: [] for name in trees}
+        failed_exits = dict.fromkeys(trees, 0)
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             got = {name: _run(trees[name], args.arm, args.seconds, args.quick) for name in order}
             for name in trees:
                 figures[name].append(got[name]["batches_s"])
+                failed_exits[name] += got[name]["exit"] != 0
             a, b = got["this tree"]["batches_s"], got[args.against]["batches_s"]
             ratios.append(a / b)
             print(f"  round {r} ({' first, '.join(order)} second): this tree {a:7.1f}, "
@@ -101,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| tree | median batches/s | range |\n|---|---|---|")
     for name, values in figures.items():
         print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
+    print("\nexits that failed after the figures were printed: " + ", ".join(
+        f"{name} {n} of {args.rounds}" for name, n in failed_exits.items()))  # fmt: skip
     print(f"\nthis tree / {args.against}: median {med:.3f}x over {len(ratios)} rounds "
           f"(range {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
     ok = med >= 0.95
