@@ -47,6 +47,18 @@ class ThroughputReport:
         return out
 
 
+def timed_epoch(
+    source: ZarrSource, chunk_size: int, windows: int, *, workers: int, seed: int
+) -> tuple[float, int]:
+    """``(seconds, bytes)`` of one epoch of ``windows`` windows of ``source`` through a new
+    CPU :class:`ChunkLoader` (the same ``seed``: the same windows in the same order)."""
+    with ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as loader:
+        begin, nbytes = time.perf_counter(), 0
+        for chunk in loader.epoch(windows):
+            nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
+        return time.perf_counter() - begin, nbytes
+
+
 def compare_throughput(
     url: str,
     local: str | Path,
@@ -68,14 +80,8 @@ def compare_throughput(
     """
 
     def run(path: str | Path, options: Mapping[str, Any] | None) -> tuple[float, int]:
-        with (
-            ZarrSource(path, fields, array=array, storage_options=options) as source,
-            ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as loader,
-        ):
-            begin, nbytes = time.perf_counter(), 0
-            for chunk in loader.epoch(windows):
-                nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
-            return time.perf_counter() - begin, nbytes
+        with ZarrSource(path, fields, array=array, storage_options=options) as source:
+            return timed_epoch(source, chunk_size, windows, workers=workers, seed=seed)
 
     local_s, nbytes = run(local, None)
     remote_s, remote_bytes = run(url, storage_options)
@@ -147,11 +153,8 @@ def cache_epochs(
         for _ in range(2):
             before = counters.snapshot()
             # a new loader with the same seed: the same windows in the same order
-            with ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as run:
-                begin, nbytes = time.perf_counter(), 0
-                for chunk in run.epoch(windows):
-                    nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
-                seconds.append(time.perf_counter() - begin)
+            took, nbytes = timed_epoch(source, chunk_size, windows, workers=workers, seed=seed)
+            seconds.append(took)
             hits.append(counters.hits - before.hits)
             misses.append(counters.misses - before.misses)
             fetched.append(counters.fetched_bytes - before.fetched_bytes)
