@@ -119,7 +119,7 @@ class LoaderConfig:
                 device_memory=device_memory,
                 on_cuda=on_cuda,
             )
-        config = cls(
+        config = LoaderConfig(
             chunk_size=chunk_size,
             workers=workers,
             prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,

@@ -214,16 +214,14 @@ class ChunkLoader:
         # a drop from a signal handler and the one it interrupted forget it once).
         self._learned: tuple[int, int] | None = None
         self._unread: list[tuple[int, int]] = []
-        self._make_pool = partial(  # no reference to the loader: the learning job holds it
-            host_pool,
-            rows=self.rows,
-            sets=self.config.host_sets(on_cuda),
-            device=self.device,
-            used=self._resident is None,
-        )
+        sets, used = self.config.host_sets(on_cuda), self._resident is None
+        # The learning job's recipe: no reference to the loader (that job holds it).
+        self._make_pool = partial(host_pool, rows=self.rows, sets=sets, device=self.device,
+                                  used=used)  # fmt: skip
         try:
             if self.source.fields is not None:
-                self._owned.pool = self._make_pool(self.source.fields)
+                self._owned.pool = host_pool(self.source.fields, self.rows, sets, self.device,
+                                             used=used)  # fmt: skip
                 self._pool_made.set_result(self._owned.pool)
             self._stage = self._make_stage()
             self._start_executors(on_cuda)
