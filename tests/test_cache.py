@@ -289,6 +289,56 @@ def test_the_environment_variable_gives_remote_sources_a_cache(server, tmp_path,
         assert source.cache is None
 
 
+def test_a_group_source_reads_through_the_cache_and_reports_it(tmp_path):
+    """``ZarrGroupSource(url, cache=DIR)`` (the layout ``convert`` writes): each array's
+    chunks fetched once, the second epoch all hits, the loader's summary the group's sum."""
+    root = tmp_path / "store"
+    group = zarr.create_group(root / "g.zarr")
+    a = np.random.default_rng(4).standard_normal((T, 6)).astype(np.float32)
+    b = np.random.default_rng(5).standard_normal((T, 3)).astype(np.float32)
+    group.create_array("a", shape=a.shape, chunks=(ZCHUNK, 6), dtype="f4")[:] = a
+    group.create_array("b", shape=b.shape, chunks=(ZCHUNK, 3), dtype="f4")[:] = b
+    zarr.consolidate_metadata(root / "g.zarr")  # plain HTTP lists a group no other way
+    folder = tmp_path / "cache"
+    for server in serve(root):
+        source = cs.ZarrGroupSource(f"{server.url}/g.zarr", cache=folder, storage_options=OPTIONS)
+        assert source.cache is not None and source.cache.root == folder
+        with cs.ChunkLoader(source, 100, device="cpu", sampling="sequential", workers=1) as loader:
+            for epoch in range(2):
+                before = dict(server.faults.paths)
+                chunks = list(loader.epoch(T // 100))
+                np.testing.assert_array_equal(np.concatenate([c["a"] for c in chunks]), a)
+                np.testing.assert_array_equal(np.concatenate([c["b"] for c in chunks]), b)
+                asked = {p: n - before.get(p, 0) for p, n in server.faults.paths.items()}
+                chunk_asks = sum(n for p, n in asked.items() if "/c/" in p)
+                assert chunk_asks == (2 * T // ZCHUNK if epoch == 0 else 0), asked
+            summary = loader.stats.summary()
+        source.close()
+        assert summary["cache_misses"] == 2 * T // ZCHUNK  # both arrays' chunks, once
+        assert summary["cache_hits"] == 2 * T // ZCHUNK  # the second epoch
+
+
+@pytest.mark.filterwarnings("ignore::chunkstream.ReadAmplificationWarning")  # both fields, 1 array
+def test_flyvis_open_of_a_url_takes_the_cache(tmp_path):
+    root = tmp_path / "store"
+    data = np.random.default_rng(6).standard_normal((T, 8, 2)).astype(np.float32)
+    zarr.create_array(root / "timeseries.zarr", shape=data.shape, chunks=(ZCHUNK, 8, 2),
+                      dtype="f4")[:] = data  # fmt: skip
+    for server in serve(root):
+        for epoch in range(2):
+            with cs.flyvis.open(server.url, stim_dims=3, cache=tmp_path / "cache",
+                                storage_options=OPTIONS) as source:  # fmt: skip
+                out = {n: np.empty((T, *f.shape), f.dtype) for n, f in source.fields.items()}
+                source.read_into(0, T, out)
+                counters = source.cache.counters
+                if epoch == 0:
+                    assert counters.misses >= T // ZCHUNK and counters.hits == 0
+                else:  # every chunk object from the folder
+                    assert counters.misses == 0 and counters.hits >= T // ZCHUNK
+            np.testing.assert_array_equal(out["voltage"], data[:, :, 0])
+            np.testing.assert_array_equal(out["stimulus"], data[:, :3, 1])
+
+
 def test_the_loader_reports_cache_hits_and_misses(server, served, tmp_path):
     url, folder = f"{server.url}/x.zarr", tmp_path / "cache"
     source = cs.ZarrSource(url, cache=folder, storage_options=OPTIONS)

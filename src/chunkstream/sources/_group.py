@@ -20,6 +20,7 @@ import zarr
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._base import SourceBase, check_lengths, window_nbytes
+from ._cache import CacheCounters, NodeCache
 from ._remote import close_store, open_remote_store, store_errors
 from ._zarr import ZarrSource, is_url
 
@@ -35,8 +36,10 @@ class ZarrGroupSource(SourceBase):
     ``fields`` maps a field name to an array name (the whole array) or to
     ``(array_name, index)`` with an index on the non-time axes as in
     ``ZarrSource``; ``None`` makes one field per array, named like it. Other
-    keyword arguments (``check_missing``, ``read_threads``, ``storage_options``)
-    go to each array's ``ZarrSource``.
+    keyword arguments (``check_missing``, ``read_threads``, ``storage_options``,
+    ``cache``, ``cache_bytes``) go to each array's ``ZarrSource``; :attr:`cache` is
+    the node-local cache the arrays of a remote group read through (their counters
+    summed, so a loader reports the group's hits and misses), or ``None``.
     """
 
     def __init__(
@@ -82,6 +85,8 @@ class ZarrGroupSource(SourceBase):
         }
         #: A multiple of every array's stored time chunk: a start on it is on each grid.
         self.time_chunk = math.lcm(*(p.time_chunk for p in self._parts))
+        caches = [p.cache for p in self._parts if p.cache is not None]
+        self.cache: GroupCache | None = GroupCache(caches) if caches else None
 
     def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
         """Fill ``out[name][: stop - start]`` for every field (each array decodes in parallel)."""
@@ -96,6 +101,30 @@ class ZarrGroupSource(SourceBase):
     def __repr__(self) -> str:
         names = ", ".join(f"{n}{s.shape}" for n, s in self._fields.items())
         return f"ZarrGroupSource({self.path!r}, T={self._len}, fields=[{names}])"
+
+
+class GroupCache:
+    """The node-local caches of a group's arrays (one folder) seen as one: ``root`` and
+    ``counters``, whose :meth:`snapshot` sums every array's counters."""
+
+    def __init__(self, caches: list[NodeCache]) -> None:
+        self.caches = caches
+        self.root = caches[0].root
+
+    @property
+    def counters(self) -> GroupCache:
+        """Itself: :meth:`snapshot` answers as a :class:`CacheCounters`' does."""
+        return self
+
+    def snapshot(self) -> CacheCounters:
+        total = CacheCounters()
+        for cache in self.caches:
+            now = cache.counters.snapshot()
+            total.add(now.hits, now.misses, now.fetched_bytes, now.evicted_bytes)
+        return total.snapshot()
+
+    def as_dict(self) -> dict[str, int]:
+        return self.snapshot().as_dict()
 
 
 def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[str]:
