@@ -325,6 +325,37 @@ def test_a_gather_still_running_at_exit_is_joined_and_the_process_exits_cleanly(
         assert "terminate called" not in done.stderr
 
 
+_FORK_CHILD = """
+import os, sys, time
+from chunkstream.consumer._gather import GatherPool
+
+pool = GatherPool(2)
+pool.run(lambda block: None, 2)  # a helper exists
+pool._lock.acquire()  # held by this thread at the fork: the child's copy stays held
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child's exit runs the pool's finalizer, which cannot take the lock
+pool._lock.release()
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung", flush=True)
+"""
+
+
+def test_a_child_forked_while_the_pool_was_locked_still_exits():
+    done = subprocess.run([sys.executable, "-c", _FORK_CHILD], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "child exit 0", (done.stdout, done.stderr[-2000:])
+
+
 # -- what the user is told, and refusals --------------------------------------------------
 
 

@@ -294,11 +294,16 @@ def _stop_helpers(helpers: _Helpers, timeout: float) -> None:
     active exception"). A helper's job is copies (bounded); one still running at
     ``timeout`` is left to the process.
     """
-    with helpers.lock:
+    deadline = time.monotonic() + timeout
+    # Bounded: in a child forked while another thread held the lock, nobody releases it.
+    if not helpers.lock.acquire(timeout=timeout):
+        return
+    try:
         helpers.stopping = True
         helpers.cond.notify_all()
         threads = list(helpers.threads)
-    deadline = time.monotonic() + timeout
+    finally:
+        helpers.lock.release()
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
 
