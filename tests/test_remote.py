@@ -183,7 +183,7 @@ def test_closing_an_fsspec_store_closes_its_http_session(http_faults, data_dir):
 def test_a_failed_open_closes_the_store(http_faults, monkeypatch, bad):
     opened = []
     open_store = _remote.open_remote_store
-    monkeypatch.setattr("chunkstream.sources._zarr.open_remote_store",
+    monkeypatch.setattr("chunkstream.sources._open.open_remote_store",
                         lambda *a, **k: opened.append(open_store(*a, **k)) or opened[-1])  # fmt: skip
     with pytest.raises(cs.SourceError if "fields" in bad else cs.ConfigError):
         cs.ZarrSource(f"{http_faults.url}/x.zarr", storage_options={"chunkstream": FAST}, **bad)
@@ -630,7 +630,7 @@ def test_read_metadata_over_http_uses_the_remote_store_and_closes_it(flyvis_serv
     server, meta = flyvis_server
     opened = []
     open_store = _remote.open_remote_store
-    monkeypatch.setattr("chunkstream.sources._zarr.open_remote_store",
+    monkeypatch.setattr("chunkstream.sources._open.open_remote_store",
                         lambda *a, **k: opened.append(open_store(*a, **k)) or opened[-1])  # fmt: skip
     got = cs.flyvis.read_metadata(f"{server.url}/run", storage_options={"chunkstream": FAST})
     np.testing.assert_array_equal(got, meta)

@@ -191,8 +191,8 @@ CACHE_ENV = "CHUNKSTREAM_CACHE"
 def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
     """The cache folder for a source at ``path`` (``cache``, else ``$CHUNKSTREAM_CACHE``
     for a remote URL), or ``None``; :class:`ConfigError` for values that cannot work."""
+    from ._open import is_url
     from ._remote import OBSTORE_SCHEMES
-    from ._zarr import is_url
 
     if cache_bytes is not None:
         check_int(
