@@ -142,6 +142,19 @@ def _trials(tier: str, moments: list, handler: Any, keep: str) -> list[Trial]:
     )
 
 
+def _alarm_trials(tier: str, *, n: int, seed: int) -> list[Trial]:
+    """``n`` trials, each a real ``SIGALRM`` at a random moment of an uninterrupted body's
+    span (timed once), landing wherever the main thread is while the readers read and
+    the helpers gather (or, on CUDA, copy)."""
+    start = time.monotonic()
+    _body(probe := _stream(tier), [])
+    probe.loader.close()
+    span = time.monotonic() - start
+    rng = random.Random(seed)
+    moments = [Alarm(rng.uniform(0.0, span)) for _ in range(n)]
+    return _trials(tier, moments, save_and_close, "chunkstream")
+
+
 def _spread(sites: list[int], n: int) -> list[int]:
     """At most ``n`` of ``sites``, evenly spread (the first and the last kept)."""
     if len(sites) <= n:
@@ -211,14 +224,7 @@ def test_load_state_dict_from_a_handler_at_every_consumer_function(tier):
 
 @pytest.mark.parametrize("tier", list(TIERS))
 def test_signals_while_the_helpers_gather_and_the_readers_read(tier):
-    start = time.monotonic()
-    _body(probe := _stream(tier), [])
-    probe.loader.close()
-    span = time.monotonic() - start
-    rng = random.Random(2)
-    moments = [Alarm(rng.uniform(0.0, span)) for _ in range(8)]
-    trials = _trials(tier, moments, save_and_close, "chunkstream")
-    _check(trials, tier)
+    _check(_alarm_trials(tier, n=8, seed=2), tier)
 
 
 @pytest.mark.parametrize("tier", ["device-mix3", "host-mix3"])
@@ -246,11 +252,4 @@ def test_on_cuda_a_handler_inside_every_consumer_function_checkpoints_and_closes
 @pytest.mark.gpu
 @pytest.mark.parametrize("tier", list(GPU_TIERS))
 def test_on_cuda_signals_while_batches_are_copied(tier):
-    start = time.monotonic()
-    _body(probe := _stream(tier), [])
-    probe.loader.close()
-    span = time.monotonic() - start
-    rng = random.Random(3)
-    moments = [Alarm(rng.uniform(0.0, span)) for _ in range(10)]
-    trials = _trials(tier, moments, save_and_close, "chunkstream")
-    _check(trials, tier)
+    _check(_alarm_trials(tier, n=10, seed=3), tier)

@@ -216,12 +216,14 @@ class ChunkLoader:
         self._unread: list[tuple[int, int]] = []
         sets, used = self.config.host_sets(on_cuda), self._resident is None
         # The learning job's recipe: no reference to the loader (that job holds it).
-        self._make_pool = partial(host_pool, rows=self.rows, sets=sets, device=self.device,
-                                  used=used)  # fmt: skip
+        self._make_pool = partial(
+            host_pool, rows=self.rows, sets=sets, device=self.device, used=used
+        )
         try:
             if self.source.fields is not None:
-                self._owned.pool = host_pool(self.source.fields, self.rows, sets, self.device,
-                                             used=used)  # fmt: skip
+                self._owned.pool = host_pool(
+                    self.source.fields, rows=self.rows, sets=sets, device=self.device, used=used
+                )
                 self._pool_made.set_result(self._owned.pool)
             self._stage = self._make_stage()
             self._start_executors(on_cuda)
