@@ -316,6 +316,10 @@ def test_a_group_source_reads_through_the_cache_and_reports_it(tmp_path):
         source.close()
         assert summary["cache_misses"] == 2 * T // ZCHUNK  # both arrays' chunks, once
         assert summary["cache_hits"] == 2 * T // ZCHUNK  # the second epoch
+        counters = source.cache.counters  # read as a ZarrSource's are, summed
+        assert (counters.hits, counters.misses) == (2 * T // ZCHUNK, 2 * T // ZCHUNK)
+        stored = sum(f.stat().st_size for f in (root / "g.zarr").glob("*/c/**/*") if f.is_file())
+        assert counters.fetched_bytes == stored  # every chunk object's stored bytes, once
 
 
 @pytest.mark.filterwarnings("ignore::chunkstream.ReadAmplificationWarning")  # both fields, 1 array

@@ -105,8 +105,8 @@ class ZarrGroupSource(SourceBase):
 
 
 class GroupCache:
-    """The node-local caches of a group's arrays (one folder) seen as one: ``root`` and
-    ``counters``, whose :meth:`snapshot` sums every array's counters."""
+    """The node-local caches of a group's arrays (one folder) seen as one: ``root``, and
+    ``counters`` that read as one :class:`CacheCounters` (every array's summed)."""
 
     def __init__(self, caches: list[NodeCache]) -> None:
         self.caches = caches
@@ -114,7 +114,8 @@ class GroupCache:
 
     @property
     def counters(self) -> GroupCache:
-        """Itself: :meth:`snapshot` answers as a :class:`CacheCounters`' does."""
+        """Itself: :meth:`snapshot` and the four counts answer as a
+        :class:`CacheCounters`' do (what ``LatencyStats.watch_cache`` reads)."""
         return self
 
     def snapshot(self) -> CacheCounters:
@@ -124,8 +125,21 @@ class GroupCache:
             total.add(now.hits, now.misses, now.fetched_bytes, now.evicted_bytes)
         return total.snapshot()
 
-    def as_dict(self) -> dict[str, int]:
-        return self.snapshot().as_dict()
+    @property
+    def hits(self) -> int:
+        return self.snapshot().hits
+
+    @property
+    def misses(self) -> int:
+        return self.snapshot().misses
+
+    @property
+    def fetched_bytes(self) -> int:
+        return self.snapshot().fetched_bytes
+
+    @property
+    def evicted_bytes(self) -> int:
+        return self.snapshot().evicted_bytes
 
 
 def _array_names(path: str, storage_options: Mapping[str, Any] | None) -> list[str]:
