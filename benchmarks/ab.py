@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _export(rev: str, into: Path) -> Path:
     """``src/`` of ``rev`` unpacked under ``into``; its path."""
-    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
-                             capture_output=True).stdout  # fmt: skip
+    archive = subprocess.run(
+        ["git", "archive", rev, "src"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     with tempfile.TemporaryFile() as f:
         f.write(archive)
         f.seek(0)
@@ -48,16 +49,28 @@ def _child(arm: str, seconds: float, quick: bool) -> None:
 
     t, n, chunk = (16384, 256, 4096) if quick else (65536, 1024, 16384)
     data = np.random.default_rng(0).standard_normal((t, n), dtype=np.float32)
-    out = measure(data, chunk, arm, seconds, gather_threads=None,
-                  **({"batch_prefetch": 2} if arm == "host" else {}))  # fmt: skip
+    out = measure(
+        data,
+        chunk,
+        arm,
+        seconds,
+        gather_threads=None,
+        **({"batch_prefetch": 2} if arm == "host" else {}),
+    )
     print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
 
 
 def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
     cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds)]
-    done = subprocess.run(cmd + (["--quick"] if quick else []), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        cmd + (["--quick"] if quick else []),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise SystemExit(f"{src}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
@@ -83,13 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.against:
         ap.error("--against REV is required (e.g. --against 19e07c6)")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="chunkstream-ab-") as tmp:
         trees = {"this tree": ROOT / "src", args.against: _export(args.against, Path(tmp))}
-        print(f"arm {args.arm}, idle, {args.seconds:g} s per run, {args.rounds} rounds; "
-              f"this tree (HEAD {head}, with any uncommitted change) vs {args.against}; "
-              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        print(
+            f"arm {args.arm}, idle, {args.seconds:g} s per run, {args.rounds} rounds; "
+            f"this tree (HEAD {head}, with any uncommitted change) vs {args.against}; "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         ratios, figures = [], {name: [] for name in trees}
         failed_exits = dict.fromkeys(trees, 0)
         for r in range(args.rounds):
@@ -100,17 +121,24 @@ def main(argv: list[str] | None = None) -> int:
                 failed_exits[name] += got[name]["exit"] != 0
             a, b = got["this tree"]["batches_s"], got[args.against]["batches_s"]
             ratios.append(a / b)
-            print(f"  round {r} ({' first, '.join(order)} second): this tree {a:7.1f}, "
-                  f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x; "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            print(
+                f"  round {r} ({' first, '.join(order)} second): this tree {a:7.1f}, "
+                f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x; "
+                f"load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     med = statistics.median(ratios)
     print("\n| tree | median batches/s | range |\n|---|---|---|")
     for name, values in figures.items():
         print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
-    print("\nexits that failed after the figures were printed: " + ", ".join(
-        f"{name} {n} of {args.rounds}" for name, n in failed_exits.items()))  # fmt: skip
-    print(f"\nthis tree / {args.against}: median {med:.3f}x over {len(ratios)} rounds "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
+    print(
+        "\nexits that failed after the figures were printed: "
+        + ", ".join(f"{name} {n} of {args.rounds}" for name, n in failed_exits.items())
+    )
+    print(
+        f"\nthis tree / {args.against}: median {med:.3f}x over {len(ratios)} rounds "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
     ok = med >= 0.95
     print(f"{'met ' if ok else 'MISS'}  {args.arm} batches/s >= 0.95x {args.against}: {med:.3f}")
     return 0 if ok else 1

@@ -6,11 +6,12 @@ doing, saves ``state_dict()`` and calls ``close()``. :func:`preempt` runs a body
 (an epoch loop over the object under test) once per moment and interrupts it
 there with such a handler:
 
-* :class:`Call` ``(k)``: at the ``k``-th profile event (a call, or just before a C call) of the
-  main thread, the handler runs as a signal handler would, inside whatever the
-  main thread holds at that point (the loader's lock while it publishes, a run's
-  lock in ``take``, the stats' lock, a future's wait); :func:`call_sites` lists a
-  body's events, one per site, so a sweep covers every function it enters;
+* :class:`Call` ``(k)``: at the ``k``-th profile event (a call, or just before a C
+  call) of the main thread, the handler runs as a signal handler would, inside
+  whatever the main thread holds at that point (the loader's lock while it
+  publishes, a run's lock in ``take``, the stats' lock, a future's wait);
+  :func:`call_sites` lists a body's events, one per site, so a sweep covers every
+  function it enters;
 * :class:`Alarm` ``(delay, repeat)``: a real ``SIGALRM`` after ``delay`` s (and every
   ``repeat`` s after, so handlers nest), landing wherever the main thread is,
   while the workers read or copy.
@@ -208,8 +209,9 @@ def preempt(
     object's answer to a later call) also ends a trial normally. Must run on the
     main thread (signals are delivered there). :class:`Call` counts only calls and C
     calls in files whose path contains ``keep`` (never a weakref callback of the
-    interpreter's, where the handler's exception would be swallowed). ``close(obj)`` ends every
-    trial (an object without ``close()``, a ``BatchStream``, closes its loader).
+    interpreter's, where the handler's exception would be swallowed). ``close(obj)``
+    ends every trial (an object without ``close()``, a ``BatchStream``, closes its
+    loader).
     """
     assert threading.current_thread() is threading.main_thread()
     return [_trial(make, body, m, handler, closed_error, hang_s, keep, close) for m in moments]

@@ -326,12 +326,14 @@ def test_a_group_source_reads_through_the_cache_and_reports_it(tmp_path):
 def test_flyvis_open_of_a_url_takes_the_cache(tmp_path):
     root = tmp_path / "store"
     data = np.random.default_rng(6).standard_normal((T, 8, 2)).astype(np.float32)
-    zarr.create_array(root / "timeseries.zarr", shape=data.shape, chunks=(ZCHUNK, 8, 2),
-                      dtype="f4")[:] = data  # fmt: skip
+    zarr.create_array(
+        root / "timeseries.zarr", shape=data.shape, chunks=(ZCHUNK, 8, 2), dtype="f4"
+    )[:] = data
     for server in serve(root):
         for epoch in range(2):
-            with cs.flyvis.open(server.url, stim_dims=3, cache=tmp_path / "cache",
-                                storage_options=OPTIONS) as source:  # fmt: skip
+            with cs.flyvis.open(
+                server.url, stim_dims=3, cache=tmp_path / "cache", storage_options=OPTIONS
+            ) as source:
                 out = {n: np.empty((T, *f.shape), f.dtype) for n, f in source.fields.items()}
                 source.read_into(0, T, out)
                 counters = source.cache.counters
@@ -429,8 +431,9 @@ def test_bench_refuses_a_cache_for_a_local_path(tmp_path, capsys):
 def test_a_sharded_store_is_cached_by_the_ranges_read(tmp_path):
     root = tmp_path / "store"
     data = np.random.default_rng(5).standard_normal((T, 8)).astype(np.float32)
-    zarr.create_array(root / "s.zarr", shape=data.shape, chunks=(10, 8), shards=(50, 8),
-                      dtype="f4")[:] = data  # fmt: skip
+    zarr.create_array(
+        root / "s.zarr", shape=data.shape, chunks=(10, 8), shards=(50, 8), dtype="f4"
+    )[:] = data
     folder = tmp_path / "cache"
     for server in serve(root):
         url = f"{server.url}/s.zarr"

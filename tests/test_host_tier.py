@@ -318,8 +318,9 @@ def test_a_gather_still_running_at_exit_is_joined_and_the_process_exits_cleanly(
     aborted the process ("terminate called without an active exception", exit -6): 10
     of 10 runs of this child before the pool's exit finalizer, which joins the helpers."""
     for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", _EXIT_CHILD], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _EXIT_CHILD], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
         assert done.stdout.split("\n")[:2] == ["main exits", "job finished"], done.stdout
         assert "terminate called" not in done.stderr
@@ -350,8 +351,9 @@ else:
 
 
 def test_a_child_forked_while_the_pool_was_locked_still_exits():
-    done = subprocess.run([sys.executable, "-c", _FORK_CHILD], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHILD], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "child exit 0", (done.stdout, done.stderr[-2000:])
 
