@@ -10,7 +10,7 @@ PUBLIC = [
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
-    "Piece", "PiecePlan", "RandomPlan", "ReadAmplificationWarning", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "Segments", "SequentialPlan", "ShuffledPlan", "Source",
+    "Piece", "PiecePlan", "RandomPlan", "ReadAmplificationWarning", "Recordings", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "Segments", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "TensorStoreSource", "WindowPlan", "WindowSampler",
     "ZarrGroupSource", "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",

@@ -179,9 +179,10 @@ class ChunkLoader:
             align=align,
             seed=seed,
             pieces=pieces,
-            segments=segments,
+            segments=segments if segments is not None else getattr(source, "segments", None),
             window=window,
             grid=stored_time_chunk(source),
+            recordings=getattr(source, "strata", None),  # a cs.Recordings: its weights
         )
         if stats is not None and not isinstance(stats, LatencyStats):
             raise ConfigError.bad(

@@ -85,6 +85,11 @@ class PiecePlan(Plan):
     segments shorter than it are skipped. Like the window plans it is pure and
     thread-safe; ``window(epoch, index)`` is the chunk's first piece's bounds.
     ``sampling`` is a mode's name or a :class:`~chunkstream.plans._sampling.Sampling`.
+
+    ``recordings`` (``(start, stop, weight)`` per recording, as
+    :attr:`~chunkstream.Recordings.strata` gives them, or ``None``) weighs the
+    segments: an epoch draws each recording's segments in proportion to its weight
+    instead of their length (:func:`segment_factors`; ``sequential`` ignores it).
     """
 
     total_timesteps: int
@@ -96,6 +101,7 @@ class PiecePlan(Plan):
     seed: int = 0
     grid: int = 1
     batch_window: int = 1
+    recordings: tuple[tuple[int, int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         total, chunk = _span(self.total_timesteps, self.chunk_size)
@@ -155,7 +161,12 @@ class PiecePlan(Plan):
             ("segments", segs if self.segments is not None else None),
         ):
             object.__setattr__(self, name, value)
-        layout = Layout(_used(segs, window), piece=piece, step=step)
+        used = _used(segs, window)
+        factors = None
+        if self.recordings is not None:
+            object.__setattr__(self, "recordings", tuple(map(tuple, self.recordings)))
+            factors = segment_factors(used, self.recordings)
+        layout = Layout(used, piece=piece, step=step, factors=factors)
         _check_pool(layout, self.sampling, k, window, segs)
         self._set_parts(layout, as_mode(self.sampling), PIECE_STREAM)
 
@@ -200,6 +211,29 @@ def _check_pool(layout: Layout, sampling: object, k: int, window: int, segs: Seg
     )
 
 
+def segment_factors(
+    used: list[tuple[int, int, int]], recordings: Sequence[tuple[int, int, float]]
+) -> list[float]:
+    """Per used segment ``(start, stop, id)``, how many times its length's share a
+    weighted epoch draws it: its recording's weight share over that recording's share
+    of the used timesteps (a segment in no recording keeps 1). Recordings with no used
+    segment are left out of the shares."""
+    owner = []
+    for start, stop, _ in used:
+        inside = [r for r, (a, b, _) in enumerate(recordings) if a <= start and stop <= b]
+        owner.append(inside[0] if inside else None)
+    length: dict[int, int] = {}
+    for (start, stop, _), r in zip(used, owner, strict=True):
+        if r is not None:
+            length[r] = length.get(r, 0) + stop - start
+    if not length:
+        return [1.0] * len(used)
+    weight = {r: float(recordings[r][2]) for r in length}
+    total_w, total_n = sum(weight.values()), sum(length.values())
+    factor = {r: (weight[r] / total_w) / (length[r] / total_n) for r in length}
+    return [1.0 if r is None else factor[r] for r in owner]
+
+
 def _used(segs: Segments, window: int) -> list[tuple[int, int, int]]:
     """``(start, stop, index)`` of the segments that hold a window; one warning names
     the others (skipped), and none left is a ConfigError."""
@@ -232,11 +266,14 @@ def loader_plan(
     segments: object,
     window: int | None,
     grid: int,
+    recordings: tuple[tuple[int, int, float], ...] | None = None,
 ) -> Plan:
     """A loader's plan: a window plan for contiguous chunks, a :class:`PiecePlan` for
     pieces or segments (``grid``: the source's stored time-chunk length); a custom
     :class:`WindowPlan` is wrapped (:func:`~chunkstream.plans._windows.as_plan`).
     Raises :class:`ConfigError` naming ``window``, ``sampling`` or ``pieces``."""
+    if recordings is not None:
+        segments = within_recordings(segments, recordings, total)
     if pieces == 1 and segments is None:
         if window is not None and isinstance(chunk_size, int) and window > min(chunk_size, total):
             raise ConfigError.bad(
@@ -277,4 +314,37 @@ def loader_plan(
         seed=seed,
         grid=grid,
         batch_window=1 if window is None else window,
+        recordings=recordings,
     )
+
+
+def within_recordings(
+    segments: object, recordings: Sequence[tuple[int, int, float]], total: int
+) -> Segments:
+    """The segments cut at the recordings' bounds (the recordings themselves, named
+    ``rec<i>``, when ``segments`` is ``None``): no piece nor window crosses from one
+    recording into another. A segment's part in a recording keeps its name where it
+    lies in one recording, else gets ``<name>@<i>``; parts outside every recording
+    are dropped."""
+    if segments is None:
+        return Segments([(a, b, f"rec{i}") for i, (a, b, _) in enumerate(recordings)])
+    if isinstance(segments, str | os.PathLike):
+        segments = Segments.read(segments)
+    segs = as_segments(segments, total)
+    out = []
+    for seg in segs:
+        parts = [
+            (max(seg.start, a), min(seg.stop, b), i)
+            for i, (a, b, _) in enumerate(recordings)
+            if max(seg.start, a) < min(seg.stop, b)
+        ]
+        for start, stop, i in parts:
+            out.append((start, stop, seg.name if len(parts) == 1 else f"{seg.name}@{i}"))
+    if not out:
+        raise ConfigError.bad(
+            "segments",
+            segs,
+            "segments that overlap the recordings",
+            "Build them from the Recordings source's segments (e.g. split_segments(recs.segments)).",
+        )
+    return Segments(out)

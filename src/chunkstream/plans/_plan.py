@@ -30,13 +30,17 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from .._errors import ConfigError, check_int
+from ._hash import hash_words, permute
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._segments import Segments
 
 __all__ = ["Draw", "Layout", "Piece", "Plan", "Sampling", "Table", "check_rank"]
 
 _MAX_INDEX = 2**63 - 1  # the vectorised path holds indices in int64
+_TAG_OWN = 0x4F574E54  # "OWNT": a weighted line's choice of its own tiles
 
 
 class Piece(NamedTuple):
@@ -133,9 +137,22 @@ class Layout:
     places its tiles), then the pool of the shorter segments laid end to end, a ring
     cut into the fewest tiles of equal length. Sampling modes use :meth:`start_draw`,
     :meth:`tile_draw` and :meth:`time_draw`.
+
+    ``factors`` (one float > 0 per segment, or ``None``) weighs the segments at least
+    a piece long: such a line is drawn ``factor`` times as often as its length says
+    (:func:`weigh`); the pool keeps its length's share. A weighted line's pass holds
+    ``round(tiles * factor)`` (at least one) of its tiles, a keyed choice of them
+    (:meth:`tile_draw`'s ``key``), every tile again with another phase where the
+    factor is above one; ``random`` weighs its starts the same way.
     """
 
-    def __init__(self, segments: list[tuple[int, int, int]], piece: int, step: int) -> None:
+    def __init__(
+        self,
+        segments: list[tuple[int, int, int]],
+        piece: int,
+        step: int,
+        factors: Sequence[float] | None = None,
+    ) -> None:
         a, b, ids = (np.array(col, dtype=np.int64) for col in zip(*segments, strict=True))
         self.piece, self.step = piece, step
         self.time = Table.of(a, b, ids)
@@ -154,6 +171,13 @@ class Layout:
         self.phases = (lb - first - n_tiles * piece) // step + 1
         starts = (lb - first - piece) // step + 1
         last = starts - 1
+        # A line's own tiles and starts; what a pass draws of them (the same unweighted).
+        self._own_tiles, self._own_starts = n_tiles.copy(), starts.copy()
+        self.weighted = factors is not None
+        if factors is not None:
+            f = np.asarray(factors, dtype=np.float64)[order][: la.size]
+            n_tiles = np.maximum(1, np.rint(n_tiles * f)).astype(np.int64)
+            starts = np.maximum(1, np.rint(starts * f)).astype(np.int64)
         self._pool_tiles = -(-pool // piece)
         self._ring = np.zeros(la.size, dtype=bool)
         if pool:
@@ -170,6 +194,8 @@ class Layout:
             last = np.append(last, ring_starts - 1 if pool >= piece else 0)
             weight = ring_starts if pool >= piece else (max(1, piece // step) if la.size else 1)
             starts = np.append(starts, weight)
+            self._own_tiles = np.append(self._own_tiles, self._pool_tiles)
+            self._own_starts = np.append(self._own_starts, weight)
         self._last = last
         self._tiles_cum, self._starts_cum = np.cumsum(n_tiles), np.cumsum(starts)
         self.n_tiles, self.n_starts = int(self._tiles_cum[-1]), int(self._starts_cum[-1])
@@ -223,19 +249,33 @@ class Layout:
         """Piece start number ``u`` (``0 <= u < n_starts``, lines weighed by their starts)."""
         line = np.searchsorted(self._starts_cum, u, side="right")
         local = u - np.concatenate(([0], self._starts_cum))[line]
+        if self.weighted:  # the line's draws spread evenly over its own starts
+            drawn = np.diff(np.concatenate(([0], self._starts_cum)))[line]
+            local = local * self._own_starts[line] // drawn
         v0 = self._lo[line] + np.minimum(local, self._last[line]) * self.step
         v1 = v0 + self.piece
         return self._wrap(
             owner, line, v0, np.where(self._ring[line], v1, np.minimum(v1, self._hi[line]))
         )
 
-    def tile_draw(self, owner: np.ndarray, tile: np.ndarray, phase: np.ndarray | int) -> Draw:
+    def tile_draw(
+        self,
+        owner: np.ndarray,
+        tile: np.ndarray,
+        phase: np.ndarray | int,
+        key: np.ndarray | None = None,
+    ) -> Draw:
         """Tile ``tile`` (``0 <= tile < n_tiles``) of its line placed by ``phase``
         (``0 <= phase < phases[line]``): a line's tiles move by ``phase * step``, the
-        pool's (the fewest of equal length, over half a piece) turn by ``phase``."""
+        pool's (the fewest of equal length, over half a piece) turn by ``phase``.
+        A weighted layout's ``key`` (the pass's key per tile) picks which of a line's own
+        tiles its draws are: a keyed permutation, one per round over them, each round
+        at the next phase."""
         line = self.tile_line(tile)
         local = tile - np.concatenate(([0], self._tiles_cum))[line]
         phase = np.broadcast_to(np.asarray(phase, dtype=np.int64), tile.shape)
+        if self.weighted and key is not None:
+            local, phase = self._own_tile(line, local, phase, key)
         v0 = self._lo[line] + phase * self.step + local * self.piece
         v1 = v0 + self.piece
         if self.pooled:
@@ -245,6 +285,19 @@ class Layout:
             v0 = np.where(pool, self._lo[-1] + (begin + phase) % size, v0)
             v1 = np.where(pool, v0 + end - begin, v1)
         return self._wrap(owner, line, v0, v1)
+
+    def _own_tile(
+        self, line: np.ndarray, drawn: np.ndarray, phase: np.ndarray, key: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A weighted line's draw ``drawn`` as one of its own tiles, and its phase."""
+        own = self._own_tiles[line]
+        round_, within = np.divmod(drawn, own)
+        local = np.empty_like(drawn)
+        for j in np.unique(line).tolist():
+            at = line == j
+            words = hash_words(key[at], _TAG_OWN, np.uint64(j), round_[at].astype(np.uint64))
+            local[at] = permute(within[at].astype(np.uint64), int(own[at][0]), words)
+        return local.astype(np.int64), (phase + round_) % self.phases[line]
 
     def time_draw(self, owner: np.ndarray, v0: np.ndarray, v1: np.ndarray) -> Draw:
         """Virtual ``[v0, v1)`` of the segments in time order (``0 <= v0 < length``)."""

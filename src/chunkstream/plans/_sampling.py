@@ -116,7 +116,7 @@ class Shuffled(Sampling):
         line = layout.tile_line(tile)
         phases = layout.phases[line].astype(np.uint64)
         phase = (mix(stream.phase_word(key, line)) % phases).astype(np.int64)
-        return layout.tile_draw(owner, tile, phase)
+        return layout.tile_draw(owner, tile, phase, key)
 
 
 class Sequential(Sampling):

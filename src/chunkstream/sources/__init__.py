@@ -5,6 +5,7 @@ from ._callable import CallableSource
 from ._group import ZarrGroupSource
 from ._join import JoinSource
 from ._numpy import NumpySource
+from ._recordings import Recordings
 from ._remote import RemoteOptions, RemotePermissionError, RemoteStoreError
 from ._tensorstore import TensorStoreSource
 from ._zarr import ZarrSource
@@ -25,6 +26,8 @@ from ._remote import close_store as close_store  # isort: skip
 from ._remote import store_errors as store_errors  # isort: skip
 from ._select import read_amplification as read_amplification  # isort: skip
 from ._open import is_url as is_url  # isort: skip
+from ._recordings import MASK_SUFFIX as MASK_SUFFIX  # isort: skip
+from ._recordings import RECORDING_FIELD as RECORDING_FIELD  # isort: skip
 from ._open import open_zarr_array as open_zarr_array  # isort: skip
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "FieldSpec",
     "JoinSource",
     "NumpySource",
+    "Recordings",
     "RemoteOptions",
     "RemotePermissionError",
     "RemoteStoreError",
