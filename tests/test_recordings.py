@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -234,3 +236,30 @@ def test_weighted_plan_is_pure_and_covers_every_tile_across_passes():
     # over passes its tiles all come (1 - 0.76**12: 96% expected).
     starts_a = {p.start for p in pieces if p.segment == 0}
     assert len(starts_a) > 0.9 * (1000 // 20)
+
+
+def test_tools_plan_inspect_and_bench_take_several_runs(stores, capsys):
+    from chunkstream.cli import main
+
+    paths = [stores[n][0] for n in SHAPES]
+    args = ["--chunk-size", "400", "--batch-size", "32", "--window", str(WINDOW), "--device", "cpu"]
+    assert main(["plan", *paths, *args, "--pieces", "4", "--weights", "1", "1", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = report["pieces"]["recordings"]
+    assert [r["name"] for r in runs] == ["a.zarr", "b.zarr", "c.zarr"]
+    assert [r["timesteps"] for r in runs] == [3000, 5000, 1700]
+    assert [r["share"] for r in runs] == pytest.approx([0.25, 0.25, 0.5])
+    assert [r["drawn"] for r in runs] == pytest.approx([0.25, 0.25, 0.5], abs=0.02)
+    assert main(["plan", *paths, *args]) == 0
+    out = capsys.readouterr().out
+    assert "recordings (one pass" in out and "c.zarr" in out
+    assert main(["inspect", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "as one dataset (cs.Recordings, 3 runs)" in out and "'data_mask' true where real" in out
+    assert main(["inspect", *paths, "--json"]) == 0
+    together = json.loads(capsys.readouterr().out)["recordings"]
+    assert [r["offset"] for r in together["runs"]] == [0, 3000, 8000]
+    bench = ["--chunk-size", "400", "--prefetch", "2", "--workers", "1", "--chunks", "4"]
+    assert main(["bench", *paths, *bench, "--train-ms", "1", "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert " + " in out["path"] and len(out["settings"]) == 1

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ._checks import float_above, int_at_least, naming_options, new_file, note, refuse, unused
-from ._plan import add_data_arguments
+from ._plan import add_data_arguments, add_recordings_arguments
 
 __all__ = ["register"]
 
@@ -55,8 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "cache in DIR and reports epoch 1 (cold: fetched and kept) against epoch 2 (warm)."
         ),
     )
-    p.add_argument("path", metavar="PATH", help="zarr store, FlyVis run directory or URL")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="+",
+        help="zarr store, FlyVis run directory or URL; several: streamed as one dataset "
+        "(cs.Recordings, each run's windows in proportion to its length or --weights)",
+    )
     add_data_arguments(p, shape=False)
+    add_recordings_arguments(p)
     p.add_argument(
         "--chunk-size",
         type=int_at_least(1),
@@ -147,6 +154,18 @@ def check(args: argparse.Namespace) -> None:
     for option, values in (("--prefetch", args.prefetch), ("--workers", args.workers)):
         if not values or min(values) < 1:
             raise refuse(option, ",".join(map(str, values)), "integers >= 1, e.g. 1,2,4,6")
+    if len(args.path) > 1:
+        for option, value in (("--local", args.local), ("--cache", args.cache)):
+            if value is not None:
+                raise refuse(
+                    option,
+                    value,
+                    "one PATH",
+                    f"{option} compares one remote store: bench each run on its own.",
+                )
+    elif args.weights is not None:
+        raise unused("--weights", " ".join(args.weights), "several PATHs", "one run has no share")
+    args.path = args.path[0] if len(args.path) == 1 else args.path
     if args.local is not None:
         if not is_remote(str(args.path)):
             raise refuse(
@@ -202,15 +221,29 @@ def run(args: argparse.Namespace) -> int:
             "bench",
             f"--gpu-prefetch {args.gpu_prefetch} changes nothing on the CPU (no device copies)",
         )
-    source = open_bench_source(
-        args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
-    )
+    if isinstance(args.path, list):  # several runs: one dataset
+        from ..tools import open_recordings, parse_weights
+
+        source = open_recordings(
+            args.path,
+            args.fields,
+            flyvis=args.flyvis,
+            column=args.column,
+            stim_dims=args.stim_dims,
+            weights=parse_weights(args.weights, len(args.path)),
+        )
+        where = " + ".join(map(str, args.path))
+    else:
+        source = open_bench_source(
+            args.path, args.fields, flyvis=args.flyvis, column=args.column, stim_dims=args.stim_dims
+        )
+        where = args.path
     try:
         if args.chunk_size is not None and args.chunk_size > len(source):
             raise refuse(
                 "--chunk-size",
                 args.chunk_size,
-                f"at most the {len(source)} timesteps of {args.path!r}",
+                f"at most the {len(source)} timesteps of {where!r}",
                 "Every chunk would be all of the data: pass a smaller --chunk-size.",
             )
         report = run_bench(
@@ -226,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             seed=args.seed,
             progress=not args.no_progress and sys.stderr.isatty(),
-            path=args.path,
+            path=where,
         )
     finally:
         source.close()

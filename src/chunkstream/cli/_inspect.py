@@ -22,7 +22,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "and what to do about it."
         ),
     )
-    p.add_argument("path", metavar="PATH", help="zarr store, group or directory (or URL)")
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="+",
+        help="zarr store, group or directory (or URL); several: each is reported, then "
+        "how they stream as one dataset (cs.Recordings: lengths, shares, fields)",
+    )
+    p.add_argument(
+        "--flyvis",
+        action="store_true",
+        help="with several PATHs: they are FlyVis run directories (their voltage and stimulus)",
+    )
     p.add_argument(
         "--fields",
         nargs="+",
@@ -46,11 +57,74 @@ def _mb(n: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools import inspect_store
-
     if args.window is not None and not args.fields:
         raise unused("--window", args.window, "--fields", "it sizes the fields' windows")
-    report = inspect_store(args.path, args.fields, window=args.window)
+    if len(args.path) == 1:
+        if args.flyvis:
+            raise unused("--flyvis", "", "several PATHs", "inspect lists a run's arrays itself")
+        return _one(args, args.path[0])
+    if args.json:
+        from ..tools import inspect_store
+
+        runs = [inspect_store(p, None if args.flyvis else args.fields).to_dict() for p in args.path]
+        print(json.dumps({"runs": runs, "recordings": _together(args)}, indent=2))
+        return 0
+    for path in args.path:
+        _one(args, path if not args.flyvis else f"{path.rstrip('/')}/timeseries.zarr")
+        print()
+    together = _together(args)
+    print(f"as one dataset (cs.Recordings, {len(args.path)} runs):")
+    if "error" in together:
+        print(f"  these runs cannot stream together: {together['error']}")
+        return 1
+    width = max(len(r["name"]) for r in together["runs"])
+    for r in together["runs"]:
+        print(
+            f"  {r['name']:<{width}}  {r['timesteps']} timesteps from {r['offset']}, "
+            f"{r['share']:.1%} of every epoch by length"
+        )
+    print(f"  T={together['timesteps']}, aligned to the stored time chunk {together['time_chunk']}")
+    for name, spec in together["fields"].items():
+        print(f"  field {name}: per step {tuple(spec['shape'])} {spec['dtype']}")
+    for line in together["notes"]:
+        print(f"  {line}")
+    return 0
+
+
+def _together(args: argparse.Namespace) -> dict:
+    """How the runs stream as one :class:`~chunkstream.Recordings`, or why they cannot."""
+    from .._errors import ChunkstreamError
+    from ..tools import open_recordings
+
+    try:
+        recs = open_recordings(args.path, args.fields, flyvis=args.flyvis)
+    except ChunkstreamError as exc:
+        return {"error": str(exc)}
+    with recs:
+        masks = [n for n in recs.fields if n.endswith("_mask")]
+        notes = [
+            f"{m[: -len('_mask')]!r} differs in shape between runs: padded to the largest, "
+            f"{m!r} true where real"
+            for m in masks
+        ]
+        return {
+            "timesteps": len(recs),
+            "time_chunk": recs.time_chunk,
+            "runs": [
+                {"name": n, "timesteps": t, "offset": o, "share": recs.shares[n]}
+                for n, t, o in zip(recs.names, recs.lengths, recs.offsets, strict=True)
+            ],
+            "fields": {
+                n: {"shape": list(s.shape), "dtype": str(s.dtype)} for n, s in recs.fields.items()
+            },
+            "notes": notes,
+        }
+
+
+def _one(args: argparse.Namespace, path: str) -> int:
+    from ..tools import inspect_store
+
+    report = inspect_store(path, args.fields, window=args.window)
     timesteps = {a.name: a.shape[0] for a in report.arrays}
     for f in report.fields:
         if args.window is not None and args.window > timesteps[f.array]:

@@ -61,6 +61,18 @@ def add_data_arguments(p: argparse.ArgumentParser, *, shape: bool) -> None:
     p.add_argument("--stim-dims", type=int_at_least(1), default=None, help=help_stim)
 
 
+def add_recordings_arguments(p: argparse.ArgumentParser) -> None:
+    """The option weighing several runs (shared by ``plan`` and ``bench``)."""
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        metavar="W",
+        default=None,
+        help="with several PATHs: one weight per run, its share of every epoch "
+        "(default: in proportion to their lengths)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -80,9 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "path",
         metavar="PATH",
-        nargs="?",
+        nargs="*",
         default=None,
-        help="zarr store, group or FlyVis run directory (or URL); or use --shape",
+        help="zarr store, group or FlyVis run directory (or URL); or use --shape. Several: "
+        "runs streamed as one dataset (cs.Recordings): prints each run's length, share "
+        "and what one pass draws from it",
     )
     p.add_argument(
         "--shape",
@@ -93,6 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="float32", help="dtype with --shape (default float32)")
     add_data_arguments(p, shape=True)
+    add_recordings_arguments(p)
     p.add_argument("--chunk-size", type=int_at_least(1), required=True, help="timesteps per chunk")
     p.add_argument("--batch-size", type=int_at_least(1), required=True, help="batch size")
     p.add_argument(
@@ -282,13 +297,14 @@ def saving_words(saving: float) -> str:
     )
 
 
-def piece_summary(args: argparse.Namespace, layout) -> dict | None:
-    """Pieces and segments of the run (``None`` for contiguous chunks over the whole data)."""
-    if args.pieces == 1 and args.segments is None:
+def piece_summary(args: argparse.Namespace, layout, segments=None, recs=None) -> dict | None:
+    """Pieces and segments of the run (``None`` for contiguous chunks over the whole
+    data); with several runs (``recs``), what one pass draws from each."""
+    if args.pieces == 1 and segments is None:
         return None
-    from ..plans import PiecePlan, Segments, held_out_split, plan_epoch
+    from ..plans import PiecePlan, held_out_split, plan_epoch
+    from ..tools import pass_shares
 
-    segments = Segments.read(args.segments) if args.segments is not None else None
     # The trainer's split: with segments, the last val_fraction of each one is held out.
     split = held_out_split(layout.total_timesteps, args.val_fraction, args.window, segments)
     plan = PiecePlan(
@@ -300,6 +316,7 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
         align=args.align,
         grid=layout.time_chunk,
         batch_window=args.window,
+        recordings=recs.strata if recs is not None else None,
     )
     size, grid = plan.piece_size, layout.time_chunk
     if segments is None:
@@ -334,6 +351,9 @@ def piece_summary(args: argparse.Namespace, layout) -> dict | None:
         "read_amplification": touched * grid / size,
         "chunks_per_epoch": epoch.chunks_per_epoch,
         "timesteps": split.train_len,
+        "recordings": None
+        if recs is None
+        else [dataclasses.asdict(s) for s in pass_shares(plan, recs)],
     }
 
 
@@ -371,15 +391,48 @@ def check(args: argparse.Namespace) -> None:
 
 @naming_options(OPTIONS)
 def run(args: argparse.Namespace) -> int:
-    from ..tools import format_bytes, parse_bytes, plan_memory
+    from ..tools import (
+        RecordingShare,
+        format_bytes,
+        format_shares,
+        open_recordings,
+        parse_bytes,
+        parse_weights,
+        plan_memory,
+        recordings_layout,
+    )
 
     check(args)
-    layout = layout_from_args(args)
+    recs = None
+    if len(args.path) > 1:
+        if args.shape is not None:
+            raise ConfigError("give either store PATHs or --shape, not both.")
+        recs = open_recordings(
+            args.path,
+            args.fields,
+            flyvis=args.flyvis,
+            column=args.column,
+            stim_dims=args.stim_dims,
+            weights=parse_weights(args.weights, len(args.path)),
+        )
+        layout = recordings_layout(recs)
+    else:
+        if args.weights is not None:
+            raise unused("--weights", " ".join(args.weights), "several PATHs")
+        args.path = args.path[0] if args.path else None
+        layout = layout_from_args(args)
     segments = None
     if args.segments is not None:
         from ..plans import Segments
 
         segments = Segments.read(args.segments)
+    if recs is not None:  # the runs' bounds are segments; given ones are cut at them
+        from ..plans import within_recordings
+
+        if segments is None:
+            segments = recs.segments
+        else:
+            segments = within_recordings(segments, recs.strata, len(recs))
     report = plan_memory(
         layout,
         chunk_size=args.chunk_size,
@@ -399,7 +452,9 @@ def run(args: argparse.Namespace) -> int:
         segments=segments,
         pieces=args.pieces,
     )
-    pieces = piece_summary(args, layout)
+    pieces = piece_summary(args, layout, segments, recs)
+    if recs is not None:
+        recs.close()
     buffer = buffer_summary(args, report, pieces)
     if args.json:
         shuffle = {**dataclasses.asdict(buffer), "note": buffer.note}
@@ -435,6 +490,11 @@ def run(args: argparse.Namespace) -> int:
         name_width = max(len(n) for n in pieces["valid_starts"])
         for name, count in pieces["valid_starts"].items():
             print(f"  {name:<{name_width}}  {count} valid piece starts")
+        if pieces["recordings"] is not None:
+            shares = [RecordingShare(**r) for r in pieces["recordings"]]
+            title = f"recordings (one pass: {pieces['chunks_per_pass'] or 1000} chunks):"
+            for line in format_shares(shares, title):
+                print(line)
     print(
         f"chunk: {report.chunk_size} timesteps = {format_bytes(report.chunk_bytes)}; "
         f"prefetch={report.prefetch}, gpu_prefetch={report.gpu_prefetch}, "

@@ -23,6 +23,7 @@ from ._hash import hash_words as hash_words  # isort: skip
 from ._hash import seed_key as seed_key  # isort: skip
 from ._pieces import epoch_pieces as epoch_pieces  # isort: skip
 from ._pieces import loader_plan as loader_plan  # isort: skip
+from ._pieces import within_recordings as within_recordings  # isort: skip
 from ._plan import Layout as Layout  # isort: skip
 from ._plan import Plan as Plan  # isort: skip
 from ._sampling import SAMPLINGS as SAMPLINGS  # isort: skip

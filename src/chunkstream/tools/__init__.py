@@ -34,6 +34,13 @@ from ._bench import compare_local as compare_local  # isort: skip
 from ._codecs import CODECS as CODECS  # isort: skip
 from ._convert import OUT_DTYPES as OUT_DTYPES  # isort: skip
 from ._layout import check_flyvis_stim_dims as check_flyvis_stim_dims  # isort: skip
+from ._recordings import RecordingShare as RecordingShare  # isort: skip
+from ._recordings import format_shares as format_shares  # isort: skip
+from ._recordings import open_recordings as open_recordings  # isort: skip
+from ._recordings import parse_weights as parse_weights  # isort: skip
+from ._recordings import pass_shares as pass_shares  # isort: skip
+from ._recordings import recording_names as recording_names  # isort: skip
+from ._recordings import recordings_layout as recordings_layout  # isort: skip
 from ._stores import is_remote as is_remote  # isort: skip
 from ._stores import open_arrays as open_arrays  # isort: skip
 
