@@ -11,16 +11,25 @@ of them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .._errors import ConfigError
 from ..consumer import gather_windows
 from ..distributed import is_distributed
-from ..plans import HeldOutSplit, held_out_split
+from ..plans import HeldOutSplit, held_out_split, within_recordings
 from ._config import TrainConfig
 from ._data import load_range
 
-__all__ = ["HeldOut", "Split", "evaluate", "held_out_parts", "split_source"]
+__all__ = [
+    "HeldOut",
+    "Split",
+    "evaluate",
+    "held_out_parts",
+    "recordings_config",
+    "split_source",
+]
 
 #: One held-out range on the device: ``(name, fields, this rank's window starts)``.
 HeldOut = tuple[str, dict[str, torch.Tensor], torch.Tensor]
@@ -28,6 +37,21 @@ HeldOut = tuple[str, dict[str, torch.Tensor], torch.Tensor]
 
 #: Where the trainer streams from and what it holds out (``plans.HeldOutSplit``).
 Split = HeldOutSplit
+
+
+def recordings_config(config: TrainConfig, source) -> TrainConfig:
+    """``config`` for a :class:`~chunkstream.Recordings` ``source``: its recordings'
+    bounds become the segments (given segments are cut at them), so the last
+    ``val_fraction`` of every recording is held out and validated on its own
+    (``<recording>/val``); ``config`` itself for any other source."""
+    strata = getattr(source, "strata", None)
+    if strata is None:
+        return config
+    if config.segments is None:
+        segments = source.segments
+    else:
+        segments = within_recordings(config.segments, strata, len(source))
+    return dataclasses.replace(config, segments=segments)
 
 
 def split_source(config: TrainConfig, total: int) -> Split:

@@ -63,7 +63,7 @@ from ..sources import stored_time_chunk
 from ._batches import batch_seed, batch_starts
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
-from ._heldout import HeldOut, evaluate, held_out_parts, split_source
+from ._heldout import HeldOut, evaluate, held_out_parts, recordings_config, split_source
 from ._metrics import LossMeter, RunningMoments, all_reduce_moments
 from ._model import LatentDynamics
 from ._report import log_epoch, open_writer
@@ -92,7 +92,7 @@ class Trainer:
         on_chunk: Callable[[Trainer, Chunk], None] | None = None,
         on_epoch: Callable[[Trainer, EpochRecord], None] | None = None,
     ) -> None:
-        self.config = c = config or TrainConfig()
+        self.config = c = recordings_config(config or TrainConfig(), source)
         self.source = source
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.on_chunk, self.on_epoch = on_chunk, on_epoch
