@@ -52,9 +52,16 @@ def _stores(root: Path, reps: ScaleReps) -> list[Path]:
     out = root / f"quality-recordings-T{reps.timesteps}-N{reps.neurons}-S{reps.stim_dims}"
     chunks = (min(4096, reps.timesteps), reps.stim_dims, 1)
     whole = out / "whole"
-    ensure_synthetic(whole, timesteps=reps.timesteps, neurons=reps.neurons,
-                     stim_dims=reps.stim_dims, chunks=chunks, seed=0, regimes=RECORDINGS,
-                     progress=False)  # fmt: skip
+    ensure_synthetic(
+        whole,
+        timesteps=reps.timesteps,
+        neurons=reps.neurons,
+        stim_dims=reps.stim_dims,
+        chunks=chunks,
+        seed=0,
+        regimes=RECORDINGS,
+        progress=False,
+    )
     regimes = cs.Segments.read(whole / "regimes.csv")
     runs = [out / f"rec{i}" for i in range(RECORDINGS)]
     stamp = out / "split.done"
@@ -96,7 +103,7 @@ def _arms(reps: ScaleReps, train_ranges: list[int]) -> dict[str, dict]:
             "pieces": "auto",
             "mix": "auto",
             "cap_share": TARGET_SHARE,
-        },  # fmt: skip
+        },
     }
 
 
@@ -107,10 +114,16 @@ def _train(recs: cs.Recordings, config, cap_share: float | None) -> dict:
     with _host_cap(cap):
         trainer = Trainer(recs, config)
     result = trainer.fit()
-    return {"val_loss": result.val_loss, "val_segments": result.val_segments,
-            "pieces": trainer.pieces, "mix": trainer.mix, "share": trainer.buffer.split_share,
-            "batches": sum(r.batches for r in result.history), "seconds": result.seconds,
-            "host_cap": cap}  # fmt: skip
+    return {
+        "val_loss": result.val_loss,
+        "val_segments": result.val_segments,
+        "pieces": trainer.pieces,
+        "mix": trainer.mix,
+        "share": trainer.buffer.split_share,
+        "batches": sum(r.batches for r in result.history),
+        "seconds": result.seconds,
+        "host_cap": cap,
+    }
 
 
 def run_quality_recordings(
@@ -127,26 +140,42 @@ def run_quality_recordings(
     torch.set_num_threads(1)  # a small model: intra-op threads only contend here
     try:
         recs = _in_memory(_stores(data_dir, reps), reps.stim_dims)
-        base = TrainConfig(epochs=reps.epochs, device="cpu", progress=False, tensorboard=False,
-                           chunk_size=reps.chunk_size, hidden_dim=reps.hidden_dim,
-                           latent_dim=reps.latent_dim, pieces=1, mix=1)  # fmt: skip
+        base = TrainConfig(
+            epochs=reps.epochs,
+            device="cpu",
+            progress=False,
+            tensorboard=False,
+            chunk_size=reps.chunk_size,
+            hidden_dim=reps.hidden_dim,
+            latent_dim=reps.latent_dim,
+            pieces=1,
+            mix=1,
+        )
         split = split_source(recordings_config(base, recs), len(recs))
         plan = cs.plan_epoch(split.train_len, reps.chunk_size, base.batch_size)
         batches = plan.chunks_per_epoch * plan.batches_per_chunk
         arms = _arms(reps, [len(s) for s in split.train_segments])
-        res: dict = {"reps": asdict(reps), "recordings": list(recs.names),
-                     "lengths": list(recs.lengths), "train_len": split.train_len,
-                     "batches_per_epoch": batches, "target": TARGET_RATIO,
-                     "arms": {n: {"config": a, "runs": []} for n, a in arms.items()}}  # fmt: skip
+        res: dict = {
+            "reps": asdict(reps),
+            "recordings": list(recs.names),
+            "lengths": list(recs.lengths),
+            "train_len": split.train_len,
+            "batches_per_epoch": batches,
+            "target": TARGET_RATIO,
+            "arms": {n: {"config": a, "runs": []} for n, a in arms.items()},
+        }
         for seed in range(reps.seeds):
             for name, arm in res["arms"].items():
                 over = {k: v for k, v in arm["config"].items() if k != "cap_share"}
-                config = TrainConfig(**{**base.to_dict(), **over, "seed": seed,
-                                        "batches_per_epoch": batches})  # fmt: skip
+                config = TrainConfig(
+                    **{**base.to_dict(), **over, "seed": seed, "batches_per_epoch": batches}
+                )
                 run = _train(recs, config, arm["config"].get("cap_share"))
                 arm["runs"].append(run)
-                log(f"quality on recordings: {name} seed {seed}: val {run['val_loss']:.5f} "
-                    f"(share {run['share']:.1%}, {run['seconds']:.1f} s)")  # fmt: skip
+                log(
+                    f"quality on recordings: {name} seed {seed}: val {run['val_loss']:.5f} "
+                    f"(share {run['share']:.1%}, {run['seconds']:.1f} s)"
+                )
         _summarize(res)
         res["seconds"] = time.perf_counter() - began
         return res
@@ -158,53 +187,69 @@ def _summarize(res: dict) -> None:
     iid = res["arms"]["iid"]["runs"]
     for arm in res["arms"].values():
         ratios = [r["val_loss"] / i["val_loss"] for r, i in zip(arm["runs"], iid, strict=True)]
-        arm["ratio"] = {"mean": statistics.fmean(ratios), "min": min(ratios), "max": max(ratios),
-                        "std": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
-                        "per_seed": ratios}  # fmt: skip
+        arm["ratio"] = {
+            "mean": statistics.fmean(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "std": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+            "per_seed": ratios,
+        }
         arm["recording_ratio"] = {
-            n: statistics.fmean(r["val_segments"][n] / i["val_segments"][n]
-                                for r, i in zip(arm["runs"], iid, strict=True))
+            n: statistics.fmean(
+                r["val_segments"][n] / i["val_segments"][n]
+                for r, i in zip(arm["runs"], iid, strict=True)
+            )
             for n in sorted(arm["runs"][0]["val_segments"])
-        }  # fmt: skip
+        }
 
 
 def recordings_targets(res: dict) -> list[dict]:
     r = res["arms"]["defaults"]["ratio"]
     held = statistics.fmean(run["share"] for run in res["arms"]["defaults"]["runs"])
-    return [{
-        "what": f"quality on {RECORDINGS} recordings in separate stores: val loss with the "
-                f"defaults (buffer capped at {TARGET_SHARE:.0%} of the split, held {held:.1%}) "
-                f"over i.i.d. (mean of {len(r['per_seed'])} seeds)",
-        "target": f"<= {TARGET_RATIO}x",
-        "figure": f"{r['mean']:.3f}x ({r['min']:.3f}-{r['max']:.3f})",
-        "met": r["mean"] <= TARGET_RATIO,
-    }]  # fmt: skip
+    return [
+        {
+            "what": f"quality on {RECORDINGS} recordings in separate stores: val loss with the "
+            f"defaults (buffer capped at {TARGET_SHARE:.0%} of the split, held {held:.1%}) "
+            f"over i.i.d. (mean of {len(r['per_seed'])} seeds)",
+            "target": f"<= {TARGET_RATIO}x",
+            "figure": f"{r['mean']:.3f}x ({r['min']:.3f}-{r['max']:.3f})",
+            "met": r["mean"] <= TARGET_RATIO,
+        }
+    ]
 
 
 def recordings_section(res: dict, command: str) -> list[str]:
     """The BENCHMARKS.md table."""
     r = res["reps"]
-    lines = [f"- command: `{command}` ({res['seconds'] / 60:.0f} min)",
-             f"- {RECORDINGS} recordings ({', '.join(res['recordings'])}, "
-             f"{'/'.join(map(str, res['lengths']))} timesteps; one synthetic regime each, "
-             f"N={r['neurons']}, stimulus {r['stim_dims']}) in separate zarr stores, streamed as "
-             f"one `cs.Recordings`; the last 10% of each held out and validated per recording; "
-             f"{r['epochs']} epochs, chunk_size {r['chunk_size']}, hidden/latent "
-             f"{r['hidden_dim']}/{r['latent_dim']}, {res['batches_per_epoch']} batches per epoch "
-             f"in every arm, seeds 0-{r['seeds'] - 1} paired", "",
-             "| arm | pieces | mix | buffer share | ratio to i.i.d.: mean | std | min | max | "
-             "per seed | worst recording |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"- command: `{command}` ({res['seconds'] / 60:.0f} min)",
+        f"- {RECORDINGS} recordings ({', '.join(res['recordings'])}, "
+        f"{'/'.join(map(str, res['lengths']))} timesteps; one synthetic regime each, "
+        f"N={r['neurons']}, stimulus {r['stim_dims']}) in separate zarr stores, streamed as "
+        f"one `cs.Recordings`; the last 10% of each held out and validated per recording; "
+        f"{r['epochs']} epochs, chunk_size {r['chunk_size']}, hidden/latent "
+        f"{r['hidden_dim']}/{r['latent_dim']}, {res['batches_per_epoch']} batches per epoch "
+        f"in every arm, seeds 0-{r['seeds'] - 1} paired",
+        "",
+        "| arm | pieces | mix | buffer share | ratio to i.i.d.: mean | std | min | max | "
+        "per seed | worst recording |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, arm in res["arms"].items():
         q, run = arm["ratio"], arm["runs"][0]
         worst = max(arm["recording_ratio"].items(), key=lambda kv: kv[1])
         share = statistics.fmean(x["share"] for x in arm["runs"])
-        lines.append(f"| {name} | {run['pieces']} | {run['mix']} | {share:.1%} | {q['mean']:.3f} | "
-                     f"{q['std']:.3f} | {q['min']:.3f} | {q['max']:.3f} | "
-                     f"{', '.join(f'{x:.3f}' for x in q['per_seed'])} | {worst[1]:.3f} "
-                     f"({worst[0].split('/')[0]}) |")  # fmt: skip
+        lines.append(
+            f"| {name} | {run['pieces']} | {run['mix']} | {share:.1%} | {q['mean']:.3f} | "
+            f"{q['std']:.3f} | {q['min']:.3f} | {q['max']:.3f} | "
+            f"{', '.join(f'{x:.3f}' for x in q['per_seed'])} | {worst[1]:.3f} "
+            f"({worst[0].split('/')[0]}) |"
+        )
     lines += ["", "| target | wanted | figure | met |", "|---|---|---|---|"]
-    lines += [f"| {t['what']} | {t['target']} | {t['figure']} | {'yes' if t['met'] else '**no**'} |"
-              for t in recordings_targets(res)]  # fmt: skip
+    lines += [
+        f"| {t['what']} | {t['target']} | {t['figure']} | {'yes' if t['met'] else '**no**'} |"
+        for t in recordings_targets(res)
+    ]
     return [*lines, ""]
 
 

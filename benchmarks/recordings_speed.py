@@ -42,7 +42,9 @@ def write_stores(root: Path, t: int, n: int) -> tuple[str, list[str]]:
     parts = []
     for i in range(3):
         path = root / f"part{i}.zarr"
-        flyvis.write_array(path, data[cuts[i] : cuts[i + 1]], (1024, n), zarr_format=3, codec="blosc-zstd")  # fmt: skip
+        flyvis.write_array(
+            path, data[cuts[i] : cuts[i + 1]], (1024, n), zarr_format=3, codec="blosc-zstd"
+        )
         parts.append(str(path))
     return str(one), parts
 
@@ -55,8 +57,14 @@ def open_arm(arm: str, one: str, parts: list[str]) -> cs.Source:
 
 def batches_per_s(source: cs.Source, chunk: int, seconds: float) -> float:
     with cs.ChunkLoader(source, chunk, device="cpu", seed=0) as loader:
-        stream = cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, fields="data",
-                                chunks_per_epoch=100_000, batches_per_chunk=chunk // BATCH)  # fmt: skip
+        stream = cs.BatchStream(
+            loader,
+            window=WINDOW,
+            batch_size=BATCH,
+            fields="data",
+            chunks_per_epoch=100_000,
+            batches_per_chunk=chunk // BATCH,
+        )
         it = iter(stream)
         for _ in range(4):  # warm-up: the buffer filled, slots made
             next(it)
@@ -88,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (2 if args.quick else 6)
     seconds = args.seconds or (2.0 if args.quick else 4.0)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
-    print(f"T={t:,} x {n} float32 ({t * n * 4 / 1e6:.0f} MB), blosc-zstd, time chunk 1024; "
-          f"chunk_size={chunk:,}, window {WINDOW}, batch {BATCH}; {seconds:g} s per arm, "
-          f"{rounds} rounds", flush=True)  # fmt: skip
+    print(
+        f"T={t:,} x {n} float32 ({t * n * 4 / 1e6:.0f} MB), blosc-zstd, time chunk 1024; "
+        f"chunk_size={chunk:,}, window {WINDOW}, batch {BATCH}; {seconds:g} s per arm, "
+        f"{rounds} rounds",
+        flush=True,
+    )
     ratios: dict[str, list[float]] = {"batches": [], "chunks": []}
     with tempfile.TemporaryDirectory() as tmp:
         one, parts = write_stores(Path(tmp), t, n)
@@ -104,14 +115,19 @@ def main(argv: list[str] | None = None) -> int:
                     got[arm, "chunks"] = chunks_per_s(src, chunk, seconds)
             for what in ("batches", "chunks"):
                 ratios[what].append(got["three", what] / got["one", what])
-            print(f"  round {r}: one store {got['one', 'batches']:7.1f} batches/s "
-                  f"{got['one', 'chunks']:6.1f} chunks/s | three stores "
-                  f"{got['three', 'batches']:7.1f} batches/s {got['three', 'chunks']:6.1f} "
-                  f"chunks/s | ratio {ratios['batches'][-1]:.3f} batches, "
-                  f"{ratios['chunks'][-1]:.3f} chunks", flush=True)  # fmt: skip
+            print(
+                f"  round {r}: one store {got['one', 'batches']:7.1f} batches/s "
+                f"{got['one', 'chunks']:6.1f} chunks/s | three stores "
+                f"{got['three', 'batches']:7.1f} batches/s {got['three', 'chunks']:6.1f} "
+                f"chunks/s | ratio {ratios['batches'][-1]:.3f} batches, "
+                f"{ratios['chunks'][-1]:.3f} chunks",
+                flush=True,
+            )
     for what, values in ratios.items():
-        print(f"three stores / one store, {what}/s: median {statistics.median(values):.3f} "
-              f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds)")  # fmt: skip
+        print(
+            f"three stores / one store, {what}/s: median {statistics.median(values):.3f} "
+            f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds)"
+        )
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     return 0
 

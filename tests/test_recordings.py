@@ -186,8 +186,9 @@ def test_segments_compose_with_the_recordings(stores):
 def test_incompatible_recordings_are_refused_naming_recording_and_field(tmp_path, stores):
     make_array(tmp_path / "f64.zarr", random_data((500, 8), "float64"), chunks=(100, 8))
     with pytest.raises(cs.FieldDtypeError, match=r"recording 'x'.*field 'data'.*float64"):
-        cs.Recordings([cs.ZarrSource(stores["a"][0]), cs.ZarrSource(tmp_path / "f64.zarr")],
-                      names=["a", "x"])  # fmt: skip
+        cs.Recordings(
+            [cs.ZarrSource(stores["a"][0]), cs.ZarrSource(tmp_path / "f64.zarr")], names=["a", "x"]
+        )
     other = cs.NumpySource({"voltage": np.zeros((100, 8), np.float32)})
     with pytest.raises(cs.ConfigError, match=r"recording 'v'.*'data'"):
         cs.Recordings([cs.ZarrSource(stores["a"][0]), other], names=["a", "v"])
@@ -223,10 +224,12 @@ def test_bad_weights_and_names_are_refused(kwargs, match):
 def test_weighted_plan_is_pure_and_covers_every_tile_across_passes():
     strata = ((0, 1000, 1.0), (1000, 1200, 4.0))
     segs = cs.Segments([(0, 1000, "a"), (1000, 1200, "b")])
-    plan = cs.PiecePlan(total_timesteps=1200, chunk_size=40, pieces=2, segments=segs,
-                        recordings=strata, seed=3)  # fmt: skip
-    again = cs.PiecePlan(total_timesteps=1200, chunk_size=40, pieces=2, segments=segs,
-                         recordings=strata, seed=3)  # fmt: skip
+    plan = cs.PiecePlan(
+        total_timesteps=1200, chunk_size=40, pieces=2, segments=segs, recordings=strata, seed=3
+    )
+    again = cs.PiecePlan(
+        total_timesteps=1200, chunk_size=40, pieces=2, segments=segs, recordings=strata, seed=3
+    )
     n = plan.windows_per_pass
     assert plan.chunks(0, np.arange(n)) == again.chunks(0, np.arange(n))
     pieces = [p for c in plan.chunks(0, np.arange(12 * n)) for p in c]
