@@ -10,6 +10,7 @@ epoch and a final table, and writes TensorBoard logs, ``timeline.png`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ OPTIONS = {
     "mix": "--mix",
     "epochs": "--epochs",
     "segments": "--segments",
+    "val_data": "--val-data",
+    "val_fraction": "--val-fraction",
     "device": "--device",
     "seed": "--seed",
 }
@@ -63,9 +66,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
+        nargs="+",
+        metavar="RUN",
         default=None,
-        help="a FlyVis-layout directory (timeseries.zarr); default: write a synthetic "
-        "one under OUT/data (cached)",
+        help="FlyVis-layout directories (timeseries.zarr); several: trained on as one "
+        "dataset (cs.Recordings), validated per run; default: write a synthetic one "
+        "under OUT/data (cached)",
+    )
+    p.add_argument(
+        "--val-data",
+        nargs="+",
+        metavar="RUN",
+        default=None,
+        help="FlyVis-layout directories held out entirely: each validated whole and "
+        "reported on its own (with --data)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        help="share of every training run held out at its end (default 0.1; 0 with "
+        "--val-data: validate on the held-out runs only)",
     )
     p.add_argument(
         "--timesteps",
@@ -156,6 +177,17 @@ def _open(path: Path, stim_dims: int | None):
     )
 
 
+def _open_runs(runs: list[str], stim_dims: int | None):
+    """One run's source, or several as one :class:`~chunkstream.Recordings` named after
+    their directories."""
+    if len(runs) == 1:
+        return _open(Path(runs[0]), stim_dims)
+    from ..sources import Recordings
+    from ..tools import recording_names
+
+    return Recordings([_open(Path(r), stim_dims) for r in runs], names=recording_names(runs))
+
+
 def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 1e6:,.1f} MB"
 
@@ -170,6 +202,11 @@ def check(args: argparse.Namespace) -> None:
                     f"{option} {value} has no effect with --data (it sizes the "
                     f"synthetic dataset): drop {option}, or drop --data."
                 )
+    elif args.val_data is not None:
+        raise ConfigError(
+            "--val-data holds runs out of --data's: give the training runs with --data "
+            "(the synthetic dataset has no other run to validate on)."
+        )
     elif args.stim_dims is None:
         args.stim_dims = min(DEFAULTS["stim_dims"], args.neurons)
     elif args.stim_dims > args.neurons:
@@ -178,6 +215,12 @@ def check(args: argparse.Namespace) -> None:
             args.stim_dims,
             f"at most --neurons={args.neurons}",
             f"Pass --stim-dims {args.neurons} or fewer, or raise --neurons.",
+        )
+    runs = [*(args.data or []), *(args.val_data or [])]
+    if len({str(Path(r).resolve()) for r in runs}) != len(runs):
+        raise ConfigError(
+            f"--data and --val-data name a run twice ({' '.join(runs)}): a held-out run "
+            "must not be trained on. Give each run once."
         )
     if args.chunk_size < args.batch_size:
         raise refuse(
@@ -220,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
         pieces=args.pieces,
         mix=args.mix,
         segments=args.segments,
+        **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}),
+        # Checked here with a placeholder; the runs are opened below.
+        **({} if args.val_data is None else {"val_data": {}}),
     )
     out = Path(args.out)
     began = time.perf_counter()
@@ -241,9 +287,17 @@ def run(args: argparse.Namespace) -> int:
             f"  {info.timesteps} timesteps x {info.neurons} neurons x 4 columns, "
             f"{info.nbytes / 1e6:.1f} MB"
         )
+        source = _open(data, args.stim_dims)
     else:
-        data = Path(args.data)
-    source = _open(data, args.stim_dims)
+        source = _open_runs(args.data, args.stim_dims)
+    if args.val_data is not None:
+        from ..tools import recording_names
+
+        names = recording_names(args.val_data)
+        held = {
+            n: _open(Path(r), args.stim_dims) for n, r in zip(names, args.val_data, strict=True)
+        }
+        config = dataclasses.replace(config, val_data=held)
 
     def on_epoch(trainer: Trainer, record) -> None:
         parts = ", ".join(f"{k} {v:.4f}" for k, v in record.losses.items() if k != "loss")
@@ -276,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
         result = trainer.fit(resume=args.resume)
     finally:
         source.close()
+        for run in (config.val_data or {}).values():
+            run.close()
     assert trainer.loader is not None  # set by fit()
     timeline = plot_timeline(trainer.loader.stats, out / "timeline.png")
     trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
@@ -338,6 +394,15 @@ def _buffer_share(memory: dict) -> float:
     """The share of the training split the shuffle buffer holds (0 with mix=1: no buffer)."""
     held = memory.get("mixer") or 0
     return min(1.0, held / max(1, memory["train_split"]))
+
+
+def _held_out_words(name: str) -> str:
+    """What a held-out range's row of the table is."""
+    if name.endswith("/val"):
+        return f"validation loss on the held-out end of {name.removesuffix('/val')!r}"
+    if "/" not in name and name != "val":
+        return "validation loss on this held-out run (--val-data), whole"
+    return "validation loss of the model on this held-out segment"
 
 
 def format_table(result) -> str:
@@ -408,9 +473,9 @@ def format_table(result) -> str:
         ),
     ]
     rows[1:1] = [
-        (f"  {name}", f"{loss:.5f}", "validation loss of the model on this held-out segment")
+        (f"  {name}", f"{loss:.5f}", _held_out_words(name))
         for name, loss in result.val_segments.items()
-        if len(result.val_segments) > 1
+        if len(result.val_segments) > 1 or name != "val"
     ]
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)

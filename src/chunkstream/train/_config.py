@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._errors import ConfigError, check_int
@@ -48,7 +49,12 @@ class TrainConfig:
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
     ``val_fraction`` of *every* segment is held out instead
     (:func:`~chunkstream.split_segments`, with a gap of ``window - 1``), no
-    window crosses a segment, and validation is also reported per segment.
+    window crosses a segment, and validation is also reported per segment; a
+    :class:`~chunkstream.Recordings` source does the same for each recording.
+    ``val_data`` (a source, a ``Recordings`` or a mapping name -> source, with the
+    training source's fields) is held out entirely: each of its runs is validated
+    whole and reported under its name (``val_fraction`` may then be 0: no tail held
+    out of the training data).
     ``batches_per_epoch`` (default: the plan's ``chunks_per_epoch *
     batches_per_chunk``) fixes the batches an epoch trains, so that runs with
     different chunkings train equally long. The first
@@ -77,6 +83,7 @@ class TrainConfig:
     pieces: int | str = "auto"
     mix: int | str = "auto"
     segments: Any = None
+    val_data: Any = None
     batches_per_epoch: int | None = None
     replacement: bool = True
     prefetch: int = 2
@@ -129,8 +136,12 @@ class TrainConfig:
                 self.batches_per_epoch,
                 expected="an int >= 1, or None (the plan's)",
             )
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError.bad("val_fraction", self.val_fraction, "a fraction in (0, 1)")
+        if not 0.0 <= self.val_fraction < 1.0 or (self.val_fraction == 0 and self.val_data is None):
+            raise ConfigError.bad(
+                "val_fraction",
+                self.val_fraction,
+                "a fraction in (0, 1), or 0 with val_data (runs held out entirely)",
+            )
         if self.lr <= 0 or self.recon_weight < 0:
             raise ConfigError.bad("lr/recon_weight", (self.lr, self.recon_weight), "lr > 0, >= 0")
 
@@ -140,7 +151,27 @@ class TrainConfig:
         return self.time_units * self.evolve_multiple_steps + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings as plain data (a checkpoint stores it): segments as
+        ``[start, stop, name]`` rows; ``val_data``, where given, as its runs' names
+        (sources are not data: ``TrainConfig(**to_dict())`` then needs them again)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "val_data"}
+        segments = self.segments
+        if segments is not None and not isinstance(segments, str) and hasattr(segments, "names"):
+            out["segments"] = [[s.start, s.stop, s.name] for s in segments]
+        if self.val_data is not None:
+            out["val_data"] = list(val_runs(self.val_data))
+        return out
+
+
+def val_runs(val_data: Any) -> dict[str, Any]:
+    """``TrainConfig.val_data`` as name -> source: a mapping as it is, a
+    :class:`~chunkstream.Recordings` by its recordings, another source as ``"val_data"``."""
+    if isinstance(val_data, Mapping):
+        return {str(k): v for k, v in val_data.items()}
+    recordings = getattr(val_data, "recordings", None)
+    if isinstance(recordings, Mapping):
+        return dict(recordings)
+    return {"val_data": val_data}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from .._errors import ConfigError
 from ..consumer import gather_windows
 from ..distributed import is_distributed
 from ..plans import HeldOutSplit, held_out_split, within_recordings
-from ._config import TrainConfig
+from ._config import TrainConfig, val_runs
 from ._data import load_range
 
 __all__ = [
@@ -70,7 +70,7 @@ def split_source(config: TrainConfig, total: int) -> Split:
             c.val_fraction,
             f"a split leaving >= {c.window} training timesteps",
         )
-    if not split.val_ranges:
+    if not split.val_ranges and c.val_data is None:
         raise ConfigError.bad(
             "val_fraction",
             c.val_fraction,
@@ -83,19 +83,50 @@ def split_source(config: TrainConfig, total: int) -> Split:
 def held_out_parts(
     source, split: Split, config: TrainConfig, device: torch.device, rank: int, world_size: int
 ) -> list[HeldOut]:
-    """Each held-out range read onto ``device``, with this rank's share of window starts.
+    """Each held-out range read onto ``device``, with this rank's share of window starts,
+    then each run of ``config.val_data`` whole (named after it).
 
     About ``config.val_windows`` windows in all, evenly strided over the ranges;
     rank ``r`` keeps every ``world_size``-th of them from the ``r``-th on.
     """
     window = config.window
-    n_val = sum(stop - start - window + 1 for _, start, stop in split.val_ranges)
+    ranges = [(name, source, start, stop) for name, start, stop in split.val_ranges]
+    for name, run in held_out_runs(source, config).items():
+        ranges.append((name, run, 0, len(run)))
+    n_val = sum(stop - start - window + 1 for _, _, start, stop in ranges)
     stride = max(1, -(-n_val // config.val_windows))
     parts = []
-    for name, start, stop in split.val_ranges:
+    for name, src, start, stop in ranges:
         starts = torch.arange(0, stop - start - window + 1, stride, device=device)
-        parts.append((name, load_range(source, start, stop, device), starts[rank::world_size]))
+        parts.append((name, load_range(src, start, stop, device), starts[rank::world_size]))
     return parts
+
+
+def held_out_runs(source, config: TrainConfig) -> dict:
+    """``config.val_data``'s runs (name -> source), each checked to hold the trained
+    fields in the training source's shapes and a window; ``{}`` without ``val_data``."""
+    if config.val_data is None:
+        return {}
+    runs = val_runs(config.val_data)
+    used = [f for f in (config.data_field, config.stim_field) if f]
+    for name, run in runs.items():
+        fields = getattr(run, "fields", None) or {}
+        for f in used:
+            want, got = source.fields[f], fields.get(f)
+            if got is None or got.shape != want.shape or got.dtype != want.dtype:
+                what = "lacks it" if got is None else f"has {got.shape} {got.dtype}"
+                raise ConfigError.bad(
+                    "val_data",
+                    name,
+                    f"a run whose field {f!r} is {want.shape} {want.dtype} per timestep, as "
+                    f"in the training data (run {name!r} {what})",
+                    "Validate on runs of the same network (or pad them: cs.Recordings).",
+                )
+        if len(run) < config.window:
+            raise ConfigError.bad(
+                "val_data", name, f"a run of at least a window ({config.window} timesteps)"
+            )
+    return runs
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,8 @@ def log_epoch(writer: Any, record: EpochRecord, stats: Any) -> None:
     for name, value in record.losses.items():
         writer.add_scalar(f"train/{name}", value, record.epoch)
     writer.add_scalar("val/loss", record.val_loss, record.epoch)
+    for name, value in record.val_segments.items():  # per recording, segment or held-out run
+        writer.add_scalar(f"val/{name}", value, record.epoch)
     writer.add_scalar("val/constant_baseline", record.baseline_val, record.epoch)
     writer.add_scalar("train/constant_baseline", record.baseline_train, record.epoch)
     writer.add_scalar("time/epoch_s", record.seconds, record.epoch)
