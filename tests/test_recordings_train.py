@@ -25,12 +25,13 @@ def _run(root, name, timesteps, seed):
     return str(root / name)
 
 
+@pytest.mark.slow
 def test_demo_trains_on_several_runs_and_validates_each_and_held_out_runs(tmp_path, capsys):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = [_run(tmp_path, f"run{i}", t, i) for i, t in enumerate((2048, 3072, 1536))]
-    held = _run(tmp_path, "held", 1024, 9)
+    runs = [_run(tmp_path, f"run{i}", t, i) for i, t in enumerate((768, 1024, 512))]
+    held = _run(tmp_path, "held", 384, 9)
     out = tmp_path / "demo"
     argv = [
         "demo",
@@ -44,6 +45,8 @@ def test_demo_trains_on_several_runs_and_validates_each_and_held_out_runs(tmp_pa
         "2",
         "--chunk-size",
         "256",
+        "--batch-size",
+        "64",
         "--no-progress",
         "--device",
         "cpu",
