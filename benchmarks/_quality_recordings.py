@@ -268,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     res = run_quality_recordings(reps, log=lambda s: print(s, flush=True))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
-    command = "python -m benchmarks._quality_recordings " + " ".join(argv or [])
+    import sys
+
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m benchmarks._quality_recordings " + " ".join(given)
     print("\n".join(recordings_section(res, command.strip())))
     return 0
 

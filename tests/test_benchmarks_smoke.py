@@ -253,3 +253,27 @@ def test_the_cache_race_runs_and_reports_both_targets(tmp_path: Path) -> None:
     assert all(v > 0 for rates in res["chunks_per_s"].values() for v in rates)
     assert res["counters"]["misses"] > 0 and res["counters"]["hits"] == res["counters"]["misses"]
     assert [t["target"] for t in res["targets"]] == [">= 0.8x", ">= 0.9x"]
+
+
+def test_quality_race_on_recordings_runs_and_renders(tmp_path: Path) -> None:
+    """The 4-recording race (issue 44) at its smoke size: four separate stores, each
+    validated on its own, every arm the same batches, the table and the target."""
+    from dataclasses import replace
+
+    from benchmarks import _quality_recordings as qr
+    from benchmarks._quality_scale import ScaleReps
+
+    reps = replace(ScaleReps.smoke(), seeds=1)
+    res = json.loads(json.dumps(qr.run_quality_recordings(reps, data_dir=tmp_path)))
+    runs = sorted(p.name for p in tmp_path.glob("quality-recordings-*/rec*"))
+    assert runs == ["rec0", "rec1", "rec2", "rec3"]
+    assert res["recordings"] == runs and len(set(res["lengths"])) == 1
+    arms = res["arms"]
+    assert list(arms) == ["iid", "contiguous", "defaults"]
+    assert arms["iid"]["ratio"]["mean"] == 1.0
+    batches = {r["batches"] for arm in arms.values() for r in arm["runs"]}
+    assert batches == {reps.epochs * res["batches_per_epoch"]}
+    assert sorted(arms["defaults"]["recording_ratio"]) == [f"rec{i}/val" for i in range(4)]
+    assert 0 < arms["defaults"]["runs"][0]["share"] <= 0.25
+    text = "\n".join(qr.recordings_section(res, "cmd"))
+    assert "| defaults |" in text and "quality on 4 recordings" in text
