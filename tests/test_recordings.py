@@ -266,3 +266,43 @@ def test_tools_plan_inspect_and_bench_take_several_runs(stores, capsys):
     assert main(["bench", *paths, *bench, "--train-ms", "1", "--device", "cpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert " + " in out["path"] and len(out["settings"]) == 1
+
+
+def test_resident_and_streamed_recordings_give_identical_chunks(stores):
+    recs = open_recordings(stores, weights=[2, 1, 1])
+    runs = {}
+    for resident in (True, False):
+        kw = dict(device="cpu", pieces=4, window=WINDOW, seed=4, resident=resident)
+        with cs.ChunkLoader(recs, 400, **kw) as loader:
+            runs[resident] = [
+                (c.pieces, {k: v.clone() for k, v in c.items()})
+                for c in loader.epoch(loader.plan.windows_per_pass)
+            ]
+    for (pa, a), (pb, b) in zip(runs[True], runs[False], strict=True):
+        assert pa == pb
+        for name in a:
+            torch.testing.assert_close(a[name], b[name])
+
+
+@pytest.mark.gpu
+def test_recordings_stream_to_the_device(stores):
+    recs = open_recordings(stores)
+    with cs.ChunkLoader(recs, 400, device="cuda", pieces=4, window=WINDOW, seed=3) as loader:
+        stream = cs.BatchStream(
+            loader, window=WINDOW, batch_size=32, batches_per_chunk=4, chunks_per_epoch=6
+        )
+        for batch in stream:
+            ids = batch["recording"]
+            assert ids.is_cuda and (ids == ids[:, :1]).all()
+            narrow = ids[:, 0] == 2
+            assert not batch["data"][narrow][..., 6:].any()
+            assert batch["data_mask"][~narrow].all()
+        for chunk in loader.epoch(2):
+            check_pieces(_to_cpu(chunk), recs, stores)
+
+
+def _to_cpu(chunk):
+    class Host(dict):
+        pieces = chunk.pieces
+
+    return Host({k: v.cpu() for k, v in chunk.items()})
