@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import chunkstream as cs
 from tests.stores import make_array, random_data
@@ -306,3 +308,39 @@ def _to_cpu(chunk):
         pieces = chunk.pieces
 
     return Host({k: v.cpu() for k, v in chunk.items()})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(30, 400), min_size=1, max_size=4),
+    weights=st.lists(st.floats(0.1, 10.0), min_size=4, max_size=4),
+    pieces=st.sampled_from([1, 2, 4]),
+    sampling=st.sampled_from(["shuffled", "random"]),
+    seed=st.integers(0, 2**20),
+)
+def test_weighted_pieces_stay_inside_one_recording(lengths, weights, pieces, sampling, seed):
+    bounds, at = [], 0
+    for n in lengths:
+        bounds.append((at, at + n))
+        at += n
+    strata = tuple((a, b, w) for (a, b), w in zip(bounds, weights, strict=False))
+    segs = cs.Segments([(a, b, f"r{i}") for i, (a, b) in enumerate(bounds)])
+    kw = dict(
+        total_timesteps=at,
+        chunk_size=40,
+        pieces=pieces,
+        sampling=sampling,
+        segments=segs,
+        recordings=strata,
+        seed=seed,
+        batch_window=5,
+    )
+    plan, again = cs.PiecePlan(**kw), cs.PiecePlan(**kw)
+    n = plan.windows_per_pass or 20
+    chunks = plan.chunks(1, np.arange(2 * n))
+    assert chunks == again.chunks(1, np.arange(2 * n))
+    assert chunks[n:] == [plan.chunk(1, i) for i in range(n, 2 * n)]  # scalar = vectorised
+    for chunk in chunks:
+        for p in chunk:
+            a, b = bounds[p.segment]
+            assert a <= p.start < p.stop <= b
