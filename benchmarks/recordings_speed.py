@@ -11,7 +11,9 @@ the library's defaults (``ChunkLoader(src, chunk_size, device="cpu")``,
 ``BatchStream(loader, window=W, batch_size=B, ...)``), the three-store arm with
 every window inside one recording. Two figures per arm: batches/s of the
 ``BatchStream`` (what a training loop sees) and chunks/s of the loader alone
-(reads and decodes, where a cost of several stores would show first). The arms
+(reads and decodes, where a cost of several stores would show first), each with
+the process's CPU time per batch or chunk (all threads: on a shared machine the
+one figure the other jobs' load does not move much). The arms
 take turns within a round, the order alternating, in one process; reported: each
 round's figures, and the median of the per-round ratios with their range.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -31,6 +34,12 @@ import chunkstream as cs
 from chunkstream import flyvis
 
 WINDOW, BATCH = 32, 64
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process, every thread (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def write_stores(root: Path, t: int, n: int) -> tuple[str, list[str]]:
@@ -55,7 +64,8 @@ def open_arm(arm: str, one: str, parts: list[str]) -> cs.Source:
     return cs.Recordings([cs.ZarrSource(p) for p in parts], names=["p0", "p1", "p2"])
 
 
-def batches_per_s(source: cs.Source, chunk: int, seconds: float) -> float:
+def batches_per_s(source: cs.Source, chunk: int, seconds: float) -> tuple[float, float]:
+    """Batches/s and CPU ms per batch."""
     with cs.ChunkLoader(source, chunk, device="cpu", seed=0) as loader:
         stream = cs.BatchStream(
             loader,
@@ -68,22 +78,23 @@ def batches_per_s(source: cs.Source, chunk: int, seconds: float) -> float:
         it = iter(stream)
         for _ in range(4):  # warm-up: the buffer filled, slots made
             next(it)
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), _cpu_s()
         while time.perf_counter() - t0 < seconds:
             next(it)
             n += 1
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), 1e3 * (_cpu_s() - c0) / max(1, n)
 
 
-def chunks_per_s(source: cs.Source, chunk: int, seconds: float) -> float:
+def chunks_per_s(source: cs.Source, chunk: int, seconds: float) -> tuple[float, float]:
+    """The loader alone: chunks/s and CPU ms per chunk."""
     with cs.ChunkLoader(source, chunk, device="cpu", seed=1) as loader:
         it = iter(loader.epoch(100_000))
         next(it)
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), _cpu_s()
         while time.perf_counter() - t0 < seconds:
             next(it)
             n += 1
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), 1e3 * (_cpu_s() - c0) / max(1, n)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{rounds} rounds",
         flush=True,
     )
-    ratios: dict[str, list[float]] = {"batches": [], "chunks": []}
+    ratios: dict[str, list[float]] = {"batches": [], "chunks": [], "cpu/batch": [], "cpu/chunk": []}
     with tempfile.TemporaryDirectory() as tmp:
         one, parts = write_stores(Path(tmp), t, n)
         for r in range(rounds):
@@ -110,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             got: dict[tuple[str, str], float] = {}
             for arm in order:
                 with open_arm(arm, one, parts) as src:
-                    got[arm, "batches"] = batches_per_s(src, chunk, seconds)
+                    got[arm, "batches"], got[arm, "cpu/batch"] = batches_per_s(src, chunk, seconds)
                 with open_arm(arm, one, parts) as src:
-                    got[arm, "chunks"] = chunks_per_s(src, chunk, seconds)
-            for what in ("batches", "chunks"):
+                    got[arm, "chunks"], got[arm, "cpu/chunk"] = chunks_per_s(src, chunk, seconds)
+            for what in ratios:
                 ratios[what].append(got["three", what] / got["one", what])
             print(
                 f"  round {r}: one store {got['one', 'batches']:7.1f} batches/s "
