@@ -140,10 +140,10 @@ class Layout:
 
     ``factors`` (one float > 0 per segment, or ``None``) weighs the segments at least
     a piece long: such a line is drawn ``factor`` times as often as its length says
-    (:func:`weigh`); the pool keeps its length's share. A weighted line's pass holds
-    ``round(tiles * factor)`` (at least one) of its tiles, a keyed choice of them
-    (:meth:`tile_draw`'s ``key``), every tile again with another phase where the
-    factor is above one; ``random`` weighs its starts the same way.
+    (:func:`~chunkstream.plans._pieces.segment_factors`); the pool keeps its length's
+    share. A weighted line's pass holds ``round(tiles * factor)`` (at least one) of its
+    tiles, a keyed choice of them (:meth:`tile_draw`'s ``key``), every tile again at
+    another phase where the factor is above one; ``random`` weighs its starts the same.
     """
 
     def __init__(
