@@ -131,12 +131,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{got['one', 'chunks']:6.1f} chunks/s | three stores "
                 f"{got['three', 'batches']:7.1f} batches/s {got['three', 'chunks']:6.1f} "
                 f"chunks/s | ratio {ratios['batches'][-1]:.3f} batches, "
-                f"{ratios['chunks'][-1]:.3f} chunks",
+                f"{ratios['chunks'][-1]:.3f} chunks; CPU ms one/three: "
+                f"{got['one', 'cpu/batch']:.2f}/{got['three', 'cpu/batch']:.2f} per batch, "
+                f"{got['one', 'cpu/chunk']:.1f}/{got['three', 'cpu/chunk']:.1f} per chunk",
                 flush=True,
             )
     for what, values in ratios.items():
+        unit = " CPU ms" if what.startswith("cpu") else "/s"
         print(
-            f"three stores / one store, {what}/s: median {statistics.median(values):.3f} "
+            f"three stores / one store, {what}{unit}: median {statistics.median(values):.3f} "
             f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds)"
         )
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
