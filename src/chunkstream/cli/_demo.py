@@ -4,7 +4,9 @@ With no arguments it writes (once; later runs reuse it) a synthetic dataset in
 the FlyVis layout under ``./chunkstream-demo/data``, streams its training split
 in chunks (CUDA when present, else CPU) for a few epochs, prints one line per
 epoch and a final table, and writes TensorBoard logs, ``timeline.png`` and
-``trace.json`` (the loader's spans, for ui.perfetto.dev) into the output folder. ``--data`` trains on an existing FlyVis-layout directory.
+``trace.json`` (the loader's spans, for ui.perfetto.dev) into the output folder. ``--data`` trains on existing FlyVis-layout directories
+(several: one dataset, ``cs.Recordings``, validated per run); ``--val-data`` holds
+runs out entirely and validates on each whole.
 """
 
 from __future__ import annotations
