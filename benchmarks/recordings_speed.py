@@ -72,7 +72,7 @@ def batches_per_s(source: cs.Source, chunk: int, seconds: float) -> tuple[float,
             window=WINDOW,
             batch_size=BATCH,
             fields="data",
-            chunks_per_epoch=100_000,
+            options=cs.StreamOptions(chunks_per_epoch=100_000),
             batches_per_chunk=chunk // BATCH,
         )
         it = iter(stream)

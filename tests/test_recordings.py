@@ -60,13 +60,14 @@ def test_three_stores_stream_weighted_resumable_disjoint_epochs(stores):
     disjoint windows."""
     weights = [1.0, 1.0, 2.0]
     recs = open_recordings(stores, weights=weights)
-    kw = dict(device="cpu", pieces=4, window=WINDOW, seed=7)
+    kw = dict(device="cpu", seed=7)
+    opts = dict(pieces=4, window=WINDOW)
     assert recs.fields["data"].shape == (8,) and "data_mask" in recs.fields
 
     def pieces_of(chunks):
         return [check_pieces(c, recs, stores).pieces for c in chunks]
 
-    with cs.ChunkLoader(recs, 400, **kw) as loader:
+    with cs.ChunkLoader(recs, 400, options=cs.LoaderOptions(**opts), **kw) as loader:
         per_pass = loader.plan.windows_per_pass
         full = [pieces_of(loader.epoch(per_pass)) for _ in range(3)]
     # Shares: timesteps per recording over three epochs against the weights' shares.
@@ -78,7 +79,9 @@ def test_three_stores_stream_weighted_resumable_disjoint_epochs(stores):
     want = np.array(weights) / sum(weights)
     np.testing.assert_allclose(got / got.sum(), want, atol=0.03)
     # The same under random sampling (with replacement: a real sampling error).
-    with cs.ChunkLoader(recs, 400, sampling="random", **kw) as loader:
+    with cs.ChunkLoader(
+        recs, 400, sampling="random", options=cs.LoaderOptions(**opts), **kw
+    ) as loader:
         counts = np.zeros(3)
         for chunk in loader.epoch(300):
             for p in chunk.pieces:
@@ -88,18 +91,19 @@ def test_three_stores_stream_weighted_resumable_disjoint_epochs(stores):
     assert (np.abs(counts / n - want) < 4 * sigma).all(), (counts / n, want)
     # A mid-epoch resume gives exactly the rest.
     for cut in (1, per_pass // 2):
-        with cs.ChunkLoader(recs, 400, **kw) as loader:
+        with cs.ChunkLoader(recs, 400, options=cs.LoaderOptions(**opts), **kw) as loader:
             it = loader.epoch(per_pass)
             head = pieces_of(next(it) for _ in range(cut))
             state = loader.state_dict()
-        with cs.ChunkLoader(recs, 400, **kw) as loader:
+        with cs.ChunkLoader(recs, 400, options=cs.LoaderOptions(**opts), **kw) as loader:
             loader.load_state_dict(state)
             tail = pieces_of(loader.epoch(per_pass))
         assert head + tail == full[0]
     # Two ranks: between them exactly the one-rank epoch's chunks, each on one rank.
     shares = []
     for rank in range(2):
-        with cs.ChunkLoader(recs, 400, rank=rank, world_size=2, **kw) as loader:
+        ranked = cs.LoaderOptions(rank=rank, world_size=2, **opts)
+        with cs.ChunkLoader(recs, 400, options=ranked, **kw) as loader:
             shares.append(pieces_of(loader.epoch(per_pass // 2)))
     assert len(shares[0]) == len(shares[1]) == per_pass // 2
     assert [c for pair in zip(*shares, strict=True) for c in pair] == full[0][: 2 * (per_pass // 2)]
@@ -107,7 +111,8 @@ def test_three_stores_stream_weighted_resumable_disjoint_epochs(stores):
     plain = open_recordings(stores)
     spans = []
     for rank in range(2):
-        with cs.ChunkLoader(plain, 400, rank=rank, world_size=2, **kw) as loader:
+        ranked = cs.LoaderOptions(rank=rank, world_size=2, **opts)
+        with cs.ChunkLoader(plain, 400, options=ranked, **kw) as loader:
             n = loader.plan.windows_per_pass // 2
             spans.append({(p.start, p.stop) for c in loader.epoch(n) for p in c.pieces})
     assert spans[0] and spans[1] and not spans[0] & spans[1]
@@ -116,14 +121,15 @@ def test_three_stores_stream_weighted_resumable_disjoint_epochs(stores):
 
 def test_batches_carry_the_recording_and_never_cross_one(stores):
     recs = open_recordings(stores)
-    with cs.ChunkLoader(recs, 400, device="cpu", pieces=4, window=WINDOW, seed=1) as loader:
+    opts = cs.LoaderOptions(pieces=4, window=WINDOW)
+    with cs.ChunkLoader(recs, 400, device="cpu", seed=1, options=opts) as loader:
         stream = cs.BatchStream(
             loader,
             window=WINDOW,
             batch_size=32,
             batches_per_chunk=4,
-            chunks_per_epoch=6,
             fields=("data", "data_mask", "recording"),
+            options=cs.StreamOptions(chunks_per_epoch=6),
         )
         seen = set()
         for batch in stream:
@@ -172,16 +178,16 @@ def test_recordings_start_on_the_stored_chunk_grid(tmp_path):
 def test_segments_compose_with_the_recordings(stores):
     recs = open_recordings(stores)
     splits = cs.split_segments(recs.segments, fractions=(0.8, 0.2), gap=WINDOW - 1)
-    with cs.ChunkLoader(
-        recs, 200, device="cpu", pieces=2, window=WINDOW, segments=splits["train"]
-    ) as loader:
+    opts = cs.LoaderOptions(pieces=2, window=WINDOW, segments=splits["train"])
+    with cs.ChunkLoader(recs, 200, device="cpu", options=opts) as loader:
         assert loader.plan.segments == splits["train"]
         for chunk in loader.epoch(loader.plan.windows_per_pass):
             for p in chunk.pieces:
                 seg = splits["train"][p.segment]
                 assert seg.start <= p.start < p.stop <= seg.stop
     # A segment over a boundary is cut there: no piece crosses.
-    with cs.ChunkLoader(recs, 200, device="cpu", segments=[(2000, 4000, "x")]) as loader:
+    opts = cs.LoaderOptions(segments=[(2000, 4000, "x")])
+    with cs.ChunkLoader(recs, 200, device="cpu", options=opts) as loader:
         assert loader.plan.segments == cs.Segments([(2000, 3000, "x@0"), (3000, 4000, "x@1")])
 
 
@@ -274,8 +280,8 @@ def test_resident_and_streamed_recordings_give_identical_chunks(stores):
     recs = open_recordings(stores, weights=[2, 1, 1])
     runs = {}
     for resident in (True, False):
-        kw = dict(device="cpu", pieces=4, window=WINDOW, seed=4, resident=resident)
-        with cs.ChunkLoader(recs, 400, **kw) as loader:
+        opts = cs.LoaderOptions(pieces=4, window=WINDOW, resident=resident)
+        with cs.ChunkLoader(recs, 400, device="cpu", seed=4, options=opts) as loader:
             runs[resident] = [
                 (c.pieces, {k: v.clone() for k, v in c.items()})
                 for c in loader.epoch(loader.plan.windows_per_pass)
@@ -289,9 +295,14 @@ def test_resident_and_streamed_recordings_give_identical_chunks(stores):
 @pytest.mark.gpu
 def test_recordings_stream_to_the_device(stores):
     recs = open_recordings(stores)
-    with cs.ChunkLoader(recs, 400, device="cuda", pieces=4, window=WINDOW, seed=3) as loader:
+    opts = cs.LoaderOptions(pieces=4, window=WINDOW)
+    with cs.ChunkLoader(recs, 400, device="cuda", seed=3, options=opts) as loader:
         stream = cs.BatchStream(
-            loader, window=WINDOW, batch_size=32, batches_per_chunk=4, chunks_per_epoch=6
+            loader,
+            window=WINDOW,
+            batch_size=32,
+            batches_per_chunk=4,
+            options=cs.StreamOptions(chunks_per_epoch=6),
         )
         for batch in stream:
             ids = batch["recording"]
