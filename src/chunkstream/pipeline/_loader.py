@@ -442,7 +442,7 @@ class ChunkLoader:
                 break
             self._check_stalled(asked, window, since=since)
         try:
-            return future.result()
+            return future.result(timeout=0)  # done: done_within said so, or a later failure
         except BaseException as failure:
             self._close_after(failure)
             raise
@@ -469,7 +469,8 @@ class ChunkLoader:
 
         def failed() -> Future | None:
             return next(
-                (f for f in reads if f.done() and not f.cancelled() and f.exception()), None
+                (f for f in reads if f.done() and not f.cancelled() and f.exception(timeout=0)),
+                None,
             )
 
         for future in reads:
