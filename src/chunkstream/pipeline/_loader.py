@@ -1,6 +1,6 @@
 """``ChunkLoader``: windows of a source, read ahead in threads and handed out in plan order.
 
-The flow (see DESIGN.md)::
+The flow (docs/architecture.md follows one window through it)::
 
     EpochCursor ──> EpochRun: read futures ──> [copy futures] ──> Chunk
     (which windows)  (a buffer set each)       (CUDA: on a stream)
@@ -9,7 +9,7 @@ Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
 rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
 executors, dropping the previous run. What a read and a transfer do is the
 loader's delivery stage, chosen at construction (:mod:`._stages`: host, copy,
-resident); docs/architecture.md follows one window through it.
+resident).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from .._memory import HostBufferPool, PinnedSlotPool
 from .._options import check_moved, check_options
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
-from ..plans import EpochCursor, EpochSpan, Piece, Uneven, WindowPlan, loader_plan
-from ..plans._cursor import Position
+from ..plans import EpochCursor, EpochSpan, Piece, Position, Uneven, WindowPlan, loader_plan
 from ..sources import (
     FieldSpec,
     HandsOver,
@@ -448,8 +447,9 @@ class ChunkLoader:
             raise
 
     def _close_after(self, failure: BaseException) -> None:
-        """Shut the loader down after a worker's ``failure`` (DESIGN), which the caller
-        then raises; a close that also fails is noted on it."""
+        """Shut the loader down after a worker's ``failure`` (the error contract of
+        docs/_guarantees.md), which the caller then raises; a close that also fails is
+        noted on it."""
         self._check_open()  # closed meanwhile: that is what the consumer must hear
         try:
             self.close()

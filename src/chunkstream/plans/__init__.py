@@ -16,6 +16,7 @@ from ._windows import (
 from ._cursor import EpochCursor as EpochCursor  # isort: skip
 from ._cursor import EpochShare as EpochShare  # isort: skip
 from ._cursor import EpochSpan as EpochSpan  # isort: skip
+from ._cursor import Position as Position  # isort: skip
 from ._cursor import Uneven as Uneven  # isort: skip
 from ._cursor import epoch_share as epoch_share  # isort: skip
 from ._hash import M64 as M64  # isort: skip
