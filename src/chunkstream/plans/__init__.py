@@ -31,6 +31,7 @@ from ._sampling import Sampling as Sampling  # isort: skip
 from ._segments import as_segments as as_segments  # isort: skip
 from ._segments import HeldOutSplit as HeldOutSplit  # isort: skip
 from ._segments import held_out_split as held_out_split  # isort: skip
+from ._windows import window_in_chunk as window_in_chunk  # isort: skip
 
 __all__ = [
     "EpochPlan",
