@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from pathlib import Path
 from typing import Any
 
 from ._errors import LoaderClosedError
@@ -30,6 +31,7 @@ __all__ = [
     "Cancelled",
     "Executor",
     "done_within",
+    "helper_stacks",
     "thread_stack",
     "wait_done",
 ]
@@ -75,6 +77,32 @@ def thread_stack(thread: threading.Thread, doing: str) -> str | None:
     if frame is None:
         return None
     return f'Thread "{thread.name}" ({doing}):\n' + "".join(traceback.format_stack(frame))
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def helper_stacks(prefixes: tuple[str, ...]) -> list[str]:
+    """Stacks of the threads whose names start with one of ``prefixes`` that are inside
+    chunkstream's code now: a source's decode or part tasks, which a reader waits for
+    with no timeout (``settle``), so that a stall error shows where the wait is stuck.
+    An idle pool thread (only the standard library on its stack) is left out."""
+    frames = sys._current_frames()
+    stacks = []
+    for thread in threading.enumerate():
+        if not thread.name.startswith(prefixes):
+            continue
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        inside, walk = False, frame
+        while walk is not None and not inside:
+            inside = walk.f_code.co_filename.startswith(_PACKAGE)
+            walk = walk.f_back
+        if inside:
+            stacks.append(
+                f'Thread "{thread.name}" (a task a reader waits for):\n'
+                + "".join(traceback.format_stack(frame))
+            )
+    return stacks
 
 
 class Executor:

@@ -29,7 +29,7 @@ import torch
 
 from .._device import device_binder
 from .._errors import LoaderClosedError, LoaderStalledError
-from .._executor import POLL_S, Executor, done_within
+from .._executor import POLL_S, Executor, done_within, helper_stacks
 from .._memory import HostBufferPool, PinnedSlotPool
 from .._options import check_moved, check_options
 from .._resume import check_loader_state
@@ -54,6 +54,10 @@ from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
 
 __all__ = ["ChunkLoader", "host_pool"]
+
+# The threads of the sources' own pools (docs/architecture.md, row 8), whose tasks a
+# read waits for with no timeout: a stall error shows those that are busy.
+_SOURCE_POOLS = ("chunkstream-decode-", "chunkstream-join-")
 
 
 def host_pool(
@@ -493,6 +497,7 @@ class ChunkLoader:
     def _stalled(self, timeout: float, window: tuple[int, int] | None) -> LoaderStalledError:
         """The stall error, with the busy workers' stacks, after shutting the loader down."""
         stacks = [s for executor in self._executors for s in executor.busy_stacks()]
+        stacks += helper_stacks(_SOURCE_POOLS)  # the tasks a stuck read waits for
         message = (
             f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
             f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)
