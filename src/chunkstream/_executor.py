@@ -7,9 +7,11 @@ Python 3.9, bpo-39812, so one read hung on a dead mount would hang the exit);
 ``close`` joins until a deadline; the calls running now, and their threads'
 stacks, are known to a watchdog (:meth:`Executor.busy_stacks`). One job waits
 for another's future with :func:`wait_done`, never through a callback.
-:data:`POLL_S` is the one interval every blocking wait in chunkstream polls
-at, so errors, ``close()`` and the watchdog are seen within it (a pinned slot's
-copy is waited for by its CUDA event's blocking ``synchronize``, not polled).
+:data:`POLL_S` is the one interval every wait of the loader's jobs and of the
+consumer polls at, so errors, ``close()`` and the watchdog are seen within it (a
+pinned slot's copy is waited for by its CUDA event's blocking ``synchronize``,
+not polled; a read's waits for its source's own tasks block on the task: a hung
+one is the watchdog's, docs/architecture.md rows 8 and 12).
 """
 
 from __future__ import annotations

@@ -112,10 +112,12 @@ class ChunkLoader:
     loaders; a ``ZarrSource`` opened from a URL still closes its store when
     collected or at interpreter exit).
 
-    Every blocking wait polls at 0.1 s, so errors reach the consumer within a
-    second. ``close()`` is idempotent and joins every thread within a deadline;
-    the loader is a context manager; a loader dropped without ``close()`` warns
-    (``ResourceWarning``) and is shut down the same way when collected.
+    Every wait of the consumer and of the loader's jobs polls at 0.1 s, so errors
+    reach the consumer within a second (a read waits for its source's own tasks
+    without a timeout: a hung one is the stall watchdog's). ``close()`` is
+    idempotent and joins every thread within a deadline; the loader is a context
+    manager; a loader dropped without ``close()`` warns (``ResourceWarning``) and
+    is shut down the same way when collected.
 
     A source that learns its fields at its first read (``CallableSource(...,
     specs="first")``) is read for them by the first job of the first epoch, in a
