@@ -1,0 +1,139 @@
+"""The host gather's waits, bounded and watched like a reader's (issue 43).
+
+A copy out of a memory-mapped source on a hung mount never returns; here the
+window copy of the gather (``_gather._numpy_window``) is replaced by one that
+blocks until the test lets it go: failure injection, with real threads, a real
+loader and real tensors around it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import chunkstream as cs
+from chunkstream.consumer import _gather
+from chunkstream.consumer._gather import GatherPool, Watch
+
+T, WIDTH, WINDOW, BATCH = 4096, 8, 16, 32
+
+
+def _hung_mount_copy(monkeypatch) -> threading.Event:
+    """Every window copy of the gather blocks until the returned event is set (60 s
+    at most, so a failing test ends)."""
+    release = threading.Event()
+    copy = _gather._numpy_window
+
+    def stuck_on_a_hung_mount(src, dst, starts, window, b):
+        release.wait(60)
+        copy(src, dst, starts, window, b)
+
+    monkeypatch.setattr(_gather, "_numpy_window", stuck_on_a_hung_mount)
+    return release
+
+
+def _stream(**loader_options):
+    data = np.arange(T * WIDTH, dtype=np.float32).reshape(T, WIDTH)
+    loader = cs.ChunkLoader(cs.NumpySource({"x": data}), 1024, device="cpu", seed=0,
+                            **loader_options)  # fmt: skip
+    stream = cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=2,
+                            fields="x", buffer="host", mix=1, gather_threads=2)  # fmt: skip
+    return loader, stream
+
+
+def test_a_stuck_gather_is_reported_with_its_stack_within_the_stall_timeout(monkeypatch):
+    release = _hung_mount_copy(monkeypatch)
+    loader, stream = _stream(stall_timeout=0.5)
+    try:
+        began = time.monotonic()
+        with pytest.raises(cs.LoaderStalledError) as info:
+            next(iter(stream))
+        took = time.monotonic() - began
+        message = str(info.value)
+        assert "stall_timeout" in message
+        assert "stuck_on_a_hung_mount" in message  # the stuck helper's stack
+        assert 'Thread "chunkstream-gather-' in message
+        assert took < 0.5 + 5, took
+    finally:
+        release.set()
+        began = time.monotonic()
+        loader.close()
+    assert time.monotonic() - began < 5 + 1
+
+
+def test_close_ends_a_wait_for_a_stuck_gather_within_its_deadline(monkeypatch):
+    release = _hung_mount_copy(monkeypatch)
+    loader, stream = _stream(stall_timeout=60, close_timeout=1.0)
+    batches = iter(stream)
+    closer = threading.Timer(0.5, loader.close)
+    closer.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(cs.LoaderClosedError, match="closed while a batch"):
+            next(batches)
+        assert time.monotonic() - began < 0.5 + 1.0 + 2, "close() did not end the wait"
+    finally:
+        closer.join(10)
+        release.set()
+    assert not closer.is_alive()
+
+
+def test_the_slots_of_abandoned_gathers_come_back(monkeypatch):
+    """A stream closed with gathers ahead: each slot comes back once its claimed blocks
+    end (the stuck ones when let go), so the next epoch reuses them all."""
+    release = _hung_mount_copy(monkeypatch)
+    loader, stream = _stream(stall_timeout=0.3)
+    with loader:
+        with pytest.raises(cs.LoaderStalledError):
+            next(iter(stream))
+        release.set()
+        monkeypatch.undo()
+        pool = stream._tier.slots._slots
+        deadline = time.monotonic() + 10
+        while any(b.busy for b in pool._sets) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(b.busy for b in pool._sets)
+        batch = next(iter(stream))  # the next iteration gathers into the same slots
+        assert batch.shape == (BATCH, WINDOW, WIDTH)
+        assert pool.allocated == stream.batch_prefetch + 2
+
+
+def test_a_watched_job_is_gathered_by_the_helpers_alone():
+    """Its caller only waits (so it can see a stall), also with one thread."""
+    ran_on: list[str] = []
+    job = GatherPool(1).submit(
+        lambda block: ran_on.append(threading.current_thread().name), 4, watch=Watch()
+    )
+    job.wait()
+    assert len(ran_on) == 4
+    assert all(name.startswith("chunkstream-gather-") for name in ran_on)
+
+
+def test_a_watch_on_a_closed_loader_cancels_the_job_and_its_then_runs_once():
+    calls: list[bool] = []
+    gate = threading.Event()
+    job = GatherPool(1).submit(lambda block: gate.wait(10), 3, calls.append,
+                               watch=Watch(closed=lambda: True))  # fmt: skip
+    try:
+        with pytest.raises(cs.LoaderClosedError):
+            job.wait()
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == [True]  # once the claimed block ended: the slot would come back
+    assert job.cancel() is False
+
+
+def test_cancel_says_whether_the_job_had_finished():
+    job = GatherPool(2).submit(lambda block: None, 3, watch=Watch())
+    job.wait()
+    assert job.cancel() is True  # finished: its output is the caller's to give back
+    out = torch.zeros(2)
+    pending = GatherPool(1).submit(lambda block: out.add_(1), 0)
+    assert pending.cancel() is True  # no blocks: finished at once
