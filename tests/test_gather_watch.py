@@ -1,7 +1,7 @@
 """The host gather's waits, bounded and watched like a reader's (issue 43).
 
 A copy out of a memory-mapped source on a hung mount never returns; here the
-window copy of the gather (``_gather._numpy_window``) is replaced by one that
+window copies of the gather (``_gather._numpy_windows``) is replaced by one that
 blocks until the test lets it go: failure injection, with real threads, a real
 loader and real tensors around it.
 """
@@ -26,13 +26,13 @@ def _hung_mount_copy(monkeypatch) -> threading.Event:
     """Every window copy of the gather blocks until the returned event is set (60 s
     at most, so a failing test ends)."""
     release = threading.Event()
-    copy = _gather._numpy_window
+    copy = _gather._numpy_windows
 
-    def stuck_on_a_hung_mount(src, dst, starts, window, b):
+    def stuck_on_a_hung_mount(src, dst, starts, window, lo, hi):
         release.wait(60)
-        copy(src, dst, starts, window, b)
+        copy(src, dst, starts, window, lo, hi)
 
-    monkeypatch.setattr(_gather, "_numpy_window", stuck_on_a_hung_mount)
+    monkeypatch.setattr(_gather, "_numpy_windows", stuck_on_a_hung_mount)
     return release
 
 

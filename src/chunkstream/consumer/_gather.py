@@ -446,36 +446,41 @@ def gather_blocks(
     Where the dtypes differ the copy converts (numpy's cast, or torch's for a
     dtype numpy lacks).
     """
-    work: list[tuple[Callable[[int, int], None], int, int]] = []  # (copy(b), first b, last b)
+    work: list[tuple[Callable[[int, int], None], int, int]] = []  # (copy(lo, hi), lo, hi)
     for src_t, out_t in pairs:
         src, dst = as_numpy(src_t), as_numpy(out_t)
         mixed = src_t.dtype != out_t.dtype and torch.bfloat16 in (src_t.dtype, out_t.dtype)
         if src is None or dst is None or mixed:
-            copy = partial(_torch_window, src_t, out_t, starts, window)
+            copy = partial(_torch_windows, src_t, out_t, starts, window)
         else:
-            copy = partial(_numpy_window, src, dst, starts, window)
+            copy = partial(_numpy_windows, src, dst, starts, window)
         row_bytes = out_t[0].numel() * out_t.element_size() if len(out_t) else 1
         per = max(1, _BLOCK_BYTES // max(1, row_bytes))
         work.extend((copy, lo, min(len(starts), lo + per)) for lo in range(0, len(starts), per))
 
     def fn(block: int) -> None:
         copy, lo, hi = work[block]
-        for b in range(lo, hi):
-            copy(b)
+        copy(lo, hi)
 
     return fn, len(work)
 
 
-def _numpy_window(src: np.ndarray, dst: np.ndarray, starts: list[int], window: int, b: int) -> None:
-    s = starts[b]
-    dst[b] = src[s : s + window]  # one memcpy (or cast) outside the GIL
-
-
-def _torch_window(
-    src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int, b: int
+# The loops over a block's windows are the gather's only per-window Python: kept to one
+# slice and one assignment each (the assignment, a memcpy or a cast, releases the GIL).
+def _numpy_windows(
+    src: np.ndarray, dst: np.ndarray, starts: list[int], window: int, lo: int, hi: int
 ) -> None:
-    s = starts[b]
-    dst[b].copy_(src[s : s + window])
+    for b in range(lo, hi):
+        s = starts[b]
+        dst[b] = src[s : s + window]
+
+
+def _torch_windows(
+    src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int, lo: int, hi: int
+) -> None:
+    for b in range(lo, hi):
+        s = starts[b]
+        dst[b].copy_(src[s : s + window])
 
 
 def host_gather(
