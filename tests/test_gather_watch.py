@@ -1,7 +1,7 @@
 """The host gather's waits, bounded and watched like a reader's (issue 43).
 
 A copy out of a memory-mapped source on a hung mount never returns; here the
-window copies of the gather (``_gather._numpy_windows``) is replaced by one that
+window copies of the gather (``_gather._bits_windows`` and ``_numpy_windows``) is replaced by one that
 blocks until the test lets it go: failure injection, with real threads, a real
 loader and real tensors around it.
 """
@@ -26,13 +26,14 @@ def _hung_mount_copy(monkeypatch) -> threading.Event:
     """Every window copy of the gather blocks until the returned event is set (60 s
     at most, so a failing test ends)."""
     release = threading.Event()
-    copy = _gather._numpy_windows
+    for name in ("_bits_windows", "_numpy_windows"):
+        copy = getattr(_gather, name)
 
-    def stuck_on_a_hung_mount(src, dst, starts, window, lo, hi):
-        release.wait(60)
-        copy(src, dst, starts, window, lo, hi)
+        def stuck_on_a_hung_mount(src, dst, starts, window, lo, hi, copy=copy):
+            release.wait(60)
+            copy(src, dst, starts, window, lo, hi)
 
-    monkeypatch.setattr(_gather, "_numpy_windows", stuck_on_a_hung_mount)
+        monkeypatch.setattr(_gather, name, stuck_on_a_hung_mount)
     return release
 
 
@@ -137,3 +138,20 @@ def test_cancel_says_whether_the_job_had_finished():
     out = torch.zeros(2)
     pending = GatherPool(1).submit(lambda block: out.add_(1), 0)
     assert pending.cancel() is True  # no blocks: finished at once
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_gather_copies_every_bit(dtype):
+    """Same-dtype windows are copied as unsigned ints: signalling NaNs with payloads,
+    -0.0 and infinities arrive bit for bit."""
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[
+        torch.empty(0, dtype=dtype).element_size()
+    ]
+    info = torch.iinfo(bits)
+    raw = torch.randint(info.min, info.max, (300, 6), dtype=bits)
+    x = raw.view(dtype)
+    starts = [0, 17, 290, 5]
+    out = torch.empty((len(starts), 10, 6), dtype=dtype)
+    _gather.host_gather(x, starts, 10, out, pool=GatherPool(2))
+    for b, s in enumerate(starts):
+        assert torch.equal(out[b].view(bits), raw[s : s + 10])
