@@ -18,6 +18,7 @@ import torch
 import chunkstream as cs
 from chunkstream.consumer import _gather
 from chunkstream.consumer._gather import GatherPool, Watch
+from chunkstream.consumer._shuffle import HostTier, Request
 
 T, WIDTH, WINDOW, BATCH = 4096, 8, 16, 32
 
@@ -155,3 +156,26 @@ def test_the_gather_copies_every_bit(dtype):
     _gather.host_gather(x, starts, 10, out, pool=GatherPool(2))
     for b, s in enumerate(starts):
         assert torch.equal(out[b].view(bits), raw[s : s + 10])
+
+
+def test_a_failed_gather_is_raised_at_its_own_turn(monkeypatch):
+    """Gathers run ahead, but a batch's error comes after every batch before it."""
+    copy = _gather._bits_windows
+
+    def fails_at_the_third(src, dst, starts, window, lo, hi):
+        if starts[lo] == 3:
+            raise OSError("bad sector")
+        copy(src, dst, starts, window, lo, hi)
+
+    monkeypatch.setattr(_gather, "_bits_windows", fails_at_the_third)
+    tier = HostTier(("x",), window=4, batch_size=2, device=torch.device("cpu"), depth=3,
+                    gather=GatherPool(2))  # fmt: skip
+    x = torch.arange(400, dtype=torch.float32).reshape(100, 4)
+    storage = tier.store({"x": x}, 100)
+    tier.copy_rows(storage["x"], x)
+    requests = [Request(torch.tensor([b, 50]), b) for b in range(5)]
+    batches = tier.batches(storage, requests)
+    got = [next(batches)[1], next(batches)[1], next(batches)[1]]
+    assert got == [0, 1, 2]
+    with pytest.raises(OSError, match="bad sector"):
+        next(batches)

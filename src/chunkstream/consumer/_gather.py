@@ -209,6 +209,11 @@ class Job:
         block its pool finished since."""
         return max(self.submitted, self.activity.last)
 
+    def succeeded(self) -> bool:
+        """Whether the job is over, every block done without error (never waits)."""
+        future = self.future
+        return future.done() and future.exception() is None
+
     def claim(self) -> int | None:
         with self.lock:
             if self.claimed >= self.n or self.error is not None:

@@ -183,8 +183,8 @@ class HostTier:
                 for item in ahead:  # the copies of the gathers done, in batch order
                     if item.delivery is not None:
                         continue
-                    if not (item is ahead[0] or item.gather.job.future.done()):
-                        break
+                    if not (item is ahead[0] or item.gather.job.succeeded()):
+                        break  # a failed gather's error is raised at its own turn
                     item.delivery = self.slots.deliver(item.gather)
                 item = ahead.popleft()
                 tensors, _ = receive(item.delivery, self.device)  # type: ignore[arg-type]
