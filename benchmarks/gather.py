@@ -7,7 +7,7 @@
 Geometries (float32, an in-memory source):
 
 * ``small``: 262,144 x 1,024 source, batches of 256 windows of 64 steps (64 MiB);
-* ``zap``: a ZAPBench-like 2,048 x 71,721 source, batches of 32 windows of 100
+* ``zap``: a ZAPBench-like 4,096 x 71,721 source, batches of 32 windows of 100
   steps (918 MB).
 
 Arms, each moving the same bytes per batch into a reused output:
@@ -71,7 +71,7 @@ class Geo:
 
 GEOS = {
     "small": Geo("small", 262_144, 1_024, 64, 256, 16_384),
-    "zap": Geo("zap", 2_048, 71_721, 100, 32, 1_024),
+    "zap": Geo("zap", 4_096, 71_721, 100, 32, 1_024),
 }
 QUICK = {
     "small": Geo("small", 32_768, 1_024, 64, 256, 16_384),
