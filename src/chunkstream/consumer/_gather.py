@@ -210,9 +210,10 @@ class Job:
         return max(self.submitted, self.activity.last)
 
     def succeeded(self) -> bool:
-        """Whether the job is over, every block done without error (never waits)."""
+        """Whether the job is over, every block done without error and not cancelled
+        (never waits)."""
         future = self.future
-        return future.done() and future.exception() is None
+        return future.done() and future.exception() is None and not self.cancelled
 
     def claim(self) -> int | None:
         with self.lock:

@@ -181,10 +181,13 @@ class HostTier:
                 if not ahead:
                     return
                 for item in ahead:  # the copies of the gathers done, in batch order
-                    if item.delivery is not None:
+                    if item.taken:
                         continue
-                    if not (item is ahead[0] or item.gather.job.succeeded()):
+                    if item is ahead[0]:
+                        item.gather.job.wait()  # bounded (Watch); a failed gather raises here
+                    elif not item.gather.job.succeeded():
                         break  # a failed gather's error is raised at its own turn
+                    item.taken = True  # the slot is deliver's now, even if the copy fails
                     item.delivery = self.slots.deliver(item.gather)
                 item = ahead.popleft()
                 tensors, _ = receive(item.delivery, self.device)  # type: ignore[arg-type]
@@ -192,17 +195,19 @@ class HostTier:
                 del item
                 yield {n: t.to(targets[n]) for n, t in tensors.items()}, state
         finally:
-            for item in ahead:  # a delivered one's slot is back behind its copy already
-                if item.delivery is None:
+            for item in ahead:  # a taken one's slot is back behind its copy already
+                if not item.taken:
                     self.slots.abandon(item.gather)
 
 
 class _Ahead:
-    """A batch in the tier's deque: its gather, its delivery once the consumer made it
-    (on CUDA: its copy queued), and the stream state after it."""
+    """A batch in the tier's deque: its gather, whether its slot was handed to
+    :meth:`~._slots.BatchSlots.deliver` (``taken``), its delivery once made (on CUDA:
+    its copy queued), and the stream state after it."""
 
-    __slots__ = ("delivery", "gather", "state")
+    __slots__ = ("delivery", "gather", "state", "taken")
 
     def __init__(self, gather: Gather, state: Any) -> None:
         self.gather, self.state = gather, state
+        self.taken = False
         self.delivery: Delivery | None = None

@@ -152,11 +152,12 @@ class BatchSlots:
         return Gather(job, slots, buffers, out)
 
     def deliver(self, gather: Gather) -> Delivery:
-        """``gather``'s batch, its job waited for (bounded: :class:`~._gather.Watch`):
-        on the CPU the slot's views (the user's views keep it from reuse); on CUDA
-        the slot copied on the transfer stream, back to its pool behind the copy.
-        In the consumer's thread, in batch order (the copies queue in that order)."""
-        gather.job.wait()
+        """``gather``'s batch, its job done without error (waited for by the caller,
+        bounded by its :class:`~._gather.Watch`): on the CPU the slot's views (the
+        user's views keep it from reuse); on CUDA the slot copied on the transfer
+        stream, back to its pool behind the copy (or behind a fence if the copy
+        fails: the slot is this call's from its start). In the consumer's thread, in
+        batch order (the copies queue in that order)."""
         if self._stream is None:
             gather.slots.release(gather.buffers)  # reused once no view of it is left
             return Delivery((), gather.out)
