@@ -179,3 +179,37 @@ def test_a_failed_gather_is_raised_at_its_own_turn(monkeypatch):
     assert got == [0, 1, 2]
     with pytest.raises(OSError, match="bad sector"):
         next(batches)
+
+
+def test_a_slot_whose_copy_failed_is_given_back_once(monkeypatch):
+    """Once the consumer hands a gathered slot to the copy, the copy gives it back (on
+    CUDA behind a fence); closing the tier after the copy failed must not give it back
+    again (twice queued, one slot would be handed to two gathers)."""
+    from chunkstream._memory import HostBufferPool
+    from chunkstream.consumer._slots import BatchSlots
+
+    given_back: list[int] = []
+    release = HostBufferPool.release
+
+    def counted(self, buffers, after=None):
+        given_back.append(id(buffers))
+        release(self, buffers, after)
+
+    def failing_copy(self, gather):
+        gather.slots.release(gather.buffers)  # as copy_to_device does on a failed copy
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(HostBufferPool, "release", counted)
+    monkeypatch.setattr(BatchSlots, "deliver", failing_copy)
+    tier = HostTier(("x",), window=4, batch_size=2, device=torch.device("cpu"), depth=2,
+                    gather=GatherPool(2))  # fmt: skip
+    x = torch.arange(400, dtype=torch.float32).reshape(100, 4)
+    batches = tier.batches({"x": x}, [Request(torch.tensor([b, 50]), b) for b in range(4)])
+    with pytest.raises(RuntimeError, match="copy failed"):
+        next(batches)
+    batches.close()
+    deadline = time.monotonic() + 10
+    while len(given_back) < 3 and time.monotonic() < deadline:  # the others' cancels
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(given_back) == len(set(given_back)) == 3, given_back
