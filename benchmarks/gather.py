@@ -168,9 +168,13 @@ def _tier(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[int
 def _stream(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[int, float]:
     per_chunk = max(1, geo.chunk // geo.batch)
     with cs.ChunkLoader(cs.NumpySource({"x": data}), geo.chunk, device="cpu", seed=0) as loader:
+        # Older trees (run with PYTHONPATH against this harness) predate StreamOptions.
+        options = {"gather_threads": threads}
+        if hasattr(cs, "StreamOptions"):
+            options = {"options": cs.StreamOptions(**options)}
         stream = cs.BatchStream(loader, window=geo.window, batch_size=geo.batch,
                                 batches_per_chunk=per_chunk, fields="x", buffer="host", mix=1,
-                                gather_threads=threads)  # fmt: skip
+                                **options)  # fmt: skip
 
         def forever():
             while True:

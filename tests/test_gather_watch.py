@@ -41,9 +41,10 @@ def _hung_mount_copy(monkeypatch) -> threading.Event:
 def _stream(**loader_options):
     data = np.arange(T * WIDTH, dtype=np.float32).reshape(T, WIDTH)
     loader = cs.ChunkLoader(cs.NumpySource({"x": data}), 1024, device="cpu", seed=0,
-                            **loader_options)  # fmt: skip
+                            options=cs.LoaderOptions(**loader_options))  # fmt: skip
     stream = cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=2,
-                            fields="x", buffer="host", mix=1, gather_threads=2)  # fmt: skip
+                            fields="x", buffer="host", mix=1,
+                            options=cs.StreamOptions(gather_threads=2))  # fmt: skip
     return loader, stream
 
 

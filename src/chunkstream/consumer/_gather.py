@@ -213,7 +213,7 @@ class Job:
         """Whether the job is over, every block done without error and not cancelled
         (never waits)."""
         future = self.future
-        return future.done() and future.exception() is None and not self.cancelled
+        return future.done() and future.exception(0) is None and not self.cancelled
 
     def claim(self) -> int | None:
         with self.lock:
@@ -357,8 +357,8 @@ class GatherPool:
         thread = threading.Thread(
             target=self._help, name=f"chunkstream-gather-{self._started}", daemon=True
         )
-        self._helpers.threads.add(thread)
         try:
+            self._helpers.threads.add(thread)
             thread.start()
         except BaseException:  # a signal handler's exception, say: no helper was started
             self._helpers.threads.discard(thread)
@@ -418,7 +418,8 @@ def _stop_helpers(helpers: _Helpers, timeout: float) -> None:
     finally:
         helpers.lock.release()
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.ident is not None:  # else never started (a handler raised): no join
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def gather_pool(threads: int | None = None) -> GatherPool:

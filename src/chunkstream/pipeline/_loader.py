@@ -1,6 +1,6 @@
 """``ChunkLoader``: windows of a source, read ahead in threads and handed out in plan order.
 
-The flow (see DESIGN.md)::
+The flow (docs/architecture.md follows one window through it)::
 
     EpochCursor ──> EpochRun: read futures ──> [copy futures] ──> Chunk
     (which windows)  (a buffer set each)       (CUDA: on a stream)
@@ -9,7 +9,7 @@ Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
 rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
 executors, dropping the previous run. What a read and a transfer do is the
 loader's delivery stage, chosen at construction (:mod:`._stages`: host, copy,
-resident); docs/architecture.md follows one window through it.
+resident).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 import torch
 
 from .._device import device_binder
-from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
-from .._executor import POLL_S, Executor, done_within
+from .._errors import LoaderClosedError, LoaderStalledError
+from .._executor import POLL_S, Executor, done_within, helper_stacks
 from .._memory import HostBufferPool, PinnedSlotPool
+from .._options import check_moved, check_options
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
-from ..plans import EpochCursor, EpochSpan, Piece, Segments, Uneven, WindowPlan, loader_plan
-from ..plans._cursor import Position
+from ..plans import EpochCursor, EpochSpan, Piece, Position, Uneven, WindowPlan, loader_plan
 from ..sources import (
     FieldSpec,
     HandsOver,
@@ -48,11 +48,16 @@ from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._jobs import learn_fields
+from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
 
 __all__ = ["ChunkLoader", "host_pool"]
+
+# The threads of the sources' own pools (docs/architecture.md, row 8), whose tasks a
+# read waits for with no timeout: a stall error shows those that are busy.
+_SOURCE_POOLS = ("chunkstream-decode-", "chunkstream-join-")
 
 
 def host_pool(
@@ -78,39 +83,41 @@ class ChunkLoader:
       present. ``"cuda"`` is the current CUDA device, as in torch: under torchrun
       call ``torch.cuda.set_device(local_rank)`` first or pass ``f"cuda:{local_rank}"``
       (``LOCAL_RANK``); otherwise every rank streams to one GPU, and the loader warns.
-    * ``prefetch``, ``gpu_prefetch``, ``workers``, ``host_slots``: read-ahead depth,
-      chunks kept ready on the device, reader threads, pinned slots (CUDA; default
-      ``prefetch + workers``); ``host_memory``/``device_memory`` byte budgets set them
-      to the largest depths that fit.
+    * ``prefetch``, ``gpu_prefetch``, ``workers``: read-ahead depth (default 2),
+      chunks kept ready on the device (1), reader threads (2); the options'
+      ``host_memory``/``device_memory`` byte budgets set the depths not given to
+      the largest that fit.
     * ``sampling``, ``align``, ``seed``: the window plan (``"random"``, ``"shuffled"``,
       ``"sequential"`` or a :class:`~chunkstream.plans.WindowPlan`); starts are
       multiples of ``align``.
-    * ``pieces``, ``segments``, ``window``: ``pieces=k`` makes a chunk ``k`` pieces
-      from independent places (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``;
-      starts on the stored time-chunk grid when the piece length is a multiple of it);
-      ``segments`` (a :class:`~chunkstream.Segments`, ``(start, stop[, name])`` rows or
-      a CSV/JSON path) bounds every chunk, piece and sampled window; ``window`` (the
-      batch window) must fit in a piece; shorter segments are skipped with a warning.
-    * ``resident``: ``True`` reads the reachable timesteps once, at the first
-      ``epoch()``, and serves chunks from the device as views or gathers (never
-      modify one in place then); ``"auto"`` does so when they fit the budget,
-      decided at construction (``loader.mode``, ``loader.mode_reason``).
-    * ``rank``, ``world_size``: this process's share of every epoch (defaults from
-      torch.distributed when initialised, else 0 and 1).
-    * ``stall_timeout``: seconds without progress before :class:`LoaderStalledError`
-      with the stuck workers' stacks (``None``: never); ``close_timeout``: how long
-      ``close()`` waits for its threads. ``check_finite``: raise
-      :class:`NonFiniteError` at any NaN/Inf read. ``read_retries``: retries, with
-      backoff, of a transient I/O or network error (bad data and missing paths fail
-      at once).
-    * ``close_source``: whether ``close()`` also closes ``source`` (default ``False``:
-      one source may feed several loaders; a ``ZarrSource`` opened from a URL still
-      closes its store when collected or at interpreter exit).
+    * ``options``: a :class:`~chunkstream.LoaderOptions` with the less common
+      settings (pinned slots and byte budgets, resident mode, pieces and segments,
+      rank and world size, the stall watchdog and ``close()``'s deadline, NaN
+      checks, read retries, shared stats, closing the source).
+    * ``config``: a whole :class:`~chunkstream.LoaderConfig` (such as another
+      loader's ``.config``) in place of ``chunk_size``, the depths and the options
+      it holds; giving one of those again is refused.
 
-    Every blocking wait polls at 0.1 s, so errors reach the consumer within a
-    second. ``close()`` is idempotent and joins every thread within a deadline;
-    the loader is a context manager; a loader dropped without ``close()`` warns
-    (``ResourceWarning``) and is shut down the same way when collected.
+    With ``options.pieces=k`` a chunk is ``k`` pieces from independent places
+    (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``; starts on the stored
+    time-chunk grid when the piece length is a multiple of it); ``options.segments``
+    bounds every chunk, piece and sampled window, and ``options.window`` (the batch
+    window) must fit in a piece. ``options.resident=True`` reads the reachable
+    timesteps once, at the first ``epoch()``, and serves chunks from the device as
+    views or gathers (never modify one in place then); ``"auto"`` does so when they
+    fit the budget, decided at construction (``loader.mode``, ``loader.mode_reason``).
+    ``options.stall_timeout`` seconds without progress raise
+    :class:`LoaderStalledError` with the stuck workers' stacks. A source is left
+    open by ``close()`` unless ``options.close_source`` (one source may feed several
+    loaders; a ``ZarrSource`` opened from a URL still closes its store when
+    collected or at interpreter exit).
+
+    Every wait of the consumer and of the loader's jobs polls at 0.1 s, so errors
+    reach the consumer within a second (a read waits for its source's own tasks
+    without a timeout: a hung one is the stall watchdog's). ``close()`` is
+    idempotent and joins every thread within a deadline; the loader is a context
+    manager; a loader dropped without ``close()`` warns (``ResourceWarning``) and
+    is shut down the same way when collected.
 
     A source that learns its fields at its first read (``CallableSource(...,
     specs="first")``) is read for them by the first job of the first epoch, in a
@@ -121,76 +128,52 @@ class ChunkLoader:
     def __init__(
         self,
         source: Source,
-        chunk_size: int,
+        chunk_size: int | None = None,
         *,
         device: str | torch.device | None = None,
         prefetch: int | None = None,
         gpu_prefetch: int | None = None,
-        workers: int = 2,
-        host_slots: int | None = None,
-        host_memory: int | None = None,
-        device_memory: int | None = None,
+        workers: int | None = None,
         sampling: str | WindowPlan = "shuffled",
         align: int = 1,
         seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        stall_timeout: float | None = 300.0,
-        close_timeout: float = 5.0,
-        check_finite: bool = False,
-        read_retries: int = 2,
-        stats: LatencyStats | None = None,
-        close_source: bool = False,
-        pieces: int = 1,
-        segments: Segments | str | object | None = None,
-        window: int | None = None,
-        resident: bool | str = False,
+        options: LoaderOptions | None = None,
+        config: LoaderConfig | None = None,
+        **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
-        if not isinstance(close_source, bool):
-            raise ConfigError.bad("close_source", close_source, "True or False", "Pass a bool.")
+        check_moved("ChunkLoader", LoaderOptions, moved)
+        self.options = o = check_options(options, LoaderOptions, "stall_timeout=60")
         self.source = check_source(source)
         # Everything close() releases; a loader collected unclosed releases it through a
         # finalizer, which must not refer to the loader itself.
-        self._owned = Owned(source=self.source if close_source else None)
+        self._owned = Owned(source=self.source if o.close_source else None)
         self.device = resolve_device(device)
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
-        self.config, self.rows = LoaderConfig.for_source(
-            source,
+        settings = loader_settings(
             chunk_size,
-            on_cuda=on_cuda,
             prefetch=prefetch,
             gpu_prefetch=gpu_prefetch,
             workers=workers,
-            host_slots=host_slots,
-            host_memory=host_memory,
-            device_memory=device_memory,
-            stall_timeout=stall_timeout,
-            close_timeout=close_timeout,
-            check_finite=check_finite,
-            read_retries=read_retries,
+            options=o,
+            config=config,
         )
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.config, self.rows = LoaderConfig.for_source(source, on_cuda=on_cuda, **settings)
+        chunk_size = self.config.chunk_size
+        self.rank, self.world_size = resolve_rank(o.rank, o.world_size)
         self.plan = loader_plan(
             sampling,
             total=len(source),
             chunk_size=chunk_size,
             align=align,
             seed=seed,
-            pieces=pieces,
-            segments=segments,
-            window=window,
+            pieces=o.pieces,
+            segments=o.segments,
+            window=o.window,
             grid=stored_time_chunk(source),
         )
-        if stats is not None and not isinstance(stats, LatencyStats):
-            raise ConfigError.bad(
-                "stats",
-                type(stats).__name__,
-                "a cs.LatencyStats or None",
-                "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
-            )
-        self.stats = stats if stats is not None else LatencyStats()
+        self.stats = o.stats if o.stats is not None else LatencyStats()
         cache = getattr(source, "cache", None)  # a remote ZarrSource's node-local cache
         if cache is not None:
             self.stats.watch_cache(cache.counters)
@@ -203,7 +186,13 @@ class ChunkLoader:
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         self._resident, self.mode_reason = make_resident(
-            self.plan, self.source, self.device, self._stream, resident, host_memory, device_memory
+            self.plan,
+            self.source,
+            self.device,
+            self._stream,
+            o.resident,
+            o.host_memory,
+            o.device_memory,
         )
         # The host buffers, as a future: made here, or for a source that learns its
         # fields by the first epoch's first job (learn_fields), which every read waits for.
@@ -458,14 +447,15 @@ class ChunkLoader:
                 break
             self._check_stalled(asked, window, since=since)
         try:
-            return future.result()
+            return future.result(timeout=0)  # done: done_within said so, or a later failure
         except BaseException as failure:
             self._close_after(failure)
             raise
 
     def _close_after(self, failure: BaseException) -> None:
-        """Shut the loader down after a worker's ``failure`` (DESIGN), which the caller
-        then raises; a close that also fails is noted on it."""
+        """Shut the loader down after a worker's ``failure`` (the error contract of
+        docs/_guarantees.md), which the caller then raises; a close that also fails is
+        noted on it."""
         self._check_open()  # closed meanwhile: that is what the consumer must hear
         try:
             self.close()
@@ -485,7 +475,8 @@ class ChunkLoader:
 
         def failed() -> Future | None:
             return next(
-                (f for f in reads if f.done() and not f.cancelled() and f.exception()), None
+                (f for f in reads if f.done() and not f.cancelled() and f.exception(timeout=0)),
+                None,
             )
 
         for future in reads:
@@ -508,6 +499,7 @@ class ChunkLoader:
     def _stalled(self, timeout: float, window: tuple[int, int] | None) -> LoaderStalledError:
         """The stall error, with the busy workers' stacks, after shutting the loader down."""
         stacks = [s for executor in self._executors for s in executor.busy_stacks()]
+        stacks += helper_stacks(_SOURCE_POOLS)  # the tasks a stuck read waits for
         message = (
             f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
             f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)
