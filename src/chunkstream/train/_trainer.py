@@ -54,8 +54,7 @@ from torch import nn
 
 from .._memory import LOOP_HELD
 from .._resume import check_checkpoint_config
-from ..consumer import ChunkMixer
-from ..consumer._defaults import default_buffer
+from ..consumer import ChunkMixer, default_buffer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
