@@ -39,6 +39,7 @@ def stores(tmp_path_factory):
     write_synthetic(root / "run", timesteps=T, neurons=N, stim_dims=STIM, chunks=(32, N, 1),
                     progress=False)  # fmt: skip
     make_array(root / "arr.zarr", random_data((T, 8)), (32, 8), codec=None)
+    make_array(root / "arr2.zarr", random_data((T // 2, 8), seed=1), (32, 8), codec=None)
     (root / "seg.csv").write_text("start,stop,name\n0,128,a\n128,256,b\n")
     (root / "afile").write_text("not a folder")
     return root
@@ -51,7 +52,8 @@ def http_url(stores):
 
 
 def _fill(argv: list[str], stores: Path, tmp: Path, url: str = "") -> list[str]:
-    return [a.format(run=stores / "run", arr=stores / "arr.zarr", seg=stores / "seg.csv",
+    return [a.format(run=stores / "run", arr=stores / "arr.zarr", arr2=stores / "arr2.zarr",
+                     seg=stores / "seg.csv",
                      afile=stores / "afile", tmp=tmp, url=url) for a in argv]  # fmt: skip
 
 
@@ -187,6 +189,8 @@ GOOD: dict[str, list[Good]] = {
     ],
     "plan": [
         Good("PATH", plan(data=("{arr}",)), lambda j, t: j["total_timesteps"] == T),
+        Good("--weights", plan("--weights", "1", "3", data=("{arr}", "{arr2}")),
+             lambda j, t: [r["share"] for r in j["pieces"]["recordings"]] == [0.25, 0.75]),
         Good("--shape", plan(), lambda j, t: j["total_timesteps"] == 1024 and j["fields"]["data"][0] == [8]),
         Good("--dtype", plan("--dtype", "float16"), lambda j, t: j["step_bytes"] == 16),
         Good("--fields", plan("--fields", "a=0:3", "b=5"),
@@ -227,6 +231,8 @@ GOOD: dict[str, list[Good]] = {
     ],
     "bench": [
         Good("PATH", bench(), lambda j, t: j["path"].endswith("arr.zarr")),
+        Good("--weights", bench("--weights", "1", "1", data=("{arr}", "{arr2}")),
+             lambda j, t: " + " in j["path"]),
         Good("--fields", bench("--fields", "v=timeseries[0:2,0]", data=("{run}",)),
              lambda j, t: j["chunk_bytes"] == T * 2 * 4),
         Good("--flyvis", bench("--flyvis", data=("{run}",)), lambda j, t: j["chunk_bytes"] == T * 2 * N * 4),
@@ -260,9 +266,10 @@ GOOD: dict[str, list[Good]] = {
 }
 
 # The demo's options share three short runs (see test_demo_options_take_effect).
+# (--val-data's effect, runs held out and validated whole, is tests/test_recordings_train.py's.)
 DEMO_OPTIONS = {"--data", "--timesteps", "--neurons", "--stim-dims", "--epochs", "--chunk-size",
                 "--pieces", "--mix", "--segments", "--batch-size", "--device", "--out", "--seed",
-                "--resume", "--no-progress", "--json"}  # fmt: skip
+                "--resume", "--no-progress", "--json", "--val-data", "--val-fraction"}  # fmt: skip
 
 BAD: dict[str, list[Bad]] = {
     "synth": [
@@ -320,6 +327,9 @@ BAD: dict[str, list[Bad]] = {
     ],
     "plan": [
         Bad("PATH", plan(data=("{tmp}/nope",)), ["nope", "does not exist"]),
+        Bad("--weights", plan("--weights", "0", "1", data=("{arr}", "{arr2}")),
+            ["--weights=['0', '1']", "> 0"]),
+        Bad("--weights", plan("--weights", "1", data=("{arr}",)), ["--weights 1", "several PATHs"]),
         Bad("PATH", plan(data=("{arr}", "--shape", "8,2")), ["PATH or --shape, not both"]),
         Bad("--shape", plan(data=("--shape", "8,x")), ["'8,x'", "comma-separated ints"]),
         Bad("--shape", plan(data=("--shape", "0,8")), ["--shape", "positive sizes"]),
@@ -362,6 +372,7 @@ BAD: dict[str, list[Bad]] = {
     ],
     "bench": [
         Bad("PATH", bench(data=("{tmp}/nope",)), ["nope", "does not exist"]),
+        Bad("--weights", bench("--weights", "1"), ["--weights 1", "several PATHs"]),
         Bad("--fields", bench("--fields", "x=9"), ["'x'", "index 9", "use 0..7"]),
         Bad("--flyvis", bench("--flyvis", "--fields", "x=:", data=("{run}",)), ["--flyvis", "drop --fields"]),
         Bad("--column", bench("--column", "calcium"), ["--column calcium", "without --flyvis"]),
@@ -409,6 +420,10 @@ BAD: dict[str, list[Bad]] = {
         Bad("--device", demo("--device", "tpu"), ["--device='tpu'", "'cpu'"]),
         Bad("--out", demo("--out", "{afile}/d"), ["--out", "afile' is not", "writable"]),
         Bad("--seed", demo("--seed", "-1"), [" -1 is invalid", ">= 0"]),
+        Bad("--val-data", demo("--val-data", "{run}"), ["--val-data", "with --data"]),
+        Bad("--val-data", ["demo", "--data", "{run}", "--val-data", "{run}", "--out", "{tmp}/d"],
+            ["name a run twice"]),
+        Bad("--val-fraction", demo("--val-fraction", "1.5"), ["--val-fraction=1.5", "(0, 1)"]),
     ],
 }
 

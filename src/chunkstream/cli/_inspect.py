@@ -29,11 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="zarr store, group or directory (or URL); several: each is reported, then "
         "how they stream as one dataset (cs.Recordings: lengths, shares, fields)",
     )
-    p.add_argument(
-        "--flyvis",
-        action="store_true",
-        help="with several PATHs: they are FlyVis run directories (their voltage and stimulus)",
-    )
+
     p.add_argument(
         "--fields",
         nargs="+",
@@ -60,17 +56,15 @@ def run(args: argparse.Namespace) -> int:
     if args.window is not None and not args.fields:
         raise unused("--window", args.window, "--fields", "it sizes the fields' windows")
     if len(args.path) == 1:
-        if args.flyvis:
-            raise unused("--flyvis", "", "several PATHs", "inspect lists a run's arrays itself")
         return _one(args, args.path[0])
     if args.json:
         from ..tools import inspect_store
 
-        runs = [inspect_store(p, None if args.flyvis else args.fields).to_dict() for p in args.path]
+        runs = [inspect_store(p, args.fields).to_dict() for p in args.path]
         print(json.dumps({"runs": runs, "recordings": _together(args)}, indent=2))
         return 0
     for path in args.path:
-        _one(args, path if not args.flyvis else f"{path.rstrip('/')}/timeseries.zarr")
+        _one(args, path)
         print()
     together = _together(args)
     print(f"as one dataset (cs.Recordings, {len(args.path)} runs):")
@@ -97,7 +91,7 @@ def _together(args: argparse.Namespace) -> dict:
     from ..tools import open_recordings
 
     try:
-        recs = open_recordings(args.path, args.fields, flyvis=args.flyvis)
+        recs = open_recordings(args.path, args.fields)
     except ChunkstreamError as exc:
         return {"error": str(exc)}
     with recs:

@@ -9,6 +9,7 @@ pieces and timesteps per recording, the figures a user checks the weights by.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ def parse_weights(text: Sequence[str] | None, count: int) -> list[float] | None:
         raise ConfigError.bad(
             "--weights", list(text), "one number > 0 per run", "E.g. --weights 1 1 2."
         ) from None
+    if not all(math.isfinite(w) and w > 0 for w in values):
+        raise ConfigError.bad(
+            "--weights", list(text), "numbers > 0, one per run", "Leave a run out instead of 0."
+        )
     if len(values) != count:
         raise ConfigError.bad(
             "--weights", list(text), f"one number per run ({count} runs)", "Give one for each."
