@@ -383,7 +383,7 @@ def format_table(result) -> str:
         (
             "chunk shuffle buffer",
             _mb(m.get("mixer")) if m.get("mixer") else "-",
-            f"{_tier(result)}: --mix chunks held by the trainer, {_buffer_share(m):.1%} of "
+            f"{_tier(result)}: --mix chunks held by the BatchStream, {_buffer_share(m):.1%} of "
             "the training split; batches drawn over them",
         ),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
