@@ -106,8 +106,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 2:
         p.error("--epochs must be >= 2: the first epoch is warm-up and is not timed")
-    if args.timesteps < 4096:
-        p.error("--timesteps must be >= 4096 (a training split of a few 1,024-step chunks)")
+    if args.timesteps < 2048:
+        p.error("--timesteps must be >= 2048 (a training split of a 1,024-step chunk or more)")
     return args
 
 

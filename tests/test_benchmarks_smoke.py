@@ -264,7 +264,7 @@ def test_demo_overlap_parses_its_options_and_runs_on_the_cpu(tmp_path: Path, cap
     args = demo_overlap.parse(["--device", "cpu", "--tiers", "host"])
     assert args.tiers == ["host"] and args.epochs == 3
     out = tmp_path / "overlap.json"
-    argv = ["--device", "cpu", "--timesteps", "4096", "--epochs", "2", "--data",
+    argv = ["--device", "cpu", "--timesteps", "2048", "--epochs", "2", "--data",
             str(tmp_path / "data"), "--json", str(out)]  # fmt: skip
     assert demo_overlap.main(argv) == 0
     rows = json.loads(out.read_text())

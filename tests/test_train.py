@@ -75,6 +75,8 @@ def test_config_validation():
         TrainConfig(batch_size=0)
     with pytest.raises(ConfigError, match="val_fraction"):
         TrainConfig(val_fraction=1.5)
+    with pytest.raises(ConfigError, match=r"buffer='gpu'.*'auto', 'host' or 'device'"):
+        TrainConfig(buffer="gpu")
     assert TrainConfig(time_units=2, evolve_multiple_steps=3).window == 7
     with pytest.raises(TypeError):
         TrainConfig(64)  # keyword-only
