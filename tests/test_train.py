@@ -227,7 +227,7 @@ def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment
     assert all(v > 0 for v in result.val_segments.values())
     assert [r.batches for r in result.history] == [20, 20]
     train, plan = trainer.train_segments, trainer.loader.plan
-    assert plan.segments is train
+    assert plan.segments == train
     seen = [p for e in range(2) for i in range(result.history[e].chunks) for p in plan.chunk(e, i)]
     assert seen
     for piece in seen:  # every streamed piece inside one training range, never held-out data
