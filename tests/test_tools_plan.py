@@ -179,7 +179,12 @@ def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys):
                     "--batch-size", "4", "--device", "cpu", "--host-mem", str(host_mem))  # fmt: skip
         assert out["mode"].startswith(f"{mode}: 400 timesteps"), out["mode"]
         source = cs.ZarrSource(tmp_path / "a.zarr")
-        with cs.ChunkLoader(source, 50, device="cpu", host_memory=host_mem, resident="auto") as ld:
+        with cs.ChunkLoader(
+            source,
+            50,
+            device="cpu",
+            options=cs.LoaderOptions(host_memory=host_mem, resident="auto"),
+        ) as ld:
             assert ld.mode == mode and ld.mode_reason == out["mode"]
     assert main(["plan", "--shape", "7900,72000", "--chunk-size", "512", "--batch-size", "8",
                  "--device", "cpu"]) == 0  # fmt: skip

@@ -58,9 +58,9 @@ from torch import nn
 from .._errors import ConfigError
 from .._memory import LOOP_HELD
 from .._resume import check_checkpoint_config
-from ..consumer import BatchStream, default_buffer
+from ..consumer import BatchStream, StreamOptions, default_buffer
 from ..distributed import is_distributed, resolve_rank
-from ..pipeline import ChunkLoader
+from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
 from ..sources import stored_time_chunk
 from ._config import EpochRecord, TrainConfig, TrainResult
@@ -289,10 +289,10 @@ class Trainer:
             workers=c.workers,
             sampling=c.sampling,
             seed=c.seed,
-            pieces=self.pieces,
-            segments=self.train_segments,
-            window=c.window,
             align=self._align,
+            options=LoaderOptions(
+                pieces=self.pieces, segments=self.train_segments, window=c.window
+            ),
         )
         self.loader = loader
         try:
@@ -341,12 +341,11 @@ class Trainer:
             window=c.window,
             batch_size=c.batch_size,
             batches_per_chunk=self.plan.batches_per_chunk,
-            batches_per_epoch=self._batch_budget(),
-            fields=self._mixed_fields,
-            seed=c.seed,
             mix=self.mix,  # as sized above: the stream does not size it again
             buffer=self.buffer.tier,
             device=self.device,
+            fields=self._mixed_fields,
+            options=StreamOptions(batches_per_epoch=self._batch_budget(), seed=c.seed),
         )
 
     def _epoch(self, stream: BatchStream, epoch: int, timer: Any) -> EpochRecord:
