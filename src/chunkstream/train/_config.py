@@ -35,7 +35,7 @@ class TrainConfig:
     and also takes fewer where a piece would be shorter than the source's
     stored time chunk, so that no piece decodes a stored chunk for a part of
     it (read amplification). ``mix`` > 1 draws every batch over the windows of
-    the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
+    the last ``mix`` chunks (``BatchStream(mix=)``, a
     shuffle buffer of chunks, kept across epochs), each chunk still feeding
     its share of batches; ``mix="auto"`` is ``BatchStream``'s default, sized by
     the same policy (:mod:`chunkstream.consumer._defaults`): the largest share
