@@ -47,7 +47,7 @@ from .._executor import Cancelled
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
-from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key
+from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
 from ._defaults import host_tier_hint
 from ._gather import check_gather_threads, gather_pool
@@ -425,7 +425,6 @@ class BatchStream:
         try:
             loader_state = state["loader"]
             batch = state["batch"]
-            per_chunk = state.get("batches_per_chunk", self.batches_per_chunk)
             refill = state.get("refill", 0)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError.bad(
@@ -440,13 +439,6 @@ class BatchStream:
                 state,
                 f"'refill' in [0, mix={self.mix})",
                 "Resume with the stream's settings (mix) of the interrupted run.",
-            )
-        if per_chunk != self.batches_per_chunk:
-            raise ConfigError.bad(
-                "state",
-                state,
-                f"a state saved with batches_per_chunk={self.batches_per_chunk}",
-                "Resume with the stream's settings of the interrupted run.",
             )
         for name in ("seed", "align"):  # draws differ, but every batch is still valid
             saved, own = state.get(name), getattr(self, name)
@@ -531,13 +523,7 @@ def _check_window(loader: ChunkLoader, window: object) -> int:
     """``window`` checked against the loader's chunk length and piece length."""
     length = loader.rows  # every chunk's length: min(chunk_size, len(source))
     window = check_int("window", window, minimum=1, fix="Pass the timesteps one sample needs.")
-    if window > length:
-        raise ConfigError.bad(
-            "window",
-            window,
-            f"at most the chunk length {length}",
-            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
-        )
+    window_in_chunk(window, length)
     if window > loader.plan.piece_size:
         raise ConfigError.bad(
             "window",
