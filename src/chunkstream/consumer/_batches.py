@@ -50,7 +50,7 @@ from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
 from ._defaults import host_tier_hint
-from ._gather import check_gather_threads, gather_pool
+from ._gather import Watch, check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._sampling import _compute_dtype, check_align
@@ -228,7 +228,9 @@ class BatchStream:
             _log.info("%s", self.buffer.note)
         if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
             _log.info("%s", host_tier_hint(self.buffer, self.device))
-        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle).
+        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Its
+        # gathers are waited for as the loader's chunks are: its close, its stall_timeout.
+        watch = Watch(loader.config.stall_timeout, closed=lambda: loader.closed)
         self._tier: BufferTier
         if tier == "host":
             self._tier = HostTier(
@@ -239,10 +241,11 @@ class BatchStream:
                 depth=self.batch_prefetch,
                 gather=self._gather,
                 dtype=self.dtype,
+                watch=watch,
             )
         else:
             self._tier = DeviceTier(
-                self.fields, window=self.window, dtype=self.dtype, gather=self._gather
+                self.fields, window=self.window, dtype=self.dtype, gather=self._gather, watch=watch
             )
         self._mixer = ChunkMixer(
             self.mix,
