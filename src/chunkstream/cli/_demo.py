@@ -2,7 +2,8 @@
 
 With no arguments it writes (once; later runs reuse it) a synthetic dataset in
 the FlyVis layout under ``./chunkstream-demo/data``, streams its training split
-in chunks (CUDA when present, else CPU) for a few epochs, prints one line per
+in chunks (CUDA when present, else CPU) and trains on the batches a ``BatchStream``
+draws from them, for a few epochs, prints one line per
 epoch and a final table, and writes TensorBoard logs, ``timeline.png`` and
 ``trace.json`` (the loader's spans, for ui.perfetto.dev) into the output folder. ``--data`` trains on existing FlyVis-layout directories
 (several: one dataset, ``cs.Recordings``, validated per run); ``--val-data`` holds
@@ -28,6 +29,7 @@ OPTIONS = {
     "batch_size": "--batch-size",
     "pieces": "--pieces",
     "mix": "--mix",
+    "buffer": "--buffer",
     "epochs": "--epochs",
     "segments": "--segments",
     "val_data": "--val-data",
@@ -134,6 +136,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
         "%(default)s: the largest share of the training split that half the job's host "
         "memory holds, cgroup limits included; 1: each batch from one chunk)",
+    )
+    p.add_argument(
+        "--buffer",
+        choices=("auto", "host", "device"),
+        default="auto",
+        help="where the shuffle buffer lives (BatchStream's buffer=): host memory, each "
+        "batch gathered there and copied to the device from pinned slots; or the device "
+        "(default %(default)s: the one that holds more of the split)",
     )
     p.add_argument(
         "--segments",
@@ -264,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         pieces=args.pieces,
         mix=args.mix,
+        buffer=args.buffer,
         segments=args.segments,
         **({} if args.val_fraction is None else {"val_fraction": args.val_fraction}),
         # Checked here with a placeholder; the runs are opened below.
@@ -359,6 +370,10 @@ def run(args: argparse.Namespace) -> int:
             "latency": result.latency,
             "seconds": result.seconds,
             "device": result.device,
+            "buffer": result.buffer.tier,
+            "mix": result.buffer.mix,
+            "batches": sum(r.batches for r in result.history),
+            "epoch_seconds": [r.seconds for r in result.history],
         }
         (out / "result.json").write_text(json.dumps(payload, indent=1))
     return 0
@@ -435,7 +450,7 @@ def format_table(result) -> str:
         (
             "chunk shuffle buffer",
             _mb(m.get("mixer")) if m.get("mixer") else "-",
-            f"{_tier(result)}: --mix chunks held by the trainer, {_buffer_share(m):.1%} of "
+            f"{_tier(result)}: --mix chunks held by the BatchStream, {_buffer_share(m):.1%} of "
             "the training split; batches drawn over them",
         ),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),

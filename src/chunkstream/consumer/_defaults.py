@@ -157,14 +157,18 @@ def default_buffer(
     loader_nbytes: int,
     host_memory: int | None = None,
     device_memory: int | None = None,
+    tier: str = "auto",
 ):
     """The :class:`~chunkstream.consumer.BufferInfo` a consumer that builds its own loader
     (the reference trainer) holds for batches on ``device``: ``mix="auto"`` on the tier
     :func:`preferred_tier` picks; an int on the device tier with a CUDA device (the host
-    tier on the CPU)."""
+    tier on the CPU). ``tier`` (``"host"`` or ``"device"``, as ``BatchStream(buffer=)``)
+    overrides that choice."""
     from ._tiers import plan_buffer  # _tiers sizes "auto" with this module's functions
 
-    if mix == "auto":
+    if tier != "auto":
+        why = f"buffer={tier!r} given"
+    elif mix == "auto":
         tier, why = preferred_tier(
             device,
             chunk_nbytes=chunk_nbytes,
