@@ -35,6 +35,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
@@ -43,7 +44,9 @@ import torch
 from .._device import device_binder
 from .._executor import POLL_S as _POLL_S
 from .._executor import Executor
-from ..sources import FieldSpec
+
+if TYPE_CHECKING:  # only named: _memory does not import sources, which size from it
+    from ..sources import FieldSpec
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
 

@@ -43,6 +43,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from .._executor import wait_done
+from .._memory import node_share
 
 __all__ = [
     "IDLE_S",
@@ -60,22 +61,18 @@ _MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy n
 
 
 def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+    """This process's share of the node's CPUs (:func:`chunkstream._memory.node_share`)."""
+    return node_share().threads
 
 
 def default_gather_threads() -> int:
     """Threads that copy a batch (the caller counted): this rank's share of the cores, at most 4.
 
-    The share is the usable cores over ``LOCAL_WORLD_SIZE`` (torchrun's ranks on
-    this node; 1 without it), so several ranks on a node do not oversubscribe it
-    through their gathers.
+    The share is the process's thread budget (:func:`chunkstream._memory.node_share`:
+    its CPUs, affinity and cgroup quota, over the ranks of the job on this node), so
+    several ranks on a node do not oversubscribe it through their gathers.
     """
-    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    ranks_n = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
-    return max(1, min(_MAX_THREADS, _usable_cores() // ranks_n))
+    return max(1, min(_MAX_THREADS, _usable_cores()))
 
 
 def check_gather_threads(threads: object) -> int:

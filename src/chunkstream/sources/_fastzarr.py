@@ -61,6 +61,7 @@ import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
+from .._memory import node_share
 from ._base import field_context, settle
 from ._checked_codecs import blosc_frame_error
 from ._select import Selection, chunk_ranges, iter_chunk_coords
@@ -75,9 +76,30 @@ def _name_thread() -> None:
     threading.current_thread().name = f"chunkstream-decode-{next(_thread_ids)}"
 
 
-def decode_pool(threads: int | None) -> ThreadPoolExecutor:
-    """A pool of ``threads`` (default ``os.cpu_count()``) named ``chunkstream-decode-<n>``."""
-    return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1, initializer=_name_thread)
+_shared_lock = threading.Lock()
+_shared: ThreadPoolExecutor | None = None
+
+
+def decode_pool(threads: int | None) -> tuple[ThreadPoolExecutor, bool]:
+    """``(pool, owned)``: the decode threads a reader submits to, named ``chunkstream-decode-<n>``.
+
+    ``threads=None``: the process's one decode pool, shared by every source and every
+    array of a group and never shut down by them (``owned`` false), as many threads as
+    the process's thread budget (:func:`chunkstream._memory.node_share`: its CPUs over
+    the job's ranks on the node). An int: a pool of that many threads for the caller
+    alone, which it shuts down.
+    """
+    global _shared
+    if threads is not None:
+        return ThreadPoolExecutor(max_workers=threads, initializer=_name_thread), True
+    with _shared_lock:
+        if _shared is None:
+            # Its threads start on demand and end with the interpreter; the budget is
+            # read once, when the first source decodes.
+            _shared = ThreadPoolExecutor(
+                max_workers=node_share().threads, initializer=_name_thread
+            )
+        return _shared, False
 
 
 @dataclass(frozen=True)

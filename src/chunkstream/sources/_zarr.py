@@ -126,7 +126,8 @@ class ZarrSource(SourceBase):
     pipeline. Every engine keeps the integrity rule of the module docs (an
     engine that cannot is refused with a ``ConfigError`` saying why); the engine
     in use is :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
-    threads zarrs decodes on (default: all cores). Thread-safe for distinct
+    threads zarrs decodes on (default: the process's thread budget, shared by every
+    source: :func:`chunkstream._memory.node_share`). Thread-safe for distinct
     ``out``.
 
     ``cache``: a folder for the node-local cache of a remote URL's stored bytes
@@ -238,13 +239,14 @@ class ZarrSource(SourceBase):
                 zarrs=chosen.name == "zarrs",
             )
         else:
-            self._pool = decode_pool(read_threads)
+            pool, owned = decode_pool(read_threads)
+            self._pool = pool if owned else None  # the process's shared pool is never shut down
             self._fast = FastChunkReader(
                 arr,
                 chosen.decoder[0],
                 self._selections,
                 fill_missing=mode is False,
-                pool=self._pool,
+                pool=pool,
                 shards=chosen.decoder[1],
                 # a remote store through the cache: chunk bytes fetched, not read from files
                 fetch=None if local is not None else chunk_fetcher(arr, self.path),

@@ -52,10 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._memory import LOOP_HELD
+from .._memory import arena_bytes
 from .._resume import check_checkpoint_config
-from ..consumer import ChunkMixer
-from ..consumer._defaults import default_buffer
+from ..consumer import ChunkMixer, default_buffer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import plan_epoch
@@ -124,7 +123,7 @@ class Trainer:
             pieces=self.pieces,
         )
         #: The shuffle buffer, sized by the library's one policy for defaults
-        #: (:func:`chunkstream.consumer._defaults.default_buffer`, as ``BatchStream``):
+        #: (:func:`chunkstream.consumer.default_buffer`, as ``BatchStream``):
         #: its tier, chunks (``mix``), share of the split and the host memory it read.
         self.buffer = default_buffer(
             c.mix,
@@ -430,8 +429,8 @@ class Trainer:
         """Bytes of the loader's host arena (every field of a chunk): its CPU size, the
         larger (before the tier is chosen the loader may yet run on the CPU)."""
         c, fields = self.config, self.source.fields
-        sets = c.prefetch + c.workers + LOOP_HELD
-        return sets * self.chunk_size * sum(f.step_nbytes for f in fields.values())
+        chunk_bytes = self.chunk_size * sum(f.step_nbytes for f in fields.values())
+        return arena_bytes(chunk_bytes, on_cuda=False, prefetch=c.prefetch, workers=c.workers)
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
