@@ -11,15 +11,6 @@ budget), which every size the library picks by itself goes through.
 
 from ._arena import BufferSet, HostBufferPool, PinnedSlotPool
 from ._job import ENV_HOST_MEMORY, JobMemory, job_memory, parse_bytes, parse_memory
-from ._node import (
-    ENV_CPUS,
-    ENV_RANKS,
-    NodeShare,
-    cpu_share,
-    node_share,
-    ranks_on_node,
-    read_node_share,
-)
 from ._model import (
     CUDA_MARGIN_FRACTION,
     CUDA_MARGIN_MIN,
@@ -29,6 +20,15 @@ from ._model import (
     check_arena_fits,
     resident_decision,
     streaming_bytes,
+)
+from ._node import (
+    ENV_CPUS,
+    ENV_RANKS,
+    NodeShare,
+    cpu_share,
+    node_share,
+    ranks_on_node,
+    read_node_share,
 )
 
 __all__ = [

@@ -35,8 +35,8 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch

@@ -171,7 +171,7 @@ def _quota(base: Path, version: int, group: str) -> tuple[float, str] | None:
         level = mount.joinpath(*parts[:depth])
         if version == 2:
             fields = (_read(level / "cpu.max") or "").split()
-            quota, period = (fields + ["", ""])[:2]
+            quota, period = [*fields, "", ""][:2]
         else:
             quota = (_read(level / "cpu.cfs_quota_us") or "").strip()
             period = (_read(level / "cpu.cfs_period_us") or "").strip()
@@ -289,7 +289,7 @@ def _group_ranks() -> tuple[int, str] | None:
         keys = [f"chunkstream/host/{r}" for r in range(world)]
         store.wait(keys, timedelta(seconds=RANKS_WAIT_S))
         hosts = [store.get(key).decode() for key in keys]
-    except Exception:  # noqa: BLE001 - a store that cannot answer: the count falls back
+    except Exception:  # a thread-free boundary: a store that cannot answer, count falls back
         return 1, f"process group: the other ranks' hosts not known within {RANKS_WAIT_S:.0f} s"
     found = hosts.count(socket.gethostname()), "process group ranks on this host"
     with _group_lock:

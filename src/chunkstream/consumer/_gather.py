@@ -29,7 +29,6 @@ function with no owner to close it. A caller waits at
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref

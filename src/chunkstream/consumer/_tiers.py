@@ -215,9 +215,7 @@ def choose_tier(
     return "device", f"the device tier holds {on_device} chunks, the host no more"
 
 
-def _loader_tier(
-    buffer: str, source_device: torch.device, device: torch.device
-) -> tuple[str, str]:
+def _loader_tier(buffer: str, source_device: torch.device, device: torch.device) -> tuple[str, str]:
     """``(tier, why)`` for ``buffer`` with the loader on ``source_device``, batches to ``device``."""
     if source_device.type == "cuda":
         if device != source_device:

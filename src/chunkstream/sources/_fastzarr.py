@@ -96,9 +96,7 @@ def decode_pool(threads: int | None) -> tuple[ThreadPoolExecutor, bool]:
         if _shared is None:
             # Its threads start on demand and end with the interpreter; the budget is
             # read once, when the first source decodes.
-            _shared = ThreadPoolExecutor(
-                max_workers=node_share().threads, initializer=_name_thread
-            )
+            _shared = ThreadPoolExecutor(max_workers=node_share().threads, initializer=_name_thread)
         return _shared, False
 
 
