@@ -289,7 +289,7 @@ def _group_ranks() -> tuple[int, str] | None:
         keys = [f"chunkstream/host/{r}" for r in range(world)]
         store.wait(keys, timedelta(seconds=RANKS_WAIT_S))
         hosts = [store.get(key).decode() for key in keys]
-    except Exception:  # a thread-free boundary: a store that cannot answer, count falls back
+    except (RuntimeError, ValueError):  # DistStoreError (a RuntimeError) on a timeout
         return 1, f"process group: the other ranks' hosts not known within {RANKS_WAIT_S:.0f} s"
     found = hosts.count(socket.gethostname()), "process group ranks on this host"
     with _group_lock:

@@ -25,8 +25,6 @@ the fix, before it allocates.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .._memory import NodeShare, node_share
@@ -45,15 +43,16 @@ __all__ = [
 HOST_SHARE = 0.5
 #: Chunks ``mix="auto"`` holds at most on the device tier.
 DEVICE_MIX = 16
-#: The most of the device's memory (CUDA: its total; CPU: physical RAM) the device tier takes.
+#: The most of the device's memory (CUDA: its total; CPU: this rank's host memory) the device tier takes.
 DEVICE_SHARE = 1 / 8
 
 
 def device_total_memory(device: torch.device) -> int:
-    """Bytes of ``device``'s memory: a CUDA device's total, else the host's physical RAM."""
+    """Bytes of ``device``'s memory: a CUDA device's total, else this rank's part of the
+    job's host memory (:attr:`~chunkstream._memory.NodeShare.host_bytes`)."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return node_share().host_bytes
 
 
 def host_fit(
