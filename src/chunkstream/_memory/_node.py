@@ -41,7 +41,6 @@ import math
 import os
 import re
 import socket
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -260,15 +259,15 @@ def _slurm_tasks(text: str, node_id: int) -> int | None:
     return None
 
 
-_group_lock = threading.Lock()
-_group_known: dict[int, tuple[int, str]] = {}  # by world size: the count once the store told
+# By world size: the count once the store told. No lock: two threads racing here both
+# ask the store (each rank's key is written with the same value) and store the same count.
+_group_known: dict[int, tuple[int, str]] = {}
 
 
 def _group_ranks() -> tuple[int, str] | None:
     """The initialised process group's ranks on this host, through the group's store."""
-    with _group_lock:
-        if _group_known:
-            return next(iter(_group_known.values()))
+    if _group_known:
+        return next(iter(_group_known.values()))
     try:
         import torch.distributed as dist
     except ImportError:
@@ -292,8 +291,7 @@ def _group_ranks() -> tuple[int, str] | None:
     except (RuntimeError, ValueError):  # DistStoreError (a RuntimeError) on a timeout
         return 1, f"process group: the other ranks' hosts not known within {RANKS_WAIT_S:.0f} s"
     found = hosts.count(socket.gethostname()), "process group ranks on this host"
-    with _group_lock:
-        _group_known[world] = found
+    _group_known[world] = found
     return found
 
 
