@@ -152,6 +152,16 @@ def test_the_share_splits_memory_and_threads_over_the_ranks_and_says_so(tmp_path
         check_arena_fits(3 * GIB // 2, share)
 
 
+def test_slurm_tasks_bound_to_their_own_cpus_keep_them(tmp_path):
+    root = fake_tree(tmp_path, "0::/\n", {}, online="0-63")
+    env = {"SLURM_NTASKS_PER_NODE": "8", "SLURM_CPUS_PER_TASK": "8"}
+    share = read_node_share(root, env=env, affinity=8)  # srun binds each task to its 8
+    assert share.threads == 8 and "this Slurm task's own" in share.describe()
+    # torchrun's 8 ranks inside one task of 64 CPUs share them
+    env = {"LOCAL_WORLD_SIZE": "8", "SLURM_NTASKS_PER_NODE": "1", "SLURM_CPUS_PER_TASK": "64"}
+    assert read_node_share(root, env=env, affinity=64).threads == 8
+
+
 def test_the_loader_and_its_stream_report_the_share(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv(ENV_HOST_MEMORY, str(64 * 2**20))

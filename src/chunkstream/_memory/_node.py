@@ -21,7 +21,8 @@ ask for the node once, not N times.
   ``SLURM_TASKS_PER_NODE`` such as ``"4(x2),2"``), else the initialised
   process group's ranks on this host, else 1;
 * **threads** (:attr:`NodeShare.threads`): the CPUs over the ranks, at least
-  one: the one thread budget of the process, which every source's decode pool
+  one (the CPUs themselves where each rank is a Slurm task bound to its own
+  ``SLURM_CPUS_PER_TASK``): the one thread budget of the process, which every source's decode pool
   shares (:func:`~chunkstream.sources` ``decode_pool``) and the host gather
   takes its threads from.
 
@@ -92,6 +93,9 @@ class NodeShare:
     node_cpus: int
     ranks: int
     ranks_source: str
+    #: The CPUs are this process's alone (Slurm binds each task to its
+    #: ``--cpus-per-task``), not shared by the ranks on the node.
+    own_cpus: bool = False
 
     @property
     def host_bytes(self) -> int:
@@ -100,8 +104,9 @@ class NodeShare:
 
     @property
     def threads(self) -> int:
-        """This process's thread budget: its CPUs over the ranks on the node, at least 1."""
-        return max(1, self.cpus // max(1, self.ranks))
+        """This process's thread budget: its CPUs over the ranks on the node (its CPUs where
+        they are its own), at least 1."""
+        return max(1, self.cpus if self.own_cpus else self.cpus // max(1, self.ranks))
 
     def describe(self) -> str:
         """One line, e.g. ``host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's
@@ -326,6 +331,12 @@ def read_node_share(
     """The share read from ``root`` and ``env`` (fake trees in tests; :func:`node_share`)."""
     cpus, cpus_source, node = cpu_share(root, env, affinity)
     ranks, ranks_source = ranks_on_node(env)
+    # One Slurm task per rank, each bound to its --cpus-per-task: the affinity is already
+    # this rank's (torchrun under one Slurm task shares the task's CPUs: LOCAL_WORLD_SIZE).
+    per_task = (os.environ if env is None else env).get("SLURM_CPUS_PER_TASK", "")
+    own = ranks_source.startswith("SLURM_") and per_task.isdigit() and cpus <= int(per_task)
+    if own:
+        cpus_source += ", this Slurm task's own"
     return NodeShare(
         memory=job_memory(root, env),
         cpus=cpus,
@@ -333,6 +344,7 @@ def read_node_share(
         node_cpus=node,
         ranks=ranks,
         ranks_source=ranks_source,
+        own_cpus=own,
     )
 
 
