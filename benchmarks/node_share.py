@@ -12,8 +12,10 @@ in aggregate, over the same zarr store. Each arm runs in fresh processes with
 process group: the ranks need not talk to stream their shares). Every process streams
 ``BatchStream``'s defaults (host tier) over the store, warms up, then counts the batches
 it delivers in one wall-clock window shared by the ranks; ``2x1``'s figure is the sum.
-Rounds alternate the trees' order. Reported per round: each tree's two figures and
-the ratio ``2x1 / 1x2``; then the median ratio per tree.
+Rounds alternate the trees' order. Reported per round: each tree's two figures, also
+per CPU-second the processes used (every thread's, over the window: a figure that a
+machine loaded by others disturbs less than wall-clock batches/s), and the ratio
+``2x1 / 1x2``; then the median ratios per tree.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _child(store: str, rank: int, world: int, start_at: float, seconds: float) -
 
     src = cs.ZarrSource(store)
     plan = cs.plan_epoch(len(src), chunk_size=CHUNK, batch_size=BATCH, world_size=world)
-    batches = 0
+    batches, cpu = 0, None
     with cs.ChunkLoader(src, CHUNK, device="cpu", sampling="shuffled", seed=0, rank=rank,
                         world_size=world) as loader:  # fmt: skip
         stream = cs.BatchStream(
@@ -82,11 +84,14 @@ def _child(store: str, rank: int, world: int, start_at: float, seconds: float) -
                     done = True
                     break
                 if now >= start_at:
+                    if cpu is None:  # every thread's CPU time, from the window's start
+                        cpu = time.process_time()
                     batches += 1
                     float(batch["data"][0, 0, 0])
+    cpu_s = time.process_time() - cpu if cpu is not None else 0.0
     threads = sum(t.startswith("chunkstream-decode-") for t in _thread_names())
     print(json.dumps({"batches": batches, "late": time.time() < start_at, "decode": threads,
-                      "module": cs.__file__}), flush=True)  # fmt: skip
+                      "cpu_s": cpu_s, "module": cs.__file__}), flush=True)  # fmt: skip
     src.close()
 
 
@@ -129,7 +134,9 @@ def arm(src: Path, store: Path, layout: str, seconds: float, lead: float) -> dic
     reports = _collect(procs)
     if any(r["late"] for r in reports):
         raise SystemExit(f"a process was not ready {lead} s after its start: raise --lead")
-    return {"batches_per_s": sum(r["batches"] for r in reports) / seconds,
+    batches = sum(r["batches"] for r in reports)
+    return {"batches_per_s": batches / seconds,
+            "batches_per_cpu_s": batches / max(1e-9, sum(r["cpu_s"] for r in reports)),
             "decode_threads": [r["decode"] for r in reports]}  # fmt: skip
 
 
@@ -156,6 +163,7 @@ def main() -> None:
             f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
         )
         ratios: dict[str, list[float]] = {name: [] for name in trees}
+        efficiency: dict[str, list[float]] = {name: [] for name in trees}
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for name in order:
@@ -163,20 +171,26 @@ def main() -> None:
                 two = arm(trees[name], store, "2x1", args.seconds, args.lead)
                 ratio = two["batches_per_s"] / max(1e-9, one["batches_per_s"])
                 ratios[name].append(ratio)
+                per_cpu = two["batches_per_cpu_s"] / max(1e-9, one["batches_per_cpu_s"])
+                efficiency[name].append(per_cpu)
                 print(
                     f"round {r} {name:>6}: 1x2 {one['batches_per_s']:7.1f} batches/s "
-                    f"(decode threads {one['decode_threads']}), 2x1 "
-                    f"{two['batches_per_s']:7.1f} batches/s (decode threads "
-                    f"{two['decode_threads']}): 2x1/1x2 = {ratio:.3f}",
+                    f"({one['batches_per_cpu_s']:.1f} per CPU-s, decode threads "
+                    f"{one['decode_threads']}), 2x1 {two['batches_per_s']:7.1f} batches/s "
+                    f"({two['batches_per_cpu_s']:.1f} per CPU-s, decode threads "
+                    f"{two['decode_threads']}): 2x1/1x2 = {ratio:.3f} ({per_cpu:.3f} per CPU-s)",
                     flush=True,
                 )
         print(
             f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
         )
         for name, values in ratios.items():
+            per_cpu = efficiency[name]
             print(
                 f"{name}: median 2x1/1x2 = {statistics.median(values):.3f} "
-                f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds)"
+                f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds); "
+                f"per CPU-second {statistics.median(per_cpu):.3f} "
+                f"({min(per_cpu):.3f}-{max(per_cpu):.3f})"
             )
 
 

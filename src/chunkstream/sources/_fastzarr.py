@@ -80,6 +80,16 @@ _shared_lock = threading.Lock()
 _shared: ThreadPoolExecutor | None = None
 
 
+def _forget_shared() -> None:
+    """In a forked child: the parent's decode threads do not exist here, so a fresh pool."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_shared)
+
+
 def decode_pool(threads: int | None) -> tuple[ThreadPoolExecutor, bool]:
     """``(pool, owned)``: the decode threads a reader submits to, named ``chunkstream-decode-<n>``.
 
