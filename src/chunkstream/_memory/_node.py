@@ -26,9 +26,10 @@ ask for the node once, not N times.
   shares (:func:`~chunkstream.sources` ``decode_pool``) and the host gather
   takes its threads from.
 
-The process group case asks the group's store once: each rank writes its host
-name under a chunkstream key and waits (at most :data:`RANKS_WAIT_S`) for every
-rank's; a rank that never asks leaves the count at 1, said in the source.
+The process group case asks the group's store once per process: each rank
+writes its host name under a chunkstream key and waits (at most
+:data:`RANKS_WAIT_S`, once) for every rank's; where a rank never asks, the count
+stays 1, said in the source.
 :func:`node_share` reads a few small files at each call (sizes are picked when
 something is built, so the memory figure is the one of that moment); only the
 process group's count is kept once known. ``root``/``env``/``affinity`` of
@@ -293,9 +294,10 @@ def _group_ranks() -> tuple[int, str] | None:
         keys = [f"chunkstream/host/{r}" for r in range(world)]
         store.wait(keys, timedelta(seconds=RANKS_WAIT_S))
         hosts = [store.get(key).decode() for key in keys]
+        found = hosts.count(socket.gethostname()), "process group ranks on this host"
     except (RuntimeError, ValueError):  # DistStoreError (a RuntimeError) on a timeout
-        return 1, f"process group: the other ranks' hosts not known within {RANKS_WAIT_S:.0f} s"
-    found = hosts.count(socket.gethostname()), "process group ranks on this host"
+        # Kept as well: the wait is paid once per process, not at every sizing.
+        found = 1, f"process group: the other ranks' hosts not known within {RANKS_WAIT_S:.0f} s"
     _group_known[world] = found
     return found
 

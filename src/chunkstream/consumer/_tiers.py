@@ -17,9 +17,10 @@ CPU or to a CUDA device), the device tier when it is on a CUDA device. On the
 CPU both tiers are host memory and draw the same windows; the host tier
 gathers into reused slots (no fresh pages per batch) and ahead of the consumer.
 ``mix="auto"`` sizes the buffer by the defaults' policy (:mod:`._defaults`): on
-the host tier from ``host_memory`` (default :data:`HOST_SHARE` of the host
-memory the job may use at start, cgroup limits included, less the loader's own
-arena), up to the chunks of one pass over the split; on the device tier
+the host tier from ``host_memory`` (default :data:`HOST_SHARE` of what this
+rank's share of the job's host memory leaves beside the loader's own arena,
+cgroup limits and the ranks on the node included), up to the chunks of one pass
+over the split; on the device tier
 :data:`DEVICE_MIX` chunks, fewer when they would take more than
 :data:`DEVICE_SHARE` of the device's memory.
 
