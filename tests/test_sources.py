@@ -454,15 +454,27 @@ def test_zarrs_engine_without_zarrs_names_the_extra(tmp_path, monkeypatch):
         assert src.engine == "chunkstream"
 
 
+def _decode_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("chunkstream-decode-")}
+
+
 def test_decode_threads_are_named(tmp_path):
     _, path = _store(tmp_path)
-    seen: set[str] = set()
-    src = ZarrSource(path, FIELDS, read_threads=2)
+    shared = ZarrSource(path, FIELDS)  # the process's one decode pool, its thread budget
+    shared.read_into(0, T, _buffers(shared, T))
+    before = _decode_threads()
+    src = ZarrSource(path, FIELDS, read_threads=2)  # a pool of its own
     src.read_into(0, T, _buffers(src, T))
-    seen = {t.name for t in threading.enumerate() if t.name.startswith("chunkstream-decode-")}
+    seen = _decode_threads() - before
     assert seen
     src.close()
     assert not any(t.name in seen and t.is_alive() for t in threading.enumerate())
+    # closing a source leaves the shared pool to the others
+    shared.close()
+    assert before and before <= _decode_threads()
+    from chunkstream._memory import node_share
+
+    assert len(before) <= node_share().threads
 
 
 def test_url_store_uses_general_path():
