@@ -52,8 +52,7 @@ def _stores(timesteps: int, neurons: int, root: Path) -> dict[tuple[str, str], P
 
 
 def _epoch(path: Path, chunk_size: int) -> dict[str, float]:
-    with cs.ChunkLoader(cs.ZarrSource(path), chunk_size, device="cpu", workers=2,
-                        sampling="sequential", close_source=True) as loader:  # fmt: skip
+    with cs.ChunkLoader(cs.ZarrSource(path), chunk_size, device="cpu", workers=2, sampling="sequential", options=cs.LoaderOptions(close_source=True)) as loader:  # fmt: skip
         for chunk in loader.epoch():
             chunk["data"].sum()  # touch the chunk, as a consumer would
         s = loader.stats.summary()

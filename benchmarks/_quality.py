@@ -203,7 +203,14 @@ def read_rates(reps: QualityReps, root: Path, log: Callable[[str], None]) -> dic
         # Interleaved by run, so drift on a shared machine hits every arm alike.
         arms = [("contiguous", 1), *((f"pieces={k}", k) for k in READ_PIECES if chunk % k == 0)]
         loaders = {
-            name: cs.ChunkLoader(src, chunk, device="cpu", sampling="random", seed=3, pieces=k)
+            name: cs.ChunkLoader(
+                src,
+                chunk,
+                device="cpu",
+                sampling="random",
+                seed=3,
+                options=cs.LoaderOptions(pieces=k),
+            )
             for name, k in arms
         }
         try:

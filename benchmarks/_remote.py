@@ -219,8 +219,7 @@ def _throughput(servers: dict, data: np.ndarray, geo: RemoteGeometry) -> dict:
 
 
 def _read_all(source: cs.ZarrSource, geo: RemoteGeometry) -> np.ndarray:
-    with cs.ChunkLoader(source, geo.window_steps, device="cpu", workers=1, prefetch=1,
-                        sampling="sequential", read_retries=0) as loader:  # fmt: skip
+    with cs.ChunkLoader(source, geo.window_steps, device="cpu", workers=1, prefetch=1, sampling="sequential", options=cs.LoaderOptions(read_retries=0)) as loader:  # fmt: skip
         return np.concatenate([c["data"].numpy() for c in loader.epoch(geo.windows)])
 
 

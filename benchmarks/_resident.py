@@ -28,8 +28,7 @@ def _run(geo: Geometry, spec, resident: bool, epochs: int) -> dict:
     source = open_source(spec, geo)
     budget = 2 * geo.timesteps * (geo.neurons + geo.stim_dims) * 4
     times = []
-    with cs.ChunkLoader(source, geo.chunk_size, device="cpu", workers=2, seed=0,
-                        resident=resident, host_memory=budget, close_source=True) as loader:  # fmt: skip
+    with cs.ChunkLoader(source, geo.chunk_size, device="cpu", workers=2, seed=0, options=cs.LoaderOptions(resident=resident, host_memory=budget, close_source=True)) as loader:  # fmt: skip
         for _ in range(epochs):
             begin = time.perf_counter()
             for chunk in loader.epoch():

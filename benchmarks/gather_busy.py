@@ -68,6 +68,9 @@ def _before(loader: cs.ChunkLoader, per_chunk: int, generator: torch.Generator):
 
 def _stream(loader: cs.ChunkLoader, per_chunk: int, buffer: str, **options):
     # mix=1: the gathers measured here are those of one chunk (the default now mixes).
+    # benchmarks.ab runs this harness on older trees too, from before StreamOptions.
+    if hasattr(cs, "StreamOptions"):
+        options = {"options": cs.StreamOptions(**options)}
     stream = cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=per_chunk,
                             fields="x", buffer=buffer, mix=1, **options)  # fmt: skip
     while True:
@@ -101,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="per arm and condition")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--arms", default="before,device,host")
-    ap.add_argument("--gather-threads", type=int, default=None, help="BatchStream(gather_threads=)")
-    ap.add_argument("--batch-prefetch", type=int, default=2, help="BatchStream(batch_prefetch=)")
+    ap.add_argument("--gather-threads", type=int, default=None, help="StreamOptions(gather_threads=)")
+    ap.add_argument("--batch-prefetch", type=int, default=2, help="StreamOptions(batch_prefetch=)")
     args = ap.parse_args(argv)
     t, n, chunk = (16384, 256, 4096) if args.quick else (65536, 1024, 16384)
     seconds = args.seconds or (2.0 if args.quick else 5.0)

@@ -67,14 +67,15 @@ def _child(store: str, rank: int, world: int, start_at: float, seconds: float) -
     src = cs.ZarrSource(store)
     plan = cs.plan_epoch(len(src), chunk_size=CHUNK, batch_size=BATCH, world_size=world)
     batches, cpu = 0, None
-    with cs.ChunkLoader(src, CHUNK, device="cpu", sampling="shuffled", seed=0, rank=rank,
-                        world_size=world) as loader:  # fmt: skip
+    # The trees compared may predate the option objects (rank= was a keyword then).
+    ranks, epoch = {"rank": rank, "world_size": world}, {"chunks_per_epoch": plan.chunks_per_epoch}
+    if hasattr(cs, "LoaderOptions"):
+        ranks = {"options": cs.LoaderOptions(**ranks)}
+        epoch = {"options": cs.StreamOptions(**epoch)}
+    with cs.ChunkLoader(src, CHUNK, device="cpu", sampling="shuffled", seed=0,
+                        **ranks) as loader:  # fmt: skip
         stream = cs.BatchStream(
-            loader,
-            window=WINDOW,
-            batch_size=BATCH,
-            batches_per_chunk=BATCHES_PER_CHUNK,
-            chunks_per_epoch=plan.chunks_per_epoch,
+            loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=BATCHES_PER_CHUNK, **epoch
         )
         done = False
         while not done:

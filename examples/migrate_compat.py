@@ -124,8 +124,7 @@ def batchstream_loop(train: dict, val: dict, args, model: Rollout, report) -> No
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     with cs.ChunkLoader(source, args.chunk_size, device="cpu", seed=args.seed) as loader:
-        batches = cs.BatchStream(loader, window=WINDOW, plan=plan,
-                                 batches_per_epoch=plan.chunks_per_epoch * plan.batches_per_chunk)  # fmt: skip
+        batches = cs.BatchStream(loader, window=WINDOW, plan=plan, options=cs.StreamOptions(batches_per_epoch=plan.chunks_per_epoch * plan.batches_per_chunk))  # fmt: skip
         for epoch in range(args.epochs):
             for batch in batches:
                 loss = model.loss(batch["voltage"], batch["stimulus"])

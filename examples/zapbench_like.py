@@ -17,7 +17,7 @@ The dataset has the layout of ZAPBench-like data, each part in its own store:
 them concurrently. Each condition is cut 70/10/20 into train/val/test
 (``cs.split_segments`` with a gap of ``window - 1``, so no window sees two splits).
 Frames come in acquisition periods of ``TIME_UNITS`` timesteps, so every window
-starts on a period (``BatchStream(align=TIME_UNITS)``).
+starts on a period (``StreamOptions(align=TIME_UNITS)``).
 
 The model is the reference :class:`chunkstream.train.LatentDynamics` (encode a frame,
 roll a latent forward one period per step driven by the covariates, decode), trained
@@ -148,8 +148,7 @@ def masked_losses(model: LatentDynamics, batch: dict) -> tuple[torch.Tensor, tor
 def evaluate(model, source, segments, args, resident: bool) -> dict[str, float]:
     """Masked rollout MSE per segment: every window starting on a period, read in order."""
     sums: dict[str, list[float]] = {seg.name: [0.0, 0.0] for seg in segments}
-    with cs.ChunkLoader(source, args.chunk_size, device=args.device, sampling="sequential",
-                        segments=segments, window=WINDOW, resident=resident) as loader:  # fmt: skip
+    with cs.ChunkLoader(source, args.chunk_size, device=args.device, sampling="sequential", options=cs.LoaderOptions(segments=segments, window=WINDOW, resident=resident)) as loader:  # fmt: skip
         for chunk in loader.epoch():
             x = chunk["traces"]
             for piece in chunk.pieces:  # one segment each; windows never cross a piece
@@ -177,12 +176,8 @@ def train(source, splits, args, resident: bool) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     began = time.perf_counter()
-    with cs.ChunkLoader(source, args.chunk_size, device=args.device, pieces=args.pieces,
-                        sampling="shuffled", segments=splits["train"], window=WINDOW,
-                        seed=args.seed, resident=resident) as loader:  # fmt: skip
-        stream = cs.BatchStream(loader, window=WINDOW, batch_size=args.batch_size,
-                                batches_per_chunk=args.batches_per_chunk, dtype=torch.float32,
-                                align=TIME_UNITS)  # fmt: skip
+    with cs.ChunkLoader(source, args.chunk_size, device=args.device, sampling="shuffled", seed=args.seed, options=cs.LoaderOptions(pieces=args.pieces, segments=splits["train"], window=WINDOW, resident=resident)) as loader:  # fmt: skip
+        stream = cs.BatchStream(loader, window=WINDOW, batch_size=args.batch_size, batches_per_chunk=args.batches_per_chunk, options=cs.StreamOptions(dtype=torch.float32, align=TIME_UNITS))  # fmt: skip
         for _ in range(args.epochs):
             total = torch.zeros((), dtype=torch.float64, device=args.device)
             for batch in stream:

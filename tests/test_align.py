@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import chunkstream as cs
 from chunkstream.consumer import ChunkMixer
 from chunkstream.consumer._sampling import piece_starts
+from tests.flat import loader_from, stream_from
 from tests.stores import make_array, random_data
 
 T = 1200
@@ -109,9 +110,10 @@ def test_align_one_draws_exactly_what_was_drawn_before_align_existed():
             [258, 246, 101, 249, 261, 261], [183, 240, 250, 241, 101, 247]],
     }  # fmt: skip
     for k, starts in expected.items():
-        with cs.ChunkLoader(src, 64, device="cpu", sampling="shuffled", seed=7, pieces=k) as ld:
-            stream = cs.BatchStream(ld, window=5, batch_size=6, batches_per_chunk=2,
-                                    chunks_per_epoch=2, fields="t", align=1, mix=1)  # fmt: skip
+        with cs.ChunkLoader(
+            src, 64, device="cpu", sampling="shuffled", seed=7, options=cs.LoaderOptions(pieces=k)
+        ) as ld:
+            stream = cs.BatchStream(ld, window=5, batch_size=6, batches_per_chunk=2, fields="t", mix=1, options=cs.StreamOptions(chunks_per_epoch=2, align=1))  # fmt: skip
             assert [b[:, 0].tolist() for b in stream] == starts
 
 
@@ -123,7 +125,7 @@ def test_pieced_chunks_in_segments_give_only_aligned_starts_inside_one_piece(sto
               window=window)  # fmt: skip
     gen = torch.Generator().manual_seed(align)
     seen = 0
-    with cs.ChunkLoader(source, 128, **kw) as loader:
+    with loader_from(source, 128, **kw) as loader:
         for chunk in loader.epoch(12):
             x = chunk["data"]
             starts = cs.sample_windows(chunk, 40, window, gen, align=align)
@@ -149,28 +151,28 @@ def test_batch_stream_with_align_delivers_aligned_windows_and_resumes_exactly(st
               window=window)  # fmt: skip
     args = dict(window=window, batch_size=16, batches_per_chunk=3, chunks_per_epoch=6,
                 fields="data", mix=mix, align=align)  # fmt: skip
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        full = [b.clone() for b in cs.BatchStream(loader, **args)]
+    with loader_from(source, 128, **kw) as loader:
+        full = [b.clone() for b in stream_from(loader, **args)]
     for batch in full:
         for w in batch.numpy():
             t = int(w[0, 0])
             assert t % align == 0 and any(s.start <= t and t + window <= s.stop for s in SEGMENTS)
             np.testing.assert_array_equal(w, data[t : t + window])
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        stream = cs.BatchStream(loader, **args)
+    with loader_from(source, 128, **kw) as loader:
+        stream = stream_from(loader, **args)
         it = iter(stream)
         head = [next(it).clone() for _ in range(8)]
         state = stream.state_dict()
     assert state["align"] == align
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        stream = cs.BatchStream(loader, **args)
+    with loader_from(source, 128, **kw) as loader:
+        stream = stream_from(loader, **args)
         stream.load_state_dict(state)
         tail = list(stream)
     assert len(head + tail) == len(full) == 18
     for a, b in zip(head + tail, full, strict=True):
         torch.testing.assert_close(a, b)
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        other = cs.BatchStream(loader, **{**args, "align": 1})
+    with loader_from(source, 128, **kw) as loader:
+        other = stream_from(loader, **{**args, "align": 1})
         with pytest.warns(UserWarning, match="align=4 on a stream with align=1"):
             other.load_state_dict(state)
         with warnings.catch_warnings():
@@ -185,8 +187,7 @@ def _chi_square_bound(df: int, z: float = 3.719) -> float:
 
 def test_draws_are_uniform_over_the_aligned_starts(store):
     source, _ = store
-    with cs.ChunkLoader(source, 256, device="cpu", pieces=4, sampling="random", seed=1,
-                        segments=SEGMENTS, window=7) as loader:  # fmt: skip
+    with cs.ChunkLoader(source, 256, device="cpu", sampling="random", seed=1, options=cs.LoaderOptions(pieces=4, segments=SEGMENTS, window=7)) as loader:  # fmt: skip
         chunk = next(iter(loader.epoch(1)))
         valid = sorted(_aligned_rows(chunk.pieces, 7, 5))
         draws = 400 * len(valid)
@@ -221,9 +222,8 @@ def test_a_chunk_without_an_aligned_start_names_align_and_the_fix():
 def test_aligned_draws_stay_on_the_device(store):
     source, data = store
     kw = dict(device="cuda", pieces=4, sampling="shuffled", segments=SEGMENTS, seed=3, window=5)
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        stream = cs.BatchStream(loader, window=5, batch_size=32, batches_per_chunk=2,
-                                chunks_per_epoch=3, fields="data", mix=2, align=4)  # fmt: skip
+    with loader_from(source, 128, **kw) as loader:
+        stream = cs.BatchStream(loader, window=5, batch_size=32, batches_per_chunk=2, fields="data", mix=2, options=cs.StreamOptions(chunks_per_epoch=3, align=4))  # fmt: skip
         batches = []
         for b in stream:
             assert b.device.type == "cuda"  # gathered on the device, from the mixer's storage

@@ -21,6 +21,7 @@ from chunkstream import compat, flyvis
 from chunkstream.sources._base import FieldSpec
 from chunkstream.tools import layout_from_shape, plan_memory
 from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
+from tests.flat import loader_from, stream_from
 from tests.stores import chunk_files, make_array, make_flyvis, random_data
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
@@ -40,7 +41,7 @@ class _FieldsLater(ArraySource):
 
 def _loader(**kwargs):
     chunk_size = kwargs.pop("chunk_size", 50)
-    return cs.ChunkLoader(_src(), chunk_size, device="cpu", **kwargs)
+    return loader_from(_src(), chunk_size, device="cpu", **kwargs)
 
 
 def _zarr(tmp: Path, **kwargs) -> Path:
@@ -161,7 +162,7 @@ def _lengths(_tmp):
 
 def _stream(sampling="shuffled", **kwargs):
     with _loader(sampling=sampling) as loader:
-        cs.BatchStream(loader, **{"window": 5, "batch_size": 4, "batches_per_chunk": 2, **kwargs})
+        stream_from(loader, **{"window": 5, "batch_size": 4, "batches_per_chunk": 2, **kwargs})
 
 
 def _unaligned_chunk() -> cs.Chunk:
@@ -191,6 +192,12 @@ def _train_config(**kwargs):
     from chunkstream.train import TrainConfig
 
     TrainConfig(**kwargs)
+
+
+def _stream_given(**kwargs):
+    """A stream given ``kwargs`` as they are (no options object made from them)."""
+    with _loader() as loader:
+        cs.BatchStream(loader, window=5, batch_size=4, batches_per_chunk=2, **kwargs)
 
 
 def _stream_state(state):
@@ -255,36 +262,36 @@ def _a_file(tmp: Path) -> Path:
 
 
 CASES = [
-    ("ChunkLoader.pieces", lambda t: _loader(pieces=0),
+    ("LoaderOptions.pieces", lambda t: _loader(pieces=0),
      cs.ConfigError, ValueError, ["pieces=0", ">= 1", "pieces=1"]),
-    ("ChunkLoader.pieces", lambda t: _loader(pieces=3),
+    ("LoaderOptions.pieces", lambda t: _loader(pieces=3),
      cs.ConfigError, ValueError, ["pieces=3", "divisor of chunk_size=50", "[2, 5, 10, 25, 50]"]),
-    ("ChunkLoader.pieces", lambda t: _loader(pieces=10, window=8),
+    ("LoaderOptions.pieces", lambda t: _loader(pieces=10, window=8),
      cs.ConfigError, ValueError, ["pieces=10", "batch window 8", "pieces <= 6"]),
-    ("ChunkLoader.pieces", lambda t: _loader(chunk_size=800, pieces=4),
+    ("LoaderOptions.pieces", lambda t: _loader(chunk_size=800, pieces=4),
      cs.ConfigError, ValueError, ["pieces=4", "exceeds the data (500 timesteps)", "pieces=1"]),
-    ("ChunkLoader.pieces",
+    ("LoaderOptions.pieces",
      lambda t: _loader(chunk_size=16, window=8, segments=[(0, 9), (20, 29), (40, 500)]),
      cs.ConfigError, ValueError, ["pieces=1", "shorter than a piece (18 timesteps, pooled)",
                                   "2 * window - 1 = 15", "chunk_size // pieces >= 30"]),
-    ("ChunkLoader.window", lambda t: _loader(window=80),
+    ("LoaderOptions.window", lambda t: _loader(window=80),
      cs.ConfigError, ValueError, ["window=80", "chunk length 50", "shorter window"]),
-    ("ChunkLoader.resident", lambda t: _loader(resident="yes"),
+    ("LoaderOptions.resident", lambda t: _loader(resident="yes"),
      cs.ConfigError, ValueError, ["resident='yes'", "'auto', True or False", "resident='auto'"]),
-    ("ChunkLoader.resident", lambda t: _loader(resident=True, host_memory=15_000),
+    ("LoaderOptions.resident", lambda t: _loader(resident=True, host_memory=15_000),
      cs.ConfigError, ValueError, ["resident=True", "500 timesteps", "exceed host_memory",
                                   "Raise device_memory", "resident='auto'"]),
-    ("ChunkLoader.resident", lambda t: _loader(resident=True, host_memory=100),
+    ("LoaderOptions.resident", lambda t: _loader(resident=True, host_memory=100),
      cs.ConfigError, ValueError, ["host_memory=100", "Raise the budget"]),
-    ("ChunkLoader.segments", lambda t: _loader(segments=[(100, 200), (0, 50)]),
+    ("LoaderOptions.segments", lambda t: _loader(segments=[(100, 200), (0, 50)]),
      cs.ConfigError, ValueError, ["segments=(0, 50, 'seg1')", "sorted by start", "Sort them"]),
-    ("ChunkLoader.segments", lambda t: _loader(segments=[(0, 200), (150, 300)]),
+    ("LoaderOptions.segments", lambda t: _loader(segments=[(0, 200), (150, 300)]),
      cs.ConfigError, ValueError, ["segments=(150, 300, 'seg1')", "overlaps", "merge or trim"]),
-    ("ChunkLoader.segments", lambda t: _loader(segments=[(10, 10)]),
+    ("LoaderOptions.segments", lambda t: _loader(segments=[(10, 10)]),
      cs.ConfigError, ValueError, ["segments=(10, 10, 'seg0')", "non-empty", "Drop segment 0"]),
-    ("ChunkLoader.segments", lambda t: _loader(segments=[(400, 600, "late")]),
+    ("LoaderOptions.segments", lambda t: _loader(segments=[(400, 600, "late")]),
      cs.ConfigError, ValueError, ["segments=(400, 600, 'late')", "[0, 500)", "belong"]),
-    ("ChunkLoader.segments", lambda t: _loader(segments=[(0, 5)], window=8),
+    ("LoaderOptions.segments", lambda t: _loader(segments=[(0, 5)], window=8),
      cs.ConfigError, ValueError, ["segments=", ">= 8 timesteps", "longer segments"]),
     ("Segments.read", lambda t: _segments_file(t, "s.csv", "start,stop\n0,10\n20,x\n"),
      cs.ConfigError, ValueError, ["line 3", "'20,x'", "Fix line 3"]),
@@ -313,11 +320,11 @@ CASES = [
      cs.ConfigError, ValueError, ["gpu_prefetch=0", "Use 1 or more"]),
     ("ChunkLoader.workers", lambda t: _loader(workers=0),
      cs.ConfigError, ValueError, ["workers=0", "Use 1 or more"]),
-    ("ChunkLoader.host_slots", lambda t: _loader(host_slots=0),
+    ("LoaderOptions.host_slots", lambda t: _loader(host_slots=0),
      cs.ConfigError, ValueError, ["host_slots=0", "leave it None"]),
-    ("ChunkLoader.host_memory", lambda t: _loader(host_memory=100),
+    ("LoaderOptions.host_memory", lambda t: _loader(host_memory=100),
      cs.ConfigError, ValueError, ["host_memory=100", "Raise the budget"]),
-    ("ChunkLoader.device_memory", lambda t: _loader(device_memory=1),
+    ("LoaderOptions.device_memory", lambda t: _loader(device_memory=1),
      cs.ConfigError, ValueError, ["device_memory=1", "Raise the budget"]),
     ("ChunkLoader.sampling", lambda t: _loader(sampling="sorted"),
      cs.ConfigError, ValueError, ["sampling='sorted'", "'shuffled'"]),
@@ -329,24 +336,39 @@ CASES = [
      cs.ConfigError, ValueError, ["chunk_size=50", "align=3", "multiple of align"]),
     ("ChunkLoader.seed", lambda t: _loader(seed=-1),
      cs.ConfigError, ValueError, ["seed=-1", "non-negative"]),
-    ("ChunkLoader.rank", lambda t: _loader(rank=2, world_size=2),
+    ("LoaderOptions.rank", lambda t: _loader(rank=2, world_size=2),
      cs.ConfigError, ValueError, ["rank=2", "[0, world_size=2)"]),
-    ("ChunkLoader.world_size", lambda t: _loader(rank=0, world_size=0),
+    ("LoaderOptions.world_size", lambda t: _loader(rank=0, world_size=0),
      cs.ConfigError, ValueError, ["world_size=0", ">= 1"]),
-    ("ChunkLoader.stall_timeout", lambda t: _loader(stall_timeout=0),
+    ("LoaderOptions.stall_timeout", lambda t: _loader(stall_timeout=0),
      cs.ConfigError, ValueError, ["stall_timeout=0", "None to disable"]),
-    ("ChunkLoader.stall_timeout", lambda t: _loader(stall_timeout=-1),
+    ("LoaderOptions.stall_timeout", lambda t: _loader(stall_timeout=-1),
      cs.ConfigError, ValueError, ["stall_timeout=-1", "None to disable"]),
-    ("ChunkLoader.close_timeout", lambda t: _loader(close_timeout=0),
+    ("LoaderOptions.close_timeout", lambda t: _loader(close_timeout=0),
      cs.ConfigError, ValueError, ["close_timeout=0", "seconds > 0"]),
-    ("ChunkLoader.close_source", lambda t: _loader(close_source="yes"),
+    ("LoaderOptions.close_source", lambda t: _loader(close_source="yes"),
      cs.ConfigError, ValueError, ["close_source='yes'", "Pass a bool"]),
-    ("ChunkLoader.check_finite", lambda t: _loader(check_finite="no"),
+    ("LoaderOptions.check_finite", lambda t: _loader(check_finite="no"),
      cs.ConfigError, ValueError, ["check_finite='no'", "Pass a bool"]),
-    ("ChunkLoader.read_retries", lambda t: _loader(read_retries=-1),
+    ("LoaderOptions.read_retries", lambda t: _loader(read_retries=-1),
      cs.ConfigError, ValueError, ["read_retries=-1", "Use 0"]),
-    ("ChunkLoader.stats", lambda t: _loader(stats={}),
+    ("LoaderOptions.stats", lambda t: _loader(stats={}),
      cs.ConfigError, ValueError, ["stats='dict'", "cs.LatencyStats"]),
+    ("ChunkLoader.options", lambda t: cs.ChunkLoader(_src(), 50, device="cpu", options={"pieces": 2}),
+     cs.ConfigError, ValueError, ["options='dict'", "cs.LoaderOptions", "options=cs.LoaderOptions("]),
+    ("ChunkLoader.config", lambda t: cs.ChunkLoader(_src(), device="cpu", config={"chunk_size": 50}),
+     cs.ConfigError, ValueError, ["config='dict'", "cs.LoaderConfig", "another loader's .config"]),
+    ("ChunkLoader.config", lambda t: _loader(config=cs.LoaderConfig(chunk_size=50), workers=3),
+     cs.ConfigError, ValueError, ["workers=3", "config=", "its workers is 2", "leave config out"]),
+    ("ChunkLoader.config", lambda t: _loader(config=cs.LoaderConfig(chunk_size=40)),
+     cs.ConfigError, ValueError, ["chunk_size=50", "its chunk_size is 40"]),
+    ("ChunkLoader.config",
+     lambda t: _loader(chunk_size=None, config=cs.LoaderConfig(chunk_size=50), stall_timeout=1),
+     cs.ConfigError, ValueError, ["options.stall_timeout=1", "its stall_timeout is 300.0",
+                                  "dataclasses.replace(config, stall_timeout="]),
+    ("ChunkLoader.(option keyword)", lambda t: cs.ChunkLoader(_src(), 50, stall_timeout=5),
+     cs.ConfigError, ValueError, ["stall_timeout=5", "not a keyword of ChunkLoader()",
+                                  "options=cs.LoaderOptions(stall_timeout=5)"]),
     ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(-1),
      cs.ConfigError, ValueError, ["num_chunks=-1", "plan_epoch"]),
     ("ChunkLoader.epoch.num_chunks", lambda t: _epoch(None, "random"),
@@ -447,11 +469,9 @@ CASES = [
      cs.ConfigError, ValueError, ["specs=['x']", "one spec per name", "'data', 'stim'"]),
     ("CallableSource.specs", lambda t: cs.CallableSource(_load, 10, specs="last"),
      cs.ConfigError, ValueError, ["specs='last'", "'first'", "Pass the specs"]),
-    ("CallableSource.specs", lambda t: cs.ChunkLoader(cs.CallableSource(_load, 10, specs="first"),
-                                                      5, device="cpu", host_memory=10**6),
+    ("CallableSource.specs", lambda t: cs.ChunkLoader(cs.CallableSource(_load, 10, specs="first"), 5, device="cpu", options=cs.LoaderOptions(host_memory=10**6)),
      cs.ConfigError, ValueError, ["host_memory", "learns them at its first read", "prefetch"]),
-    ("CallableSource.specs", lambda t: cs.ChunkLoader(cs.CallableSource(_load, 10, specs="first"),
-                                                      5, device="cpu", resident=True),
+    ("CallableSource.specs", lambda t: cs.ChunkLoader(cs.CallableSource(_load, 10, specs="first"), 5, device="cpu", options=cs.LoaderOptions(resident=True)),
      cs.ConfigError, ValueError, ["resident=True", "learned at its first read"]),
     ("TensorStoreSource.path.missing", lambda t: _tensorstore(t, "missing"),
      cs.SourceNotFoundError, FileNotFoundError, ["path", "nope.zarr", "Check the path"]),
@@ -491,6 +511,10 @@ CASES = [
      cs.ConfigError, ValueError, ["pieces=3", "a divisor of chunk_size=100"]),
     ("BatchStream.loader", lambda t: cs.BatchStream(_src(), window=5, batch_size=4),
      cs.ConfigError, ValueError, ["loader='ArraySource'", "cs.ChunkLoader"]),
+    ("BatchStream.options", lambda t: _stream_given(options={"seed": 1}),
+     cs.ConfigError, ValueError, ["options='dict'", "cs.StreamOptions", "options=cs.StreamOptions("]),
+    ("BatchStream.options", lambda t: _stream_given(seed=1),
+     cs.ConfigError, ValueError, ["seed=1", "options=cs.StreamOptions(seed=1)"]),
     ("BatchStream.window", lambda t: _stream(window=0),
      cs.ConfigError, ValueError, ["window=0", "an integer >= 1"]),
     ("BatchStream.window", lambda t: _stream(window=51),
@@ -501,13 +525,13 @@ CASES = [
      cs.ConfigError, ValueError, ["batch_size=None", "an integer >= 1"]),
     ("BatchStream.batches_per_chunk", lambda t: _stream(batches_per_chunk=0),
      cs.ConfigError, ValueError, ["batches_per_chunk=0", "plan.batches_per_chunk"]),
-    ("BatchStream.chunks_per_epoch", lambda t: _stream(chunks_per_epoch=-1),
+    ("StreamOptions.chunks_per_epoch", lambda t: _stream(chunks_per_epoch=-1),
      cs.ConfigError, ValueError, ["chunks_per_epoch=-1", "plan.chunks_per_epoch"]),
-    ("BatchStream.chunks_per_epoch", lambda t: _stream("random"),
+    ("StreamOptions.chunks_per_epoch", lambda t: _stream("random"),
      cs.ConfigError, ValueError, ["chunks_per_epoch=None", "sampling='random'"]),
-    ("BatchStream.batches_per_epoch", lambda t: _stream(batches_per_epoch=-1),
+    ("StreamOptions.batches_per_epoch", lambda t: _stream(batches_per_epoch=-1),
      cs.ConfigError, ValueError, ["batches_per_epoch=-1", "plan.batches_per_epoch"]),
-    ("BatchStream.batches_per_epoch",
+    ("StreamOptions.batches_per_epoch",
      lambda t: _stream(batches_per_epoch=4, chunks_per_epoch=2),
      cs.ConfigError, ValueError, ["batches_per_epoch=4", "in batches or in chunks"]),
     ("BatchStream.plan", lambda t: _stream(plan={"batch_size": 4}),
@@ -516,7 +540,7 @@ CASES = [
      cs.ConfigError, ValueError, ["fields='nope'", "Name fields"]),
     ("BatchStream.fields", lambda t: _stream(fields=[]),
      cs.ConfigError, ValueError, ["fields=[]", "list of names"]),
-    ("BatchStream.seed", lambda t: _stream(seed=-1),
+    ("StreamOptions.seed", lambda t: _stream(seed=-1),
      cs.ConfigError, ValueError, ["seed=-1", "non-negative seed"]),
     ("BatchStream.load_state_dict.state", lambda t: _stream_state({}),
      cs.ConfigError, ValueError, ["state={}", "BatchStream.state_dict()"]),
@@ -530,7 +554,7 @@ CASES = [
      cs.ConfigError, ValueError, ["ChunkLoader state", "loader.load_state_dict"]),
     ("Trainer.fit.resume", lambda t: _resume_trainer(t, chunk_size=128),
      cs.ConfigError, ValueError, ["chunk_size=128 (now 64)", "Resume with the checkpoint's"]),
-    ("BatchStream.dtype", lambda t: _stream(dtype=torch.int64),
+    ("StreamOptions.dtype", lambda t: _stream(dtype=torch.int64),
      cs.ConfigError, ValueError, ["dtype=torch.int64", "torch.float32", "floating torch dtype"]),
     ("BatchStream.mix", lambda t: _stream(mix=0),
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1", "mix=1"]),
@@ -542,18 +566,18 @@ CASES = [
      cs.ConfigError, ValueError, ["buffer='gpu'", "'auto', 'host', 'device'", "buffer='host'"]),
     ("BatchStream.device", lambda t: _stream(device="meta"),
      cs.ConfigError, ValueError, ["device='meta'", "a CUDA device"]),
-    ("BatchStream.host_memory", lambda t: _stream(host_memory=0),
+    ("StreamOptions.host_memory", lambda t: _stream(host_memory=0),
      cs.ConfigError, ValueError, ["host_memory=0", "budget in bytes"]),
-    ("BatchStream.batch_prefetch", lambda t: _stream(batch_prefetch=-1),
+    ("StreamOptions.batch_prefetch", lambda t: _stream(batch_prefetch=-1),
      cs.ConfigError, ValueError, ["batch_prefetch=-1", "gathers ahead"]),
-    ("BatchStream.gather_threads", lambda t: _stream(gather_threads=0),
+    ("StreamOptions.gather_threads", lambda t: _stream(gather_threads=0),
      cs.ConfigError, ValueError, ["gather_threads=0", "Pass None"]),
     ("gather_windows.starts",
      lambda t: cs.gather_windows(torch.zeros(9, 2), torch.tensor([0, 7]), 3),
      cs.ConfigError, ValueError, ["starts=", "[0, 6]", "sample_windows"]),
-    ("BatchStream.align", lambda t: _stream(align=0),
+    ("StreamOptions.align", lambda t: _stream(align=0),
      cs.ConfigError, ValueError, ["align=0", "an integer >= 1", "align=1"]),
-    ("BatchStream.align", lambda t: _stream(align=True),
+    ("StreamOptions.align", lambda t: _stream(align=True),
      cs.ConfigError, ValueError, ["align=True", "an integer >= 1", "time_units"]),
     ("sample_windows.align", lambda t: cs.sample_windows(100, 4, 5, align=0),
      cs.ConfigError, ValueError, ["align=0", "an integer >= 1", "align=1"]),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import chunkstream as cs
+from tests.flat import loader_from, stream_from
 
 T, WINDOW = 2000, 16
 
@@ -20,7 +21,7 @@ def source():
 
 def loader(**kwargs):
     options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 4}
-    return cs.ChunkLoader(source(), 200, **{**options, **kwargs})
+    return loader_from(source(), 200, **{**options, **kwargs})
 
 
 def stream(ld, **kwargs):
@@ -32,7 +33,7 @@ def stream(ld, **kwargs):
         "chunks_per_epoch": 6,
         "mix": 1,
     }
-    return cs.BatchStream(ld, **{**options, **kwargs})
+    return stream_from(ld, **{**options, **kwargs})
 
 
 def digest(batch) -> tuple:
@@ -82,7 +83,14 @@ def test_len_is_every_epoch_and_a_plan_fills_the_counts():
         for _epoch in range(2):
             assert sum(1 for _ in s) == 40
         # an explicit count wins over the plan's: chunks, or batches per chunk
-        assert len(cs.BatchStream(ld, window=WINDOW, plan=plan, chunks_per_epoch=3)) == 12
+        assert (
+            len(
+                cs.BatchStream(
+                    ld, window=WINDOW, plan=plan, options=cs.StreamOptions(chunks_per_epoch=3)
+                )
+            )
+            == 12
+        )
         assert len(cs.BatchStream(ld, window=WINDOW, plan=plan, batches_per_chunk=1)) == 40
         # without a count, one pass of the shuffled plan
         one_pass = cs.BatchStream(ld, window=WINDOW, batch_size=4, batches_per_chunk=2)
@@ -269,7 +277,7 @@ def test_a_source_that_learns_its_fields_at_the_first_read_gives_the_same_batche
 
     learning = cs.CallableSource(load_fn, T, names=("x", "s"), specs="first")
     options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 4}
-    with cs.ChunkLoader(learning, 200, **options) as lazy, loader() as known:
+    with loader_from(learning, 200, **options) as lazy, loader() as known:
         got, want = list(stream(lazy)), list(stream(known))
         assert calls and len(got) == len(want) == 30
         for a, b in zip(got, want, strict=True):

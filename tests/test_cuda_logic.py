@@ -622,8 +622,7 @@ def test_a_failure_reaches_the_consumer_as_chunk_load_error_even_if_closing_fail
         real_read(start, stop, out)
 
     monkeypatch.setattr(source, "read_into", read_into)
-    loader = cs.ChunkLoader(source, 100, device="cpu", workers=1, close_source=True,
-                            sampling="sequential")  # fmt: skip
+    loader = cs.ChunkLoader(source, 100, device="cpu", workers=1, sampling="sequential", options=cs.LoaderOptions(close_source=True))  # fmt: skip
 
     def broken_close(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -779,7 +778,9 @@ def test_close_while_a_reader_pins_the_learned_arena_unpins_it_once_made(monkeyp
 
     monkeypatch.setattr(_arena, "_register", register)
     source, _, _ = _learning_source()
-    loader = cs.ChunkLoader(source, 200, device="cuda", workers=2, close_timeout=0.3, seed=1)
+    loader = cs.ChunkLoader(
+        source, 200, device="cuda", workers=2, seed=1, options=cs.LoaderOptions(close_timeout=0.3)
+    )
     chunks = loader.epoch(6)
     try:
         assert entered.wait(10)

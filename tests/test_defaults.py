@@ -12,6 +12,7 @@ import chunkstream as cs
 from chunkstream._memory import ENV_HOST_MEMORY
 from chunkstream.consumer import choose_tier
 from chunkstream.consumer._defaults import DEVICE_MIX
+from tests.flat import loader_from
 
 T, CHUNK, WINDOW = 4000, 200, 16
 STEP = 3 * 4  # bytes per timestep of the source's fields
@@ -24,7 +25,7 @@ def source():
 
 def loader(**kwargs):
     options = {"device": "cpu", "workers": 1, "prefetch": 1, "sampling": "shuffled", "seed": 3}
-    return cs.ChunkLoader(source(), CHUNK, **{**options, **kwargs})
+    return loader_from(source(), CHUNK, **{**options, **kwargs})
 
 
 PLAN = cs.plan_epoch(total_timesteps=T, chunk_size=CHUNK, batch_size=8)

@@ -27,7 +27,12 @@ def make_source() -> cs.NumpySource:
 
 def loader(world: int, rank: int, seed: int = 5) -> cs.ChunkLoader:
     return cs.ChunkLoader(
-        make_source(), CHUNK, device="cpu", workers=2, seed=seed, rank=rank, world_size=world
+        make_source(),
+        CHUNK,
+        device="cpu",
+        workers=2,
+        seed=seed,
+        options=cs.LoaderOptions(rank=rank, world_size=world),
     )
 
 

@@ -1,7 +1,7 @@
 """Storage dtype is not compute dtype: fields stream as stored, the gather converts.
 
 float16, bool and int8/16/32 fields reach the chunk in their stored dtype through
-every source; ``gather_windows(..., dtype=)`` and ``BatchStream(..., dtype=)``
+every source; ``gather_windows(..., dtype=)`` and ``StreamOptions(dtype=)``
 convert floating-point fields batch by batch on the device (exactly, for
 float16 -> float32) and leave masks and indices as stored.
 """
@@ -74,7 +74,9 @@ def test_every_source_streams_fields_as_stored(tmp_path, kind, dtype):
     data = _values(dtype)
     source = SOURCES[kind](tmp_path, data)
     assert source.fields["data"].dtype == np.dtype(dtype)
-    with cs.ChunkLoader(source, 16, device="cpu", sampling="sequential", close_source=True) as ld:
+    with cs.ChunkLoader(
+        source, 16, device="cpu", sampling="sequential", options=cs.LoaderOptions(close_source=True)
+    ) as ld:
         chunks = list(ld.epoch())
         assert ld.stats.summary()["bytes"] == data.nbytes  # the stored bytes, not float32's
     assert len(chunks) == 3
@@ -159,9 +161,10 @@ def test_batch_stream_upcasts_traces_and_keeps_the_mask(tmp_path):
     def epoch(dtype):
         join = cs.JoinSource({"traces": cs.ZarrSource(tmp_path / "t.zarr"),
                               "mask": cs.ZarrSource(tmp_path / "m.zarr")})  # fmt: skip
-        with cs.ChunkLoader(join, 16, device="cpu", seed=4, close_source=True) as loader:
-            return list(cs.BatchStream(loader, window=4, batch_size=6, batches_per_chunk=2,
-                                       dtype=dtype))  # fmt: skip
+        with cs.ChunkLoader(
+            join, 16, device="cpu", seed=4, options=cs.LoaderOptions(close_source=True)
+        ) as loader:
+            return list(cs.BatchStream(loader, window=4, batch_size=6, batches_per_chunk=2, options=cs.StreamOptions(dtype=dtype)))  # fmt: skip
 
     batches, stored = epoch(torch.float32), epoch(None)  # same seed and plan: same windows
     assert len(batches) == len(stored) > 0
@@ -177,7 +180,13 @@ def test_batch_stream_refuses_a_bad_dtype_at_construction():
         cs.ChunkLoader(source, 10, device="cpu") as ld,
         pytest.raises(cs.ConfigError, match=r"dtype=torch\.int64"),
     ):
-        cs.BatchStream(ld, window=4, batch_size=2, batches_per_chunk=1, dtype=torch.int64)
+        cs.BatchStream(
+            ld,
+            window=4,
+            batch_size=2,
+            batches_per_chunk=1,
+            options=cs.StreamOptions(dtype=torch.int64),
+        )
 
 
 @pytest.mark.gpu

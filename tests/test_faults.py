@@ -109,7 +109,12 @@ def test_transient_errors_are_retried_and_the_retried_data_is_the_stored_data(st
 
     source = Flaky(cs.ZarrSource(path))
     with cs.ChunkLoader(
-        source, CT, device="cpu", workers=3, sampling="sequential", read_retries=2
+        source,
+        CT,
+        device="cpu",
+        workers=3,
+        sampling="sequential",
+        options=cs.LoaderOptions(read_retries=2),
     ) as loader:
         chunks = list(loader.epoch(N_CHUNKS))
     assert [c.start for c in chunks] == [i * CT for i in range(N_CHUNKS)]
@@ -122,7 +127,9 @@ def test_transient_errors_are_retried_and_the_retried_data_is_the_stored_data(st
 def test_retries_run_out_into_a_chunkloaderror_with_the_last_cause(store):
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), transient=lambda start, attempt: start == 2 * CT)
-    loader = cs.ChunkLoader(source, CT, device="cpu", sampling="sequential", read_retries=1)
+    loader = cs.ChunkLoader(
+        source, CT, device="cpu", sampling="sequential", options=cs.LoaderOptions(read_retries=1)
+    )
     with pytest.raises(cs.ChunkLoadError) as info:
         list(loader.epoch(N_CHUNKS))
     assert isinstance(info.value.__cause__, ConnectionError)
@@ -135,7 +142,12 @@ def test_a_hanging_read_raises_loaderstalled_with_the_stuck_stack(store):
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), hang_windows={CT})
     loader = cs.ChunkLoader(
-        source, CT, device="cpu", workers=2, sampling="sequential", stall_timeout=0.5
+        source,
+        CT,
+        device="cpu",
+        workers=2,
+        sampling="sequential",
+        options=cs.LoaderOptions(stall_timeout=0.5),
     )
     try:
         received = []
@@ -190,7 +202,12 @@ def test_close_during_a_stall_returns_once_the_read_ends(store):
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), hang_windows={0})
     loader = cs.ChunkLoader(
-        source, CT, device="cpu", workers=2, stall_timeout=None, sampling="sequential"
+        source,
+        CT,
+        device="cpu",
+        workers=2,
+        sampling="sequential",
+        options=cs.LoaderOptions(stall_timeout=None),
     )
     iterator = iter(loader.epoch(N_CHUNKS))
     time.sleep(0.2)  # the reader of window 0 is stuck
@@ -207,7 +224,12 @@ def test_close_with_a_read_that_never_ends_warns_instead_of_hanging(store):
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), hang_windows={0})
     loader = cs.ChunkLoader(
-        source, CT, device="cpu", workers=1, stall_timeout=None, sampling="sequential"
+        source,
+        CT,
+        device="cpu",
+        workers=1,
+        sampling="sequential",
+        options=cs.LoaderOptions(stall_timeout=None),
     )
     next_chunk = iter(loader.epoch(N_CHUNKS))
     time.sleep(0.2)
@@ -224,7 +246,12 @@ def test_close_from_another_thread_wakes_the_waiting_consumer(store):
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), hang_windows={0})
     loader = cs.ChunkLoader(
-        source, CT, device="cpu", workers=2, stall_timeout=None, sampling="sequential"
+        source,
+        CT,
+        device="cpu",
+        workers=2,
+        sampling="sequential",
+        options=cs.LoaderOptions(stall_timeout=None),
     )
     outcome: dict[str, object] = {}
 
@@ -250,7 +277,9 @@ def test_close_after_a_stall_error_after_an_error_and_twice(store):
     path, _ = store
     # after the stall error
     source = Wrapped(cs.ZarrSource(path), hang_windows={0})
-    loader = cs.ChunkLoader(source, CT, device="cpu", stall_timeout=0.3, sampling="sequential")
+    loader = cs.ChunkLoader(
+        source, CT, device="cpu", sampling="sequential", options=cs.LoaderOptions(stall_timeout=0.3)
+    )
     with pytest.raises(cs.LoaderStalledError):
         next(iter(loader.epoch(3)))
     source.release.set()
@@ -375,8 +404,7 @@ def stuck_decode(tmp_path, monkeypatch):
 
 
 def test_a_stuck_decode_does_not_delay_the_stall_error_with_close_source(stuck_decode):
-    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, stall_timeout=1,
-                            sampling="sequential", close_source=True)  # fmt: skip
+    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, sampling="sequential", options=cs.LoaderOptions(stall_timeout=1, close_source=True))  # fmt: skip
     begin = time.monotonic()
     with pytest.raises(cs.LoaderStalledError) as info:
         list(loader.epoch(3))
@@ -391,8 +419,7 @@ def test_a_stuck_decode_does_not_delay_the_stall_error_with_close_source(stuck_d
 def test_close_with_a_stuck_decode_and_close_source_keeps_its_deadline(stuck_decode):
     import dataclasses
 
-    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, stall_timeout=None,
-                            sampling="sequential", close_source=True)  # fmt: skip
+    loader = cs.ChunkLoader(stuck_decode, CT, device="cpu", workers=1, sampling="sequential", options=cs.LoaderOptions(stall_timeout=None, close_source=True))  # fmt: skip
     loader.config = dataclasses.replace(loader.config, close_timeout=1.0)
     iterator = iter(loader.epoch(3))
     next(iterator)  # window 0; the reader is now stuck in window 1's decode
@@ -409,8 +436,7 @@ def test_close_honours_one_deadline_across_stages(store):
 
     path, _ = store
     source = Wrapped(cs.ZarrSource(path), hang_windows={0})
-    loader = cs.ChunkLoader(source, CT, device="cpu", workers=1, stall_timeout=None,
-                            sampling="sequential")  # fmt: skip
+    loader = cs.ChunkLoader(source, CT, device="cpu", workers=1, sampling="sequential", options=cs.LoaderOptions(stall_timeout=None))  # fmt: skip
     loader.config = dataclasses.replace(loader.config, close_timeout=2.0)
 
     class StuckExecutor:  # a second executor whose thread never stops: it uses up the deadline

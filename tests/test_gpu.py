@@ -35,8 +35,7 @@ def test_device_chunks_equal_the_stored_bytes():
 def test_pieced_chunks_on_the_device_hold_the_slices_their_pieces_name():
     arrays = make_arrays(4000, neurons=64)
     segments = [(0, 1500), (1600, 4000)]
-    with cs.ChunkLoader(ArraySource(arrays), 512, device="cuda", pieces=8, segments=segments,
-                        window=9, seed=3) as loader:  # fmt: skip
+    with cs.ChunkLoader(ArraySource(arrays), 512, device="cuda", seed=3, options=cs.LoaderOptions(pieces=8, segments=segments, window=9)) as loader:  # fmt: skip
         for chunk in loader.epoch(6):
             x = chunk["voltage"].cpu().numpy()
             for p in chunk.pieces:
@@ -176,9 +175,9 @@ def test_slots_are_reused_only_after_their_copy_under_a_slowed_copy(slow_copies,
         500,
         device="cuda",
         workers=2,
-        host_slots=2,
         gpu_prefetch=2,
         seed=4 + rep,
+        options=cs.LoaderOptions(host_slots=2),
     ) as loader:
         for _ in range(2):
             for chunk in loader.epoch(12):
@@ -471,7 +470,8 @@ def test_cuda_1_creates_no_context_on_gpu_0():
 _STICKY_SCRIPT = r"""
 import warnings, numpy as np, torch, chunkstream as cs
 src = cs.NumpySource({"x": np.ones((8000, 256), dtype=np.float32)})
-loader = cs.ChunkLoader(src, 500, device="cuda", workers=2, stall_timeout=30)
+loader = cs.ChunkLoader(src, 500, device="cuda", workers=2,
+                        options=cs.LoaderOptions(stall_timeout=30))
 chunks = iter(loader.epoch(16))
 next(chunks)
 bad = torch.zeros(4, device="cuda")

@@ -10,6 +10,7 @@ import torch
 
 import chunkstream as cs
 from tests.faults import ArraySource, make_arrays
+from tests.flat import loader_from, stream_from
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,13 +22,13 @@ WINDOW = 9
 
 def _loader(arrays, **kwargs):
     options = {"device": "cpu", "workers": 2, "seed": 5, "pieces": 4, "window": WINDOW}
-    return cs.ChunkLoader(ArraySource(arrays), 512, **{**options, **kwargs})
+    return loader_from(ArraySource(arrays), 512, **{**options, **kwargs})
 
 
 def _stream(loader, **kwargs):
     options = {"window": WINDOW, "batch_size": 32, "batches_per_chunk": 6, "chunks_per_epoch": 5,
                "mix": 3}  # fmt: skip
-    return cs.BatchStream(loader, **{**options, **kwargs})
+    return stream_from(loader, **{**options, **kwargs})
 
 
 def _cpu(batch):
@@ -85,8 +86,7 @@ def test_a_slot_is_refilled_only_after_its_copy_finished():
 
 def test_the_device_holds_only_the_batches_in_flight():
     arrays = make_arrays(16000, neurons=512)
-    with cs.ChunkLoader(ArraySource(arrays), 2048, device="cpu", workers=2, seed=5, pieces=4,
-                        window=WINDOW) as loader:  # fmt: skip
+    with cs.ChunkLoader(ArraySource(arrays), 2048, device="cpu", workers=2, seed=5, options=cs.LoaderOptions(pieces=4, window=WINDOW)) as loader:  # fmt: skip
         stream = _stream(loader, fields="voltage", mix=4, device="cuda", batch_size=8,
                          batch_prefetch=2)  # fmt: skip
         batch_bytes = 8 * WINDOW * 512 * 4  # 147 kB; one chunk is 4 MiB

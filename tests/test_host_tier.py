@@ -17,6 +17,7 @@ import torch
 import chunkstream as cs
 from chunkstream.consumer._gather import IDLE_S, GatherPool, gather_pool, host_gather
 from chunkstream.consumer._tiers import BufferInfo, choose_tier, quality_note
+from tests.flat import loader_from, stream_from
 from tests.stores import make_array
 
 T = 2000
@@ -38,13 +39,13 @@ def store(tmp_path_factory):
 def _loader(source, **kwargs):
     options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 3,
                "pieces": 4, "window": WINDOW}  # fmt: skip
-    return cs.ChunkLoader(source, 256, **{**options, **kwargs})
+    return loader_from(source, 256, **{**options, **kwargs})
 
 
 def _stream(loader, **kwargs):
     options = {"window": WINDOW, "batch_size": 16, "batches_per_chunk": 4, "chunks_per_epoch": 6,
                "fields": "data", "mix": 3}  # fmt: skip
-    return cs.BatchStream(loader, **{**options, **kwargs})
+    return stream_from(loader, **{**options, **kwargs})
 
 
 def _epochs(stream, n):

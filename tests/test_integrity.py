@@ -190,7 +190,11 @@ def test_finite_check_names_field_and_position_on_a_zarr_store(tmp_path, bad):
     make_array(path, data, (40, 3, 1))
     source = cs.ZarrSource(path, {"a": (slice(None), 0), "b": (slice(None), 1)})
     with cs.ChunkLoader(
-        source, 100, device="cpu", sampling="sequential", check_finite=True
+        source,
+        100,
+        device="cpu",
+        sampling="sequential",
+        options=cs.LoaderOptions(check_finite=True),
     ) as loader:
         received = []
         with pytest.raises(cs.ChunkLoadError) as info:
@@ -586,7 +590,13 @@ def test_any_codecs_error_for_a_damaged_chunk_is_corrupt_and_not_retried(tmp_pat
 
     source.read_into = counted
     with (
-        cs.ChunkLoader(source, 50, device="cpu", sampling="sequential", read_retries=2) as loader,
+        cs.ChunkLoader(
+            source,
+            50,
+            device="cpu",
+            sampling="sequential",
+            options=cs.LoaderOptions(read_retries=2),
+        ) as loader,
         pytest.raises(cs.ChunkLoadError) as failed,
     ):
         list(loader.epoch(2))

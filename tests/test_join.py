@@ -124,7 +124,13 @@ def test_a_failing_part_names_the_store_the_field_and_the_window(zapbench, tmp_p
     chunk = tmp_path / "mask.zarr" / "1.0"  # zarr v2 key: time chunk 1 (rows 16..31)
     chunk.unlink()
     with (
-        cs.ChunkLoader(join, 16, device="cpu", sampling="sequential", close_source=True) as ld,
+        cs.ChunkLoader(
+            join,
+            16,
+            device="cpu",
+            sampling="sequential",
+            options=cs.LoaderOptions(close_source=True),
+        ) as ld,
         pytest.raises(cs.ChunkLoadError) as info,
     ):
         list(ld.epoch())
@@ -211,8 +217,7 @@ def test_pieces_of_a_join_start_on_every_parts_stored_chunk_grid(tmp_path):
     join = cs.JoinSource({"a": cs.ZarrSource(tmp_path / "a.zarr"),
                           "b": cs.ZarrSource(tmp_path / "b.zarr"), "c": numpy})  # fmt: skip
     assert join.time_chunk == 120
-    with cs.ChunkLoader(join, 960, device="cpu", pieces=4, sampling="random", seed=2,
-                        workers=1) as loader:  # fmt: skip
+    with cs.ChunkLoader(join, 960, device="cpu", sampling="random", seed=2, workers=1, options=cs.LoaderOptions(pieces=4)) as loader:  # fmt: skip
         assert loader.plan.piece_align == 120
         chunks = list(loader.epoch(6))
         starts = [p.start for c in chunks for p in c.pieces]

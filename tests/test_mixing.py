@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import chunkstream as cs
+from tests.flat import loader_from, stream_from
 from tests.stores import make_array
 
 T = 2000
@@ -34,13 +35,13 @@ SEGMENTS = [(0, 700, "a"), (760, 1500, "b"), (1530, 2000, "c")]
 def _loader(source, **kwargs):
     options = {"device": "cpu", "workers": 2, "prefetch": 2, "sampling": "shuffled", "seed": 3,
                "pieces": 4, "window": WINDOW}  # fmt: skip
-    return cs.ChunkLoader(source, 256, **{**options, **kwargs})
+    return loader_from(source, 256, **{**options, **kwargs})
 
 
 def _stream(loader, **kwargs):
     options = {"window": WINDOW, "batch_size": 16, "batches_per_chunk": 4, "chunks_per_epoch": 6,
                "fields": "data", "mix": 3}  # fmt: skip
-    return cs.BatchStream(loader, **{**options, **kwargs})
+    return stream_from(loader, **{**options, **kwargs})
 
 
 @pytest.mark.parametrize(("mix", "pieces", "segments"),

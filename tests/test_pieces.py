@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import chunkstream as cs
 from chunkstream.consumer._sampling import piece_starts
+from tests.flat import loader_from, stream_from
 from tests.stores import make_array, random_data
 
 T = 1000
@@ -100,8 +101,7 @@ def test_chunk_rows_are_the_source_slices_its_pieces_name(store, sampling, k):
     source, data = store
     segs = [(0, 230, "a"), (250, 251, "tiny"), (300, 700, "b"), (705, 1000, "c")]
     with pytest.warns(UserWarning, match="'tiny'"):
-        loader = cs.ChunkLoader(source, 128, device="cpu", pieces=k, segments=segs, window=4,
-                                sampling=sampling, seed=7, workers=2)  # fmt: skip
+        loader = cs.ChunkLoader(source, 128, device="cpu", sampling=sampling, seed=7, workers=2, options=cs.LoaderOptions(pieces=k, segments=segs, window=4))  # fmt: skip
     with loader:
         seen = 0
         for chunk in loader.epoch(6):
@@ -120,12 +120,16 @@ def test_chunk_rows_are_the_source_slices_its_pieces_name(store, sampling, k):
 
 def test_pieces_start_on_the_stored_time_chunk_grid(store):
     source, _ = store
-    with cs.ChunkLoader(source, 256, device="cpu", pieces=8, sampling="random") as loader:
+    with cs.ChunkLoader(
+        source, 256, device="cpu", sampling="random", options=cs.LoaderOptions(pieces=8)
+    ) as loader:
         assert loader.plan.piece_align == GRID
         starts = [p.start for c in loader.epoch(5) for p in c.pieces]
     assert len(starts) == 40 and all(s % GRID == 0 for s in starts)
     # a piece shorter than the stored chunk cannot cover whole chunks: plain align
-    with cs.ChunkLoader(source, 64, device="cpu", pieces=8, sampling="random") as loader:
+    with cs.ChunkLoader(
+        source, 64, device="cpu", sampling="random", options=cs.LoaderOptions(pieces=8)
+    ) as loader:
         assert loader.plan.piece_align == 1
 
 
@@ -164,7 +168,9 @@ def test_sequential_covers_each_segment_exactly_once_and_never_mixes_two_in_a_pi
 def test_contiguous_chunks_stay_inside_a_segment(store):
     source, data = store
     segs = [(0, 100), (100, 400), (420, 1000)]
-    with cs.ChunkLoader(source, 150, device="cpu", segments=segs, sampling="random") as loader:
+    with cs.ChunkLoader(
+        source, 150, device="cpu", sampling="random", options=cs.LoaderOptions(segments=segs)
+    ) as loader:
         for chunk in loader.epoch(30):
             (p,) = chunk.pieces
             assert len(_inside_one(cs.Segments(segs), p.start, p.stop)) == 1
@@ -189,20 +195,20 @@ def test_resume_is_exact_and_ranks_are_disjoint(store, sampling):
     def pieces_of(chunks):
         return [c.pieces for c in chunks]
 
-    with cs.ChunkLoader(source, 64, **kw) as loader:
+    with loader_from(source, 64, **kw) as loader:
         full = pieces_of(loader.epoch(10)) + pieces_of(loader.epoch(4))
     for cut in (0, 3, 9):
-        with cs.ChunkLoader(source, 64, **kw) as loader:
+        with loader_from(source, 64, **kw) as loader:
             it = loader.epoch(10)
             head = pieces_of(next(it) for _ in range(cut))
             state = loader.state_dict()
-        with cs.ChunkLoader(source, 64, **kw) as loader:
+        with loader_from(source, 64, **kw) as loader:
             loader.load_state_dict(state)
             tail = pieces_of(loader.epoch(10)) + pieces_of(loader.epoch(4))
         assert head + tail == full
     shares = []
     for rank in range(3):
-        with cs.ChunkLoader(source, 64, rank=rank, world_size=3, **kw) as loader:
+        with loader_from(source, 64, **kw, rank=rank, world_size=3) as loader:
             shares.append(pieces_of(loader.epoch(4)))
     assert [len(s) for s in shares] == [4, 4, 4]
     plan = cs.PiecePlan(total_timesteps=T, chunk_size=64, pieces=4, sampling=sampling, seed=11,
@@ -218,15 +224,15 @@ def test_batch_stream_resumes_mid_chunk_and_draws_inside_pieces(store):
     source, data = store
     kw = dict(device="cpu", pieces=8, sampling="shuffled", seed=5, window=6)
     args = dict(window=6, batch_size=16, batches_per_chunk=4, chunks_per_epoch=5)
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        full = [b.clone() for b in cs.BatchStream(loader, **args, fields="data")]
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        stream = cs.BatchStream(loader, **args, fields="data")
+    with loader_from(source, 128, **kw) as loader:
+        full = [b.clone() for b in stream_from(loader, **args, fields="data")]
+    with loader_from(source, 128, **kw) as loader:
+        stream = stream_from(loader, **args, fields="data")
         it = iter(stream)
         head = [next(it).clone() for _ in range(7)]
         state = stream.state_dict()
-    with cs.ChunkLoader(source, 128, **kw) as loader:
-        stream = cs.BatchStream(loader, **args, fields="data")
+    with loader_from(source, 128, **kw) as loader:
+        stream = stream_from(loader, **args, fields="data")
         stream.load_state_dict(state)
         tail = list(stream)
     assert len(head + tail) == len(full) == 20

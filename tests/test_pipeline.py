@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import chunkstream as cs
-from chunkstream.pipeline import ChunkLoader
+from chunkstream.pipeline import ChunkLoader, LoaderOptions
 from tests.faults import ArraySource, make_arrays
+from tests.flat import loader_from
 
 
 def loader_threads() -> list[threading.Thread]:
@@ -126,7 +127,9 @@ def test_error_reaches_a_waiting_consumer_within_a_second():
 
 def test_stalled_reader_raises_with_the_workers_stack():
     source = ArraySource(make_arrays(2000), hang_at={0})
-    loader = ChunkLoader(source, 100, device="cpu", workers=1, stall_timeout=0.5)
+    loader = ChunkLoader(
+        source, 100, device="cpu", workers=1, options=LoaderOptions(stall_timeout=0.5)
+    )
     try:
         with pytest.raises(cs.LoaderStalledError) as info:
             next(iter(loader.epoch(3)))
@@ -193,7 +196,9 @@ def test_close_from_every_state():
     with ChunkLoader(ArraySource(arrays), 100, device="cpu") as loader:
         assert len(list(loader.epoch(3))) == 3
     # after an error
-    loader = ChunkLoader(ArraySource(arrays, fail_at={0}), 100, device="cpu", read_retries=0)
+    loader = ChunkLoader(
+        ArraySource(arrays, fail_at={0}), 100, device="cpu", options=LoaderOptions(read_retries=0)
+    )
     with pytest.raises(cs.ChunkLoadError):
         list(loader.epoch(3))
     loader.close()
@@ -242,13 +247,23 @@ def test_memory_budget_sets_the_depths():
     arrays = make_arrays(2000)
     chunk_bytes = sum(a[:100].nbytes for a in arrays.values())
     with ChunkLoader(
-        ArraySource(arrays), 100, device="cpu", workers=2, host_memory=5 * chunk_bytes
+        ArraySource(arrays),
+        100,
+        device="cpu",
+        workers=2,
+        options=LoaderOptions(host_memory=5 * chunk_bytes),
     ) as loader:
         # The arena is prefetch + workers sets plus the two a loop holds: all within budget.
         assert loader.config.prefetch == 1
         assert loader.config.host_sets(on_cuda=False) * loader.chunk_bytes <= 5 * chunk_bytes
     with pytest.raises(cs.ConfigError, match="host_memory"):
-        ChunkLoader(ArraySource(arrays), 100, device="cpu", workers=2, host_memory=chunk_bytes)
+        ChunkLoader(
+            ArraySource(arrays),
+            100,
+            device="cpu",
+            workers=2,
+            options=LoaderOptions(host_memory=chunk_bytes),
+        )
 
 
 @pytest.mark.parametrize(
@@ -269,7 +284,7 @@ def test_bad_arguments_are_refused_clearly(kwargs, name):
     chunk_size = args.pop("chunk_size")
     before = len(loader_threads())
     with pytest.raises(cs.ConfigError, match=name) as info:
-        ChunkLoader(ArraySource(make_arrays()), chunk_size, **args)
+        loader_from(ArraySource(make_arrays()), chunk_size, **args)
     assert isinstance(info.value, ValueError)
     assert len(loader_threads()) == before
 
@@ -284,7 +299,11 @@ def test_non_finite_check_names_the_position():
     arrays = make_arrays(1000)
     arrays["voltage"][437, 5] = np.nan
     loader = ChunkLoader(
-        ArraySource(arrays), 100, device="cpu", sampling="sequential", check_finite=True
+        ArraySource(arrays),
+        100,
+        device="cpu",
+        sampling="sequential",
+        options=LoaderOptions(check_finite=True),
     )
     with pytest.raises(cs.ChunkLoadError) as info:
         list(loader.epoch(10))
@@ -308,14 +327,16 @@ def test_stats_are_filled_by_the_loader():
 def test_transient_errors_are_retried_with_identical_data():
     arrays = make_arrays(2000)
     source = ArraySource(arrays, transient=2)  # every window fails twice, then reads
-    with ChunkLoader(source, 100, device="cpu", workers=2, read_retries=2) as loader:
+    with ChunkLoader(
+        source, 100, device="cpu", workers=2, options=LoaderOptions(read_retries=2)
+    ) as loader:
         for chunk in loader.epoch(5):
             np.testing.assert_array_equal(
                 chunk["voltage"].numpy(), arrays["voltage"][chunk.start : chunk.stop]
             )
     source = ArraySource(arrays, transient=3)
     with (
-        ChunkLoader(source, 100, device="cpu", read_retries=2) as loader,
+        ChunkLoader(source, 100, device="cpu", options=LoaderOptions(read_retries=2)) as loader,
         pytest.raises(cs.ChunkLoadError) as info,
     ):
         list(loader.epoch(5))
@@ -376,8 +397,8 @@ def test_a_source_that_learns_its_fields_at_the_first_read_streams_the_same_chun
     source = cs.CallableSource(load_fn, 500, names=("x", "y"), specs="first")
     known = cs.NumpySource({"x": data, "y": (data[:, :1] * 2).astype(np.float64)})
     assert source.fields is None
-    with (ChunkLoader(source, 50, device="cpu", workers=2, pieces=2, seed=3) as lazy,
-          ChunkLoader(known, 50, device="cpu", workers=2, pieces=2, seed=3) as reference):  # fmt: skip
+    with (ChunkLoader(source, 50, device="cpu", workers=2, seed=3, options=LoaderOptions(pieces=2)) as lazy,
+          ChunkLoader(known, 50, device="cpu", workers=2, seed=3, options=LoaderOptions(pieces=2)) as reference):  # fmt: skip
         assert calls == [] and lazy.chunk_bytes is None
         read = []
         for epoch in range(2):
@@ -405,7 +426,9 @@ def test_the_learned_arrays_are_forgotten_when_their_epoch_is_dropped_unread():
         return (data[start:stop],)
 
     source = cs.CallableSource(load_fn, 400, names=("x",), specs="first")
-    with ChunkLoader(source, 40, device="cpu", workers=1, seed=0, pieces=2) as loader:
+    with ChunkLoader(
+        source, 40, device="cpu", workers=1, seed=0, options=LoaderOptions(pieces=2)
+    ) as loader:
         first = loader.epoch(4)
         assert first_call.wait(10)
         learned = first._span.windows[0][0]

@@ -44,12 +44,14 @@ def _loader(device: str, *, delay: float = 0.0) -> cs.ChunkLoader:
         source,
         chunk_size=512,
         device=device,
-        pieces=16,  # the reported case: a 16-piece plan
         workers=2,
         prefetch=2,
         seed=3,
-        close_timeout=CLOSE_TIMEOUT,
-        stall_timeout=60.0,
+        options=cs.LoaderOptions(
+            pieces=16,  # the reported case: a 16-piece plan
+            close_timeout=CLOSE_TIMEOUT,
+            stall_timeout=60.0,
+        ),
     )
 
 

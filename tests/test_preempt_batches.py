@@ -69,20 +69,17 @@ def _stream(tier: str) -> cs.BatchStream:
         prefetch=2,
         sampling="shuffled",
         seed=5,
-        pieces=2,
-        close_timeout=CLOSE_TIMEOUT,
-        stall_timeout=60.0,
+        options=cs.LoaderOptions(pieces=2, close_timeout=CLOSE_TIMEOUT, stall_timeout=60.0),
     )
     return cs.BatchStream(
         loader,
         window=WINDOW,
         batch_size=8,
         batches_per_chunk=PER_CHUNK,
-        chunks_per_epoch=CHUNKS,
         mix=mix,
         buffer=buffer,
-        batch_prefetch=prefetch,
         device=device,
+        options=cs.StreamOptions(chunks_per_epoch=CHUNKS, batch_prefetch=prefetch),
     )
 
 

@@ -72,7 +72,12 @@ def read_all(url: str, options: dict) -> np.ndarray:
     with (
         cs.ZarrSource(url, {"x": (slice(None),)}, storage_options=options) as source,
         cs.ChunkLoader(
-            source, WINDOW, device="cpu", workers=2, sampling="sequential", read_retries=0
+            source,
+            WINDOW,
+            device="cpu",
+            workers=2,
+            sampling="sequential",
+            options=cs.LoaderOptions(read_retries=0),
         ) as loader,
     ):
         assert isinstance(source.array.store, ObjectStore)  # obstore, no wrapper of ours
@@ -537,7 +542,9 @@ def test_a_loader_closes_its_source_only_when_it_owns_it(http_faults, data_dir):
                 next(iter(loader.epoch(1)))
         assert shared.array.store._is_open
     owned = cs.ZarrSource(url, storage_options=options)
-    with cs.ChunkLoader(owned, WINDOW, device="cpu", close_source=True) as loader:
+    with cs.ChunkLoader(
+        owned, WINDOW, device="cpu", options=cs.LoaderOptions(close_source=True)
+    ) as loader:
         next(iter(loader.epoch(1)))
     assert not owned.array.store._is_open
 

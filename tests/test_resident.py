@@ -12,6 +12,7 @@ import torch
 
 import chunkstream as cs
 from chunkstream._errors import ChunkLoadError, ConfigError
+from tests.flat import loader_from
 from tests.stores import make_array, random_data
 
 T, N = 480, 6
@@ -62,7 +63,7 @@ def test_resident_and_streamed_runs_give_identical_chunks(stores, plan):
     runs = {}
     for resident in (True, False):
         _, source = _joined(tmp_path)
-        with cs.ChunkLoader(source, 60, device="cpu", seed=7, resident=resident, **plan) as ld:
+        with loader_from(source, 60, device="cpu", seed=7, **plan, resident=resident) as ld:
             assert ld.mode == ("resident" if resident else "streaming")
             runs[resident] = _chunks(ld, num=5 if plan.get("sampling") == "random" else None)
             state = ld.state_dict()
@@ -86,7 +87,9 @@ def test_resident_and_streamed_runs_give_identical_chunks(stores, plan):
 def test_resident_mode_reads_the_source_once(stores):
     tmp_path = stores[0]
     counter, source = _joined(tmp_path)
-    with cs.ChunkLoader(source, 50, device="cpu", seed=0, resident=True, workers=3) as ld:
+    with cs.ChunkLoader(
+        source, 50, device="cpu", seed=0, workers=3, options=cs.LoaderOptions(resident=True)
+    ) as ld:
         first = list(ld.epoch())
         assert counter.rows_read == T and counter.calls == -(-T // 50)  # every row, once
         del first
@@ -94,7 +97,9 @@ def test_resident_mode_reads_the_source_once(stores):
             assert sum(1 for _ in ld.epoch()) == ld.chunks_per_pass
         assert counter.rows_read == T  # no source read after the first epoch
     counter, source = _joined(tmp_path)
-    with cs.ChunkLoader(source, 50, device="cpu", seed=0, resident=False) as ld:
+    with cs.ChunkLoader(
+        source, 50, device="cpu", seed=0, options=cs.LoaderOptions(resident=False)
+    ) as ld:
         for _ in range(3):
             list(ld.epoch())
         assert counter.rows_read == 3 * ld.chunks_per_pass * 50  # streaming reads every epoch
@@ -103,7 +108,9 @@ def test_resident_mode_reads_the_source_once(stores):
 def test_resident_segments_hold_only_the_segments_hull(stores):
     counter, source = _joined(stores[0])
     segments = [(100, 220), (300, 400)]
-    with cs.ChunkLoader(source, 40, device="cpu", resident=True, segments=segments) as ld:
+    with cs.ChunkLoader(
+        source, 40, device="cpu", options=cs.LoaderOptions(resident=True, segments=segments)
+    ) as ld:
         chunks = list(ld.epoch())
         assert chunks and all(p.start >= 100 and p.stop <= 400 for c in chunks for p in c.pieces)
     assert counter.rows_read == 300  # [100, 400), not the whole store
@@ -111,14 +118,18 @@ def test_resident_segments_hold_only_the_segments_hull(stores):
 
 def test_a_resumed_resident_epoch_yields_the_rest(stores):
     counter, source = _joined(stores[0])
-    with cs.ChunkLoader(source, 40, device="cpu", seed=3, resident=True) as ld:
+    with cs.ChunkLoader(
+        source, 40, device="cpu", seed=3, options=cs.LoaderOptions(resident=True)
+    ) as ld:
         full = [c.pieces for c in ld.epoch()]
         it = ld.epoch()
         head = [next(it).pieces for _ in range(4)]
         state = ld.state_dict()
     assert counter.rows_read == T  # two epochs, one read
     source = _joined(stores[0])[1]
-    with cs.ChunkLoader(source, 40, device="cpu", seed=3, resident=True) as ld:
+    with cs.ChunkLoader(
+        source, 40, device="cpu", seed=3, options=cs.LoaderOptions(resident=True)
+    ) as ld:
         ld.load_state_dict(state)
         rest = [c.pieces for c in ld.epoch()]
     streamed = cs.ChunkLoader(_joined(stores[0])[1], 40, device="cpu", seed=3)
@@ -133,14 +144,24 @@ def test_auto_decides_from_the_budget_and_says_why(stores, caplog):
     row = sum(s.step_nbytes for s in source.fields.values())
     with (
         caplog.at_level(logging.INFO, logger="chunkstream.pipeline"),
-        cs.ChunkLoader(source, 40, device="cpu", resident="auto", host_memory=4 * T * row) as ld,
+        cs.ChunkLoader(
+            source,
+            40,
+            device="cpu",
+            options=cs.LoaderOptions(resident="auto", host_memory=4 * T * row),
+        ) as ld,
     ):
         assert ld.mode == "resident" and "fit host_memory" in ld.mode_reason
     assert sum("fit host_memory" in r.message for r in caplog.records) == 1  # said once
-    with cs.ChunkLoader(source, 40, device="cpu", resident="auto", host_memory=8 * 40 * row) as ld:
+    with cs.ChunkLoader(
+        source,
+        40,
+        device="cpu",
+        options=cs.LoaderOptions(resident="auto", host_memory=8 * 40 * row),
+    ) as ld:
         assert ld.mode == "streaming" and "exceed host_memory" in ld.mode_reason
         assert len(list(ld.epoch())) == ld.chunks_per_pass
-    with cs.ChunkLoader(source, 40, device="cpu", resident="auto") as ld:
+    with cs.ChunkLoader(source, 40, device="cpu", options=cs.LoaderOptions(resident="auto")) as ld:
         assert ld.mode == "streaming" and "no host_memory budget" in ld.mode_reason
     with cs.ChunkLoader(source, 40, device="cpu") as ld:  # the default streams
         assert ld.mode == "streaming"
@@ -150,11 +171,18 @@ def test_resident_refuses_a_budget_it_does_not_fit(stores):
     source = _joined(stores[0])[1]
     row = sum(s.step_nbytes for s in source.fields.values())
     with pytest.raises(ConfigError, match=r"resident=True is invalid.*exceed host_memory.*auto"):
-        cs.ChunkLoader(source, 40, device="cpu", resident=True, host_memory=8 * 40 * row)
+        cs.ChunkLoader(
+            source,
+            40,
+            device="cpu",
+            options=cs.LoaderOptions(resident=True, host_memory=8 * 40 * row),
+        )
     with pytest.raises(ConfigError, match="host_memory"):  # below one chunk: today's error
-        cs.ChunkLoader(source, 40, device="cpu", resident=True, host_memory=10 * row)
+        cs.ChunkLoader(
+            source, 40, device="cpu", options=cs.LoaderOptions(resident=True, host_memory=10 * row)
+        )
     with pytest.raises(ConfigError, match=r"resident='yes' is invalid.*'auto', True or False"):
-        cs.ChunkLoader(source, 40, device="cpu", resident="yes")
+        cs.ChunkLoader(source, 40, device="cpu", options=cs.LoaderOptions(resident="yes"))
 
 
 def test_a_failed_load_names_the_window_and_closes_the_loader(tmp_path):
@@ -166,7 +194,9 @@ def test_a_failed_load_names_the_window_and_closes_the_loader(tmp_path):
         return (data[start:stop],)
 
     source = cs.CallableSource(load, 200, ("x",))
-    ld = cs.ChunkLoader(source, 50, device="cpu", resident=True, read_retries=0)
+    ld = cs.ChunkLoader(
+        source, 50, device="cpu", options=cs.LoaderOptions(resident=True, read_retries=0)
+    )
     with pytest.raises(ChunkLoadError, match=r"\[100, 150\).*disk gone"):
         next(iter(ld.epoch()))
     assert ld.closed
@@ -184,7 +214,13 @@ def test_a_load_that_hangs_is_a_stall_and_a_failed_load_does_not_read_the_rest(t
         return (data[start:stop],)
 
     source = cs.CallableSource(load, 200, ("x",))
-    ld = cs.ChunkLoader(source, 50, device="cpu", resident=True, workers=1, stall_timeout=0.5)
+    ld = cs.ChunkLoader(
+        source,
+        50,
+        device="cpu",
+        workers=1,
+        options=cs.LoaderOptions(resident=True, stall_timeout=0.5),
+    )
     try:
         with pytest.raises(cs.LoaderStalledError, match="stall_timeout") as info:
             next(iter(ld.epoch()))
@@ -202,8 +238,7 @@ def test_a_load_that_hangs_is_a_stall_and_a_failed_load_does_not_read_the_rest(t
             time.sleep(0.5)  # the loader sees block 0's error while block 1 is read
         raise OSError("disk gone")
 
-    ld = cs.ChunkLoader(cs.CallableSource(failing, 200, ("x",)), 50, device="cpu",
-                        resident=True, read_retries=0, workers=1)  # fmt: skip
+    ld = cs.ChunkLoader(cs.CallableSource(failing, 200, ("x",)), 50, device="cpu", workers=1, options=cs.LoaderOptions(resident=True, read_retries=0))  # fmt: skip
     with pytest.raises(ChunkLoadError, match=r"\[0, 50\).*disk gone"):
         next(iter(ld.epoch()))
     assert ld.closed and calls[0] == 0 and len(calls) <= 2
@@ -211,7 +246,9 @@ def test_a_load_that_hangs_is_a_stall_and_a_failed_load_does_not_read_the_rest(t
 
 def test_resident_on_a_device_without_cuda_streams_nothing_after_the_load(stores):
     counter, source = _joined(stores[0])
-    with cs.ChunkLoader(source, 60, device="meta", resident=True, pieces=3, seed=1) as ld:
+    with cs.ChunkLoader(
+        source, 60, device="meta", seed=1, options=cs.LoaderOptions(resident=True, pieces=3)
+    ) as ld:
         chunks = [c for _ in range(2) for c in ld.epoch()]
         assert all(c["traces"].device.type == "meta" and c["traces"].shape == (60, N)
                    for c in chunks)  # fmt: skip
@@ -224,7 +261,9 @@ def test_resident_on_cuda_matches_streaming(stores):
     runs = []
     for resident in (True, False):
         counter, source = _joined(tmp_path)
-        with cs.ChunkLoader(source, 60, device="cuda", seed=5, resident=resident, pieces=2) as ld:
+        with cs.ChunkLoader(
+            source, 60, device="cuda", seed=5, options=cs.LoaderOptions(resident=resident, pieces=2)
+        ) as ld:
             runs.append([(c.pieces, {k: v.cpu() for k, v in c.items()}) for _ in range(2)
                          for c in ld.epoch()])  # fmt: skip
             if resident:

@@ -65,8 +65,7 @@ def test_a_new_mode_in_one_class_serves_windows_and_pieces():
                           segments=segs)  # fmt: skip
     n_tiles = 300 // 16 + 20 // 16 + 600 // 16
     assert pieces.windows_per_pass == -(-n_tiles // 4)
-    with cs.ChunkLoader(source, 64, device="cpu", sampling=Strided(), pieces=4,
-                        segments=segs) as loader:  # fmt: skip
+    with cs.ChunkLoader(source, 64, device="cpu", sampling=Strided(), options=cs.LoaderOptions(pieces=4, segments=segs)) as loader:  # fmt: skip
         got = [c.pieces for c in loader.epoch()]
     assert got == pieces.chunks(0, range(pieces.windows_per_pass))
     starts = sorted(p.start for c in got for p in c)
@@ -150,8 +149,7 @@ def test_a_chunk_longer_than_every_segment_holds_them_all():
     assert epoch.total_timesteps == segs.timesteps
     source = cs.NumpySource({"x": np.arange(float(total))[:, None]})
     for sampling in ("shuffled", "random", "sequential"):
-        with cs.ChunkLoader(source, 1_000_000, device="cpu", segments=segs, sampling=sampling,
-                            window=32) as loader:  # fmt: skip
+        with cs.ChunkLoader(source, 1_000_000, device="cpu", sampling=sampling, options=cs.LoaderOptions(segments=segs, window=32)) as loader:  # fmt: skip
             assert loader.chunks_per_pass == (None if sampling == "random" else 1)
             (chunk,) = list(loader.epoch(epoch.chunks_per_epoch))
         assert [p.segment for p in chunk.pieces] == list(range(8)), sampling

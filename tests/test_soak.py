@@ -65,13 +65,7 @@ def test_soak_many_epochs_loaders_and_failures(tmp_path, monkeypatch):
             if loader is None or loader.closed or rng.random() < 0.02:
                 if loader is not None:
                     loader.close()
-                loader = cs.ChunkLoader(
-                    source, CHUNK, device="cpu",
-                    workers=rng.randint(1, 4), prefetch=rng.randint(1, 3),
-                    sampling=rng.choice(["random", "shuffled", "sequential"]),
-                    seed=rng.randint(0, 10**6), read_retries=rng.choice([0, 2, 2, 2]),
-                    stall_timeout=60.0,
-                )  # fmt: skip
+                loader = cs.ChunkLoader(source, CHUNK, device="cpu", workers=rng.randint(1, 4), prefetch=rng.randint(1, 3), sampling=rng.choice(["random", "shuffled", "sequential"]), seed=rng.randint(0, 10**6), options=cs.LoaderOptions(read_retries=rng.choice([0, 2, 2, 2]), stall_timeout=60.0))  # fmt: skip
                 counts["loaders"] += 1
             n = rng.randint(1, 6)
             stop_after = rng.randint(0, n) if rng.random() < 0.3 else None

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import chunkstream.stats as cstats
-from chunkstream.pipeline import ChunkLoader
+from chunkstream.pipeline import ChunkLoader, LoaderOptions
 from chunkstream.sources import NumpySource
 from chunkstream.stats import ChunkRecord, LatencyStats, plot_timeline
 
@@ -94,7 +94,9 @@ def test_batch_timer_unmarked_phases_are_zero_and_failures_not_recorded():
 
 def _run_loader(stats: LatencyStats, chunks: int = 6) -> None:
     data = np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8)
-    with ChunkLoader(NumpySource({"x": data}), 500, device="cpu", stats=stats, seed=3) as loader:
+    with ChunkLoader(
+        NumpySource({"x": data}), 500, device="cpu", seed=3, options=LoaderOptions(stats=stats)
+    ) as loader:
         for chunk in loader.epoch(chunks):
             assert torch.equal(chunk["x"], torch.from_numpy(data[chunk.start : chunk.stop]))
             time.sleep(0.005)
@@ -159,7 +161,9 @@ def test_event_timed_batches_and_transfers_on_cuda():
     assert stats.pending_batches == 0 and len(stats.batches) == 3
     assert all(r.forward_s > 0 and r.backward_s > 0 for r in stats.batches)
     data = np.random.default_rng(0).standard_normal((8192, 256)).astype(np.float32)
-    with ChunkLoader(NumpySource({"x": data}), 2048, device="cuda", stats=stats) as loader:
+    with ChunkLoader(
+        NumpySource({"x": data}), 2048, device="cuda", options=LoaderOptions(stats=stats)
+    ) as loader:
         for chunk in loader.epoch(4):
             assert chunk["x"].is_cuda
             assert torch.equal(chunk["x"].cpu(), torch.from_numpy(data[chunk.start : chunk.stop]))

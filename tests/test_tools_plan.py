@@ -179,7 +179,12 @@ def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys, monke
                     "--batch-size", "4", "--device", "cpu", "--host-mem", str(host_mem))  # fmt: skip
         assert out["mode"].startswith(f"{mode}: 400 timesteps"), out["mode"]
         source = cs.ZarrSource(tmp_path / "a.zarr")
-        with cs.ChunkLoader(source, 50, device="cpu", host_memory=host_mem, resident="auto") as ld:
+        with cs.ChunkLoader(
+            source,
+            50,
+            device="cpu",
+            options=cs.LoaderOptions(host_memory=host_mem, resident="auto"),
+        ) as ld:
             assert ld.mode == mode and ld.mode_reason == out["mode"]
     # without --host-mem, this rank's share of the job's memory decides, as in the loader
     monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(needed * 3 // 4))
@@ -187,7 +192,7 @@ def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys, monke
                 "--device", "cpu")  # fmt: skip
     assert out["mode"].startswith("streaming: 400 timesteps") and "this rank's" in out["mode"]
     with cs.ChunkLoader(cs.ZarrSource(tmp_path / "a.zarr"), 50, device="cpu", workers=1,
-                        prefetch=1, resident="auto") as ld:  # fmt: skip
+                        prefetch=1, options=cs.LoaderOptions(resident="auto")) as ld:  # fmt: skip
         assert ld.mode == "streaming" and ld.mode_reason == out["mode"]
 
 

@@ -39,7 +39,9 @@ def test_export_trace_of_an_epoch_on_real_stores(tmp_path):
     data = random_data((400, 8))
     make_array(tmp_path / "a.zarr", data, (25, 8), codec="zstd")
     source = cs.ZarrSource(tmp_path / "a.zarr")
-    with cs.ChunkLoader(source, 50, device="cpu", workers=3, seed=1, close_source=True) as ld:
+    with cs.ChunkLoader(
+        source, 50, device="cpu", workers=3, seed=1, options=cs.LoaderOptions(close_source=True)
+    ) as ld:
         for _ in range(2):
             for chunk in ld.epoch():
                 np.testing.assert_array_equal(chunk["data"].numpy(), data[chunk.start : chunk.stop])
@@ -150,7 +152,9 @@ def _profiled_epoch(tmp_path, loader: cs.ChunkLoader) -> tuple[list[dict], list[
 def test_a_profiled_epoch_shows_reads_from_reader_threads_and_waits_from_the_consumer(tmp_path):
     make_array(tmp_path / "a.zarr", random_data((300, 8)), (25, 8), codec="zstd")
     source = cs.ZarrSource(tmp_path / "a.zarr")
-    with cs.ChunkLoader(source, 50, device="cpu", workers=2, seed=3, close_source=True) as ld:
+    with cs.ChunkLoader(
+        source, 50, device="cpu", workers=2, seed=3, options=cs.LoaderOptions(close_source=True)
+    ) as ld:
         events, windows = _profiled_epoch(tmp_path, ld)
     names = {e["name"] for e in events}
     assert {f"{READ} [{a}, {b})" for a, b in windows} <= names

@@ -31,13 +31,14 @@ from ._errors import (
 from .consumer import (
     BatchStream,
     ChunkMixer,
+    StreamOptions,
     WindowSampler,
     gather_windows,
     neighbour_union,
     sample_windows,
     zero_neurons_with_neighbours,
 )
-from .pipeline import Chunk, ChunkLoader, LoaderConfig
+from .pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions
 from .plans import (
     EpochPlan,
     Piece,
@@ -87,6 +88,7 @@ __all__ = [
     "LatencyStats",
     "LoaderClosedError",
     "LoaderConfig",
+    "LoaderOptions",
     "LoaderStalledError",
     "MissingChunkError",
     "NonFiniteError",
@@ -105,6 +107,7 @@ __all__ = [
     "Source",
     "SourceError",
     "SourceNotFoundError",
+    "StreamOptions",
     "TensorStoreSource",
     "WindowPlan",
     "WindowSampler",

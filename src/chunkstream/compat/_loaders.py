@@ -10,13 +10,14 @@ one-chunk epoch (only its first window is read ahead) and goes on with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, check_int
-from ..pipeline import Chunk, ChunkLoader, LoaderConfig, resolve_device
+from ..pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions, resolve_device
 from ..plans import RandomPlan
 from ..sources import CallableSource
 from ..stats import LatencyStats
@@ -55,28 +56,36 @@ class GuideRandomChunkLoader:
         _gpu_prefetch: int = 1,
         _align: int = 1,
         _stall_timeout: float | None = 300.0,
+        _pipelined: bool = False,
     ) -> None:
         if not callable(load_fn):
             raise ConfigError.bad("load_fn", load_fn, "a callable load_fn(start, end)")
         # Everything is checked now, as the original's constructor would have failed now.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
         check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
-        self._config = LoaderConfig(
+        config = LoaderConfig(
             chunk_size=chunk_size,
             prefetch=prefetch,
             workers=1,
             gpu_prefetch=_gpu_prefetch,
             stall_timeout=_stall_timeout,
+            close_timeout=_CLOSE_S,
         )
         self._device = resolve_device(device)
+        # Chunks the original had loaded beyond those delivered once its reader was ahead
+        # (the pipeline loader's reader and transfer threads each held one beyond its queues).
+        self._depth = prefetch + 1 + (_gpu_prefetch + 1 if _pipelined else 0)
+        # One load_fn call at a time, in window order. On CUDA the copies in flight count
+        # too: reads plus copies stay within the draws an abandoned epoch consumes.
+        on_cuda = self._device.type == "cuda"
+        slots = max(1, self._depth - _gpu_prefetch) if on_cuda else None
+        self._config = dataclasses.replace(config, host_slots=slots)
         self.load_fn, self.total_timesteps, self.chunk_size = load_fn, total_timesteps, chunk_size
         # As the original: a torch.device, "cuda" left without an index.
         self.device = torch.device(device) if isinstance(device, str) else device
         self.prefetch, self.seed = prefetch, seed
         self._draws = OriginalDraws(total_timesteps, chunk_size, _align, seed)
         self.max_start_idx = self._draws.max_start
-        # Chunks the original had loaded beyond those delivered once its reader was ahead.
-        self._depth = prefetch + 1
         self._stats = LatencyStats()
         self._claims = Claims()
         # load_fn's arrays become the chunk's tensors on the CPU, as the original's did.
@@ -107,26 +116,14 @@ class GuideRandomChunkLoader:
         else:
             consumed = min(previous.num_chunks, previous.delivered + self._depth)
             self._epoch = Epoch(previous.index + 1, previous.first_draw + consumed, num_chunks)
-        if self._loader is None:
-            c = self._config
-            # One load_fn call at a time, in window order; under torchrun every rank reads
-            # the whole sequence, as the original did. On CUDA the copies in flight count
-            # too: reads plus copies stay within the draws an abandoned epoch consumes.
-            on_cuda = self._device.type == "cuda"
+        if self._loader is None:  # under torchrun every rank reads the whole sequence, as
+            # the original did
             self._loader = ChunkLoader(
                 self.source,
-                self.chunk_size,
                 device=self._device,
-                prefetch=c.prefetch,
-                gpu_prefetch=c.gpu_prefetch,
-                workers=1,
                 sampling=self._draws,
-                stats=self._stats,
-                host_slots=max(1, self._depth - c.gpu_prefetch) if on_cuda else None,
-                stall_timeout=c.stall_timeout,
-                close_timeout=_CLOSE_S,
-                rank=0,
-                world_size=1,
+                config=self._config,
+                options=LoaderOptions(stats=self._stats, rank=0, world_size=1),
             )
         self._begin(num_chunks if self._delivered else min(num_chunks, 1))
 
@@ -234,6 +231,7 @@ class RandomChunkLoader(GuideRandomChunkLoader):
         *,
         _gpu_prefetch: int = 1,
         _stall_timeout: float | None = 300.0,
+        _pipelined: bool = False,
     ) -> None:
         self.time_units = time_units
         super().__init__(
@@ -246,6 +244,7 @@ class RandomChunkLoader(GuideRandomChunkLoader):
             _gpu_prefetch=_gpu_prefetch,
             _align=time_units,
             _stall_timeout=_stall_timeout,
+            _pipelined=_pipelined,
         )
 
     def get_next_chunk(self):  # type: ignore[override]
@@ -284,6 +283,5 @@ class PipelineChunkLoader(RandomChunkLoader):
             time_units=time_units,
             _gpu_prefetch=gpu_prefetch,
             _stall_timeout=_stall_timeout,
+            _pipelined=True,
         )
-        # The original's reader and transfer threads each held a chunk beyond their queues.
-        self._depth = prefetch + gpu_prefetch + 2

@@ -3,6 +3,7 @@
 from ._augment import neighbour_union, zero_neurons_with_neighbours
 from ._batches import BatchStream
 from ._mixing import ChunkMixer
+from ._options import StreamOptions
 from ._sampling import WindowSampler, gather_windows, sample_windows
 from ._tiers import BufferInfo
 
@@ -18,6 +19,7 @@ __all__ = [
     "BatchStream",
     "BufferInfo",
     "ChunkMixer",
+    "StreamOptions",
     "WindowSampler",
     "gather_windows",
     "neighbour_union",

@@ -44,12 +44,14 @@ import torch
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._executor import Cancelled
+from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, hash_words, seed_key
 from ..sources import LearnsFields
 from ._gather import check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
+from ._options import StreamOptions
 from ._sampling import _compute_dtype, check_align
 from ._shuffle import BufferTier, DeviceTier, HostTier, Request
 from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
@@ -78,26 +80,10 @@ class BatchStream:
     batch_size, batches_per_chunk:
         Windows per batch, batches drawn from each chunk; ``None`` takes the
         plan's (``plan=``, a :func:`~chunkstream.plan_epoch` result).
-    batches_per_epoch, chunks_per_epoch:
-        An epoch's length on this rank, in batches or in whole chunks (give at
-        most one). ``batches_per_epoch`` reads ``ceil(batches_per_epoch /
-        batches_per_chunk)`` chunks, the last one feeding the remainder;
-        ``chunks_per_epoch=n`` means ``n * batches_per_chunk`` batches. With
-        neither, a plan gives ``plan.batches_per_epoch // plan.world_size``
-        (the issue's per-epoch batch count, split over the ranks); without a
-        plan, one pass of the loader's plan in chunks (``shuffled`` /
-        ``sequential``; ``random`` needs a number).
     fields:
         ``None``: every field, each batch a dict ``{name: (batch_size, window,
         *field_shape)}``; a list of names: a dict of those; one name: that
         field's tensor alone.
-    seed:
-        Seeds the batch starts; ``None`` takes the loader's plan seed.
-    dtype:
-        Compute dtype of floating-point fields (e.g. ``torch.float32`` for
-        fields stored as float16): converted in the gather, batch by batch, so
-        the chunk stays in its stored dtype (see :func:`gather_windows`); bool
-        and integer fields keep theirs. ``None`` keeps every stored dtype.
     mix:
         Chunks held and mixed per batch (a shuffle buffer of chunks,
         :class:`~chunkstream.consumer.ChunkMixer`): each batch's windows are
@@ -118,13 +104,6 @@ class BatchStream:
         first read. ``1`` draws each batch from one chunk, without a copy (the
         original's behaviour). An int larger than the chunks of one pass is
         refused.
-    align:
-        Window starts are absolute timesteps that are multiples of ``align``
-        (e.g. ``time_units``, the acquisition period), drawn uniformly over all
-        such starts inside one piece (see :func:`sample_windows`); ``1`` (the
-        default) is every start. A chunk with no aligned start raises
-        :class:`~chunkstream.ConfigError` at its first batch; ``ChunkLoader(align=)``
-        with a multiple of ``align`` puts the chunks and pieces on the grid too.
     buffer, device:
         Where the shuffle buffer lives (:mod:`chunkstream.consumer._tiers`) and
         where batches go (``None``: the loader's device). ``"device"``: on the
@@ -135,17 +114,11 @@ class BatchStream:
         the CPU. ``"auto"``: host with a CPU loader, device with a CUDA one.
         Both tiers draw the same windows for the same seed and share one
         ``state_dict``.
-    host_memory:
-        Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half of
-        what this rank's part of the job's host memory, read by the loader before
-        it allocated (:attr:`ChunkLoader.share <chunkstream.ChunkLoader>`,
-        :func:`chunkstream._memory.node_share`), leaves beside the loader's arena.
-    batch_prefetch:
-        Batches the host tier gathers (and copies) ahead of the one yielded.
-    gather_threads:
-        Threads that copy a host batch, the consuming one counted; ``None``:
-        this rank's share of the cores, at most 4 (see
-        :func:`~chunkstream.gather_windows`).
+    options:
+        A :class:`~chunkstream.StreamOptions` with the less common settings: the
+        epoch's length in chunks or batches, the batch seed, the compute dtype,
+        the window grid (``align``), the host tier's budget, prefetch depth and
+        gather threads (each described there).
 
     Notes
     -----
@@ -179,20 +152,19 @@ class BatchStream:
         window: int,
         batch_size: int | None = None,
         batches_per_chunk: int | None = None,
-        chunks_per_epoch: int | None = None,
-        batches_per_epoch: int | None = None,
         plan: EpochPlan | None = None,
-        fields: str | Sequence[str] | None = None,
-        seed: int | None = None,
-        dtype: torch.dtype | None = None,
         mix: int | str | None = None,
-        align: int = 1,
         buffer: str = "auto",
         device: str | torch.device | None = None,
-        host_memory: int | None = None,
-        batch_prefetch: int = 2,
-        gather_threads: int | None = None,
+        fields: str | Sequence[str] | None = None,
+        options: StreamOptions | None = None,
+        **moved: object,
     ) -> None:
+        check_moved("BatchStream", StreamOptions, moved)
+        self.options = o = check_options(options, StreamOptions, "batches_per_epoch=100")
+        chunks_per_epoch, batches_per_epoch = o.chunks_per_epoch, o.batches_per_epoch
+        seed, dtype, align = o.seed, o.dtype, o.align
+        host_memory, batch_prefetch = o.host_memory, o.batch_prefetch
         if not isinstance(loader, ChunkLoader):
             raise ConfigError.bad(
                 "loader",
@@ -240,7 +212,7 @@ class BatchStream:
             minimum=0,
             fix="Pass how many batches the host tier gathers ahead (0: none).",
         )
-        self._gather = gather_pool(check_gather_threads(gather_threads))
+        self._gather = gather_pool(check_gather_threads(o.gather_threads))
         if host_memory is not None:
             check_int(
                 "host_memory",

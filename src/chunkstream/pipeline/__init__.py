@@ -3,6 +3,7 @@
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._loader import ChunkLoader
+from ._options import LoaderOptions
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._chunk import hand_over as hand_over  # isort: skip
@@ -10,4 +11,4 @@ from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._stages import receive as receive  # isort: skip
 
-__all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "resolve_device"]
+__all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "LoaderOptions", "resolve_device"]

@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from .._device import device_binder
-from .._errors import ConfigError, LoaderClosedError, LoaderStalledError
+from .._errors import LoaderClosedError, LoaderStalledError
 from .._executor import POLL_S, Executor, done_within
 from .._memory import HostBufferPool, NodeShare, PinnedSlotPool, check_arena_fits, node_share
+from .._options import check_moved, check_options
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
-from ..plans import EpochCursor, EpochSpan, Piece, Segments, Uneven, WindowPlan, loader_plan
+from ..plans import EpochCursor, EpochSpan, Piece, Uneven, WindowPlan, loader_plan
 from ..plans._cursor import Position
 from ..sources import (
     FieldSpec,
@@ -48,6 +49,7 @@ from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import LoaderConfig, resolve_device
 from ._jobs import learn_fields
+from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
@@ -78,34 +80,34 @@ class ChunkLoader:
       present. ``"cuda"`` is the current CUDA device, as in torch: under torchrun
       call ``torch.cuda.set_device(local_rank)`` first or pass ``f"cuda:{local_rank}"``
       (``LOCAL_RANK``); otherwise every rank streams to one GPU, and the loader warns.
-    * ``prefetch``, ``gpu_prefetch``, ``workers``, ``host_slots``: read-ahead depth,
-      chunks kept ready on the device, reader threads, pinned slots (CUDA; default
-      ``prefetch + workers``); ``host_memory``/``device_memory`` byte budgets set them
-      to the largest depths that fit.
+    * ``prefetch``, ``gpu_prefetch``, ``workers``: read-ahead depth (default 2),
+      chunks kept ready on the device (1), reader threads (2); the options'
+      ``host_memory``/``device_memory`` byte budgets set the depths not given to
+      the largest that fit.
     * ``sampling``, ``align``, ``seed``: the window plan (``"random"``, ``"shuffled"``,
       ``"sequential"`` or a :class:`~chunkstream.plans.WindowPlan`); starts are
       multiples of ``align``.
-    * ``pieces``, ``segments``, ``window``: ``pieces=k`` makes a chunk ``k`` pieces
-      from independent places (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``;
-      starts on the stored time-chunk grid when the piece length is a multiple of it);
-      ``segments`` (a :class:`~chunkstream.Segments`, ``(start, stop[, name])`` rows or
-      a CSV/JSON path) bounds every chunk, piece and sampled window; ``window`` (the
-      batch window) must fit in a piece; shorter segments are skipped with a warning.
-    * ``resident``: ``True`` reads the reachable timesteps once, at the first
-      ``epoch()``, and serves chunks from the device as views or gathers (never
-      modify one in place then); ``"auto"`` does so when they fit the budget,
-      decided at construction (``loader.mode``, ``loader.mode_reason``).
-    * ``rank``, ``world_size``: this process's share of every epoch (defaults from
-      torch.distributed when initialised, else 0 and 1).
-    * ``stall_timeout``: seconds without progress before :class:`LoaderStalledError`
-      with the stuck workers' stacks (``None``: never); ``close_timeout``: how long
-      ``close()`` waits for its threads. ``check_finite``: raise
-      :class:`NonFiniteError` at any NaN/Inf read. ``read_retries``: retries, with
-      backoff, of a transient I/O or network error (bad data and missing paths fail
-      at once).
-    * ``close_source``: whether ``close()`` also closes ``source`` (default ``False``:
-      one source may feed several loaders; a ``ZarrSource`` opened from a URL still
-      closes its store when collected or at interpreter exit).
+    * ``options``: a :class:`~chunkstream.LoaderOptions` with the less common
+      settings (pinned slots and byte budgets, resident mode, pieces and segments,
+      rank and world size, the stall watchdog and ``close()``'s deadline, NaN
+      checks, read retries, shared stats, closing the source).
+    * ``config``: a whole :class:`~chunkstream.LoaderConfig` (such as another
+      loader's ``.config``) in place of ``chunk_size``, the depths and the options
+      it holds; giving one of those again is refused.
+
+    With ``options.pieces=k`` a chunk is ``k`` pieces from independent places
+    (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``; starts on the stored
+    time-chunk grid when the piece length is a multiple of it); ``options.segments``
+    bounds every chunk, piece and sampled window, and ``options.window`` (the batch
+    window) must fit in a piece. ``options.resident=True`` reads the reachable
+    timesteps once, at the first ``epoch()``, and serves chunks from the device as
+    views or gathers (never modify one in place then); ``"auto"`` does so when they
+    fit the budget, decided at construction (``loader.mode``, ``loader.mode_reason``).
+    ``options.stall_timeout`` seconds without progress raise
+    :class:`LoaderStalledError` with the stuck workers' stacks. A source is left
+    open by ``close()`` unless ``options.close_source`` (one source may feed several
+    loaders; a ``ZarrSource`` opened from a URL still closes its store when
+    collected or at interpreter exit).
 
     Every blocking wait polls at 0.1 s, so errors reach the consumer within a
     second. ``close()`` is idempotent and joins every thread within a deadline;
@@ -121,76 +123,52 @@ class ChunkLoader:
     def __init__(
         self,
         source: Source,
-        chunk_size: int,
+        chunk_size: int | None = None,
         *,
         device: str | torch.device | None = None,
         prefetch: int | None = None,
         gpu_prefetch: int | None = None,
-        workers: int = 2,
-        host_slots: int | None = None,
-        host_memory: int | None = None,
-        device_memory: int | None = None,
+        workers: int | None = None,
         sampling: str | WindowPlan = "shuffled",
         align: int = 1,
         seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        stall_timeout: float | None = 300.0,
-        close_timeout: float = 5.0,
-        check_finite: bool = False,
-        read_retries: int = 2,
-        stats: LatencyStats | None = None,
-        close_source: bool = False,
-        pieces: int = 1,
-        segments: Segments | str | object | None = None,
-        window: int | None = None,
-        resident: bool | str = False,
+        options: LoaderOptions | None = None,
+        config: LoaderConfig | None = None,
+        **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
-        if not isinstance(close_source, bool):
-            raise ConfigError.bad("close_source", close_source, "True or False", "Pass a bool.")
+        check_moved("ChunkLoader", LoaderOptions, moved)
+        self.options = o = check_options(options, LoaderOptions, "stall_timeout=60")
         self.source = check_source(source)
         # Everything close() releases; a loader collected unclosed releases it through a
         # finalizer, which must not refer to the loader itself.
-        self._owned = Owned(source=self.source if close_source else None)
+        self._owned = Owned(source=self.source if o.close_source else None)
         self.device = resolve_device(device)
         warn_if_not_local_rank(device, self.device, os.environ)
         on_cuda = self.device.type == "cuda"
-        self.config, self.rows = LoaderConfig.for_source(
-            source,
+        settings = loader_settings(
             chunk_size,
-            on_cuda=on_cuda,
             prefetch=prefetch,
             gpu_prefetch=gpu_prefetch,
             workers=workers,
-            host_slots=host_slots,
-            host_memory=host_memory,
-            device_memory=device_memory,
-            stall_timeout=stall_timeout,
-            close_timeout=close_timeout,
-            check_finite=check_finite,
-            read_retries=read_retries,
+            options=o,
+            config=config,
         )
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.config, self.rows = LoaderConfig.for_source(source, on_cuda=on_cuda, **settings)
+        chunk_size = self.config.chunk_size
+        self.rank, self.world_size = resolve_rank(o.rank, o.world_size)
         self.plan = loader_plan(
             sampling,
             total=len(source),
             chunk_size=chunk_size,
             align=align,
             seed=seed,
-            pieces=pieces,
-            segments=segments,
-            window=window,
+            pieces=o.pieces,
+            segments=o.segments,
+            window=o.window,
             grid=stored_time_chunk(source),
         )
-        if stats is not None and not isinstance(stats, LatencyStats):
-            raise ConfigError.bad(
-                "stats",
-                type(stats).__name__,
-                "a cs.LatencyStats or None",
-                "Pass stats=None to let the loader make one, or share one cs.LatencyStats().",
-            )
-        self.stats = stats if stats is not None else LatencyStats()
+        self.stats = o.stats if o.stats is not None else LatencyStats()
         cache = getattr(source, "cache", None)  # a remote ZarrSource's node-local cache
         if cache is not None:
             self.stats.watch_cache(cache.counters)
@@ -203,7 +181,13 @@ class ChunkLoader:
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         self._resident, self.mode_reason = make_resident(
-            self.plan, self.source, self.device, self._stream, resident, host_memory, device_memory
+            self.plan,
+            self.source,
+            self.device,
+            self._stream,
+            o.resident,
+            o.host_memory,
+            o.device_memory,
         )
         # The host buffers, as a future: made here, or for a source that learns its
         # fields by the first epoch's first job (learn_fields), which every read waits for.
@@ -218,7 +202,7 @@ class ChunkLoader:
         #: This process's share of the node, read before the arena is allocated (so what
         #: the arena takes is counted once by whatever sizes from it, e.g. BatchStream).
         self.share: NodeShare = node_share()
-        if used and host_memory is None and self.source.fields is not None:
+        if used and o.host_memory is None and self.source.fields is not None:
             check_arena_fits(
                 self.config.arena_bytes(window_nbytes(self.source.fields, self.rows), on_cuda),
                 self.share,

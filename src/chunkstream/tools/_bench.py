@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError, check_int
-from ..pipeline import ChunkLoader, resolve_device
+from ..pipeline import ChunkLoader, LoaderOptions, resolve_device
 from ..sources import Source, window_nbytes
 from ..stats import LatencyStats
 from ._diagnosis import BenchChunk, SettingResult, recommend, summarise
@@ -274,7 +274,7 @@ def _run_setting(
         workers=workers,
         sampling="random",
         seed=seed,
-        stats=stats,
+        options=LoaderOptions(stats=stats),
     ) as loader:
         on_cuda = loader.device.type == "cuda"
         capacity = gpu_prefetch if on_cuda else loader.config.reader_capacity

@@ -115,7 +115,7 @@ class PlanReport:
     saving: float  # 1 - streaming device bytes / full device bytes (CUDA)
     budget: BudgetFit | None = None
     notes: list[str] = field(default_factory=list)
-    mode: str = ""  # what ChunkLoader(resident="auto") chooses for the training data, and why
+    mode: str = ""  # what LoaderOptions(resident="auto") chooses for the training data, and why
     node: str = ""  # this rank's share of the node planned for (NodeShare.describe)
 
     def to_dict(self) -> dict:
@@ -166,7 +166,7 @@ def _streaming_bytes(
 def resident_mode(
     device: str, train: int, step: int, gpu_mem: int | None, host_mem: int | None
 ) -> str:
-    """What ``ChunkLoader(resident="auto")`` chooses for ``train`` timesteps, and why."""
+    """What ``LoaderOptions(resident="auto")`` chooses for ``train`` timesteps, and why."""
     on_cuda = device == "cuda"
     if on_cuda and gpu_mem is None and not torch.cuda.is_available():
         return (

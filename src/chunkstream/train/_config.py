@@ -28,7 +28,7 @@ class TrainConfig:
     of one more, the start frame). The last ``val_fraction`` of the timesteps
     (at least one window) is held out for validation and kept on the device;
     the rest is streamed in chunks of ``chunk_size``, each made of ``pieces``
-    pieces from independent places (``ChunkLoader(pieces=)``: batches drawn
+    pieces from independent places (``LoaderOptions(pieces=)``: batches drawn
     from one chunk are then far less correlated; fewer pieces when
     ``chunk_size // pieces`` would not hold a window or ``pieces`` does not
     divide ``chunk_size``). ``pieces="auto"`` asks for :data:`PIECES_AUTO`

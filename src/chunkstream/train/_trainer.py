@@ -56,7 +56,7 @@ from .._memory import arena_bytes
 from .._resume import check_checkpoint_config
 from ..consumer import ChunkMixer, default_buffer
 from ..distributed import is_distributed, resolve_rank
-from ..pipeline import Chunk, ChunkLoader
+from ..pipeline import Chunk, ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
 from ..sources import stored_time_chunk
 from ._batches import batch_seed, batch_starts
@@ -297,10 +297,10 @@ class Trainer:
             workers=c.workers,
             sampling=c.sampling,
             seed=c.seed,
-            pieces=self.pieces,
-            segments=self.train_segments,
-            window=c.window,
             align=self._align,
+            options=LoaderOptions(
+                pieces=self.pieces, segments=self.train_segments, window=c.window
+            ),
         )
         self.loader = loader
         self.mixer = ChunkMixer(
