@@ -29,6 +29,7 @@ from ._node import (
     node_share,
     ranks_on_node,
     read_node_share,
+    thread_budget,
 )
 
 __all__ = [
@@ -55,4 +56,5 @@ __all__ = [
     "read_node_share",
     "resident_decision",
     "streaming_bytes",
+    "thread_budget",
 ]

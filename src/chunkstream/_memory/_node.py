@@ -60,6 +60,7 @@ __all__ = [
     "node_share",
     "ranks_on_node",
     "read_node_share",
+    "thread_budget",
 ]
 
 #: Environment variable that sets the CPUs this process's job may use (an int).
@@ -348,6 +349,32 @@ def read_node_share(
         ranks_source=ranks_source,
         own_cpus=own,
     )
+
+
+#: What the thread budget depends on beside the cgroup files: read at every call (cheap).
+_BUDGET_ENV = (ENV_CPUS, ENV_RANKS, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+               "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_CPUS_PER_TASK")  # fmt: skip
+_budgets: dict[tuple, int] = {}
+
+
+def _budget_key() -> tuple:
+    try:
+        affinity = frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        affinity = frozenset()
+    return (*(os.environ.get(name) for name in _BUDGET_ENV), affinity, bool(_group_known))
+
+
+def thread_budget() -> int:
+    """:attr:`NodeShare.threads` of this process, kept per environment and CPU affinity:
+    the gather asks at every batch, so the cgroup files are read once per process (a
+    quota changed while it runs is not seen), the launcher's variables and the affinity
+    at every call."""
+    key = _budget_key()
+    budget = _budgets.get(key)
+    if budget is None:
+        budget = _budgets[key] = node_share().threads
+    return budget
 
 
 def node_share() -> NodeShare:

@@ -42,7 +42,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from .._executor import wait_done
-from .._memory import node_share
+from .._memory import thread_budget
 
 __all__ = [
     "IDLE_S",
@@ -61,7 +61,7 @@ _MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy n
 
 def _usable_cores() -> int:
     """This process's share of the node's CPUs (:func:`chunkstream._memory.node_share`)."""
-    return node_share().threads
+    return thread_budget()
 
 
 def default_gather_threads() -> int:

@@ -61,7 +61,7 @@ import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
-from .._memory import node_share
+from .._memory import thread_budget
 from ._base import field_context, settle
 from ._checked_codecs import blosc_frame_error
 from ._select import Selection, chunk_ranges, iter_chunk_coords
@@ -133,9 +133,7 @@ class DecodePool:
             return
         with _shared_lock:
             if _shared is None:  # threads start on demand, up to the budget read now
-                _shared = ThreadPoolExecutor(
-                    max_workers=node_share().threads, initializer=_name_thread
-                )
+                _shared = ThreadPoolExecutor(max_workers=thread_budget(), initializer=_name_thread)
             _users += 1
             self.pool = _shared
 

@@ -36,7 +36,7 @@ import numpy as np
 import zarr
 
 from .._errors import ConfigError
-from .._memory import node_share
+from .._memory import thread_budget
 
 __all__ = ["with_zarrs_pipeline", "zarrs_defect", "zstd_frame_bound"]
 
@@ -58,7 +58,7 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
         "codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
         "codec_pipeline.strict": True,
     }
-    settings["threading.max_workers"] = node_share().threads if threads is None else threads
+    settings["threading.max_workers"] = thread_budget() if threads is None else threads
     # zarr's config is process-wide: while it is set, an array another thread makes gets
     # zarrs as well (same data, other decoder). No I/O happens inside, so the window is short.
     with zarr.config.set(settings):

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, CorruptChunkError, check_int
-from .._memory import node_share
+from .._memory import thread_budget
 from ..sources import check_lengths
 from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
@@ -187,7 +187,7 @@ def _check_workers(chunk_mb: float, workers: int | None) -> int:
     valid; raises :class:`ConfigError` naming a bad one."""
     if not chunk_mb > 0:
         raise ConfigError.bad("chunk_mb", chunk_mb, "a positive number of MiB, e.g. 32")
-    workers = min(4, node_share().threads) if workers is None else workers
+    workers = min(4, thread_budget()) if workers is None else workers
     check_int("workers", workers)
     return workers
 
