@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab --against 19e07c6                  # host tier, 8 rounds of 5 s
     python -m benchmarks.ab --against 19e07c6 --arm device --rounds 4 --seconds 3
+    python -m benchmarks.ab --against 2f6cf81 --arm first   # a fresh loader's first epoch
 
 Issue 37 asks the host tier to keep >= 0.95x its batches/s from before the change,
 "one run, same machine". On a shared machine two runs minutes apart differ by more
@@ -9,8 +10,12 @@ than 5%, so this runs both trees in the same run, taking turns: round ``r`` meas
 this tree and the other one (the order alternating each round), each in a fresh
 process with ``chunkstream`` imported from that tree's ``src/`` (the other commit's
 ``src/`` exported with ``git archive``), over the same data and the same harness
-(:func:`benchmarks.gather_busy.measure`, idle: no burners). Reported: each round's
-two figures and their ratio, and the median of the per-round ratios with its range.
+(:func:`benchmarks.gather_busy.measure`, idle: no burners). The ``first`` arm
+times fresh loaders instead: a ``ChunkLoader`` and a ``BatchStream`` with its
+defaults (the host tier, ``mix="auto"``) built, and their first epoch taken,
+again and again for ``--seconds``: batches/s from construction to the epoch's
+last batch. Reported: each round's two figures and their ratio, and the median
+of the per-round ratios with its range.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ def _child(arm: str, seconds: float, quick: bool) -> None:
 
     t, n, chunk = (16384, 256, 4096) if quick else (65536, 1024, 16384)
     data = np.random.default_rng(0).standard_normal((t, n), dtype=np.float32)
+    if arm == "first":
+        out = _first_epochs(data, chunk, seconds)
+        print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
+        return
     out = measure(
         data,
         chunk,
@@ -58,6 +67,25 @@ def _child(arm: str, seconds: float, quick: bool) -> None:
         **({"batch_prefetch": 2} if arm == "host" else {}),
     )
     print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
+
+
+def _first_epochs(data, chunk: int, seconds: float) -> dict:
+    """Fresh loaders' first epochs (module docs), batches/s over all of them."""
+    import time
+
+    import chunkstream as cs
+
+    batches, spent, t0 = 0, 0.0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or batches == 0:
+        begin = time.perf_counter()
+        with cs.ChunkLoader(cs.NumpySource({"x": data}), chunk, device="cpu", seed=0) as loader:
+            stream = cs.BatchStream(loader, window=64, batch_size=256,
+                                    batches_per_chunk=chunk // 256, fields="x")  # fmt: skip
+            for batch in stream:
+                batches += 1
+                del batch
+        spent += time.perf_counter() - begin
+    return {"batches_s": batches / spent}
 
 
 def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
@@ -85,7 +113,7 @@ def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", help="the older commit (any git revision)")
-    ap.add_argument("--arm", default="host", choices=["host", "device", "before"])
+    ap.add_argument("--arm", default="host", choices=["host", "device", "before", "first"])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0, help="per arm and tree")
     ap.add_argument("--quick", action="store_true", help="16,384 x 256, chunk 4,096")

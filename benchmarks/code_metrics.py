@@ -38,14 +38,14 @@ LIMITS = {
 }
 
 
-def _module(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _package(module: str) -> str:
+def _package(module: str, root: Path) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / parts[1]).is_dir()) else ""
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (root / parts[1]).is_dir()) else ""
 
 
 def _imports(path: Path, module: str, is_package: bool, known: set[str]) -> set[str]:
@@ -80,6 +80,32 @@ def _long_functions(tree: ast.AST) -> list[tuple[str, int]]:
             if length > SIZES["function_lines"]:
                 out.append((node.name, length))
     return out
+
+
+def structure(root: Path | None = None) -> tuple[list[list[str]], list[str]]:
+    """The import circles (each a sorted list of modules) and the imports of another
+    package's underscore module (``"a -> b"``) of the package at ``root``."""
+    root = ROOT if root is None else root
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    modules = {_module(p, root): p for p in files}
+    graph: dict[str, set[str]] = {}
+    private: list[str] = []
+    for module, path in modules.items():
+        targets = _imports(path, module, path.name == "__init__.py", set(modules))
+        # Parents are imported too, but a package's __init__ is not a dependency cycle edge
+        # of its own submodules: keep only the modules named.
+        graph[module] = {t for t in targets if t in modules and t != module}
+        mine = _package(module, root)
+        for target in sorted(t for t in targets if t in modules):
+            name = target.split(".")[-1]
+            theirs = _package(target, root)
+            # A root module (``_errors``) or a root package's face (``_memory``) is the
+            # shared base; a module inside another package is not.
+            if name.startswith("_") and theirs and theirs != mine and target.count(".") > 1:
+                private.append(f"{module} -> {target}")
+    # Edges into a package stand for its __init__; circles through an __init__ that only
+    # re-exports are real at import time, so they are kept.
+    return sorted(_circles(graph)), private
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -137,9 +163,7 @@ def _kinds(text: str) -> dict[str, int]:
 
 def measure() -> dict:
     files = sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
-    modules = {_module(p): p for p in files}
-    graph: dict[str, set[str]] = {}
-    private: list[str] = []
+    modules = {_module(p, ROOT): p for p in files}
     long_files, long_funcs = [], []
     for module, path in modules.items():
         text = path.read_text()
@@ -147,20 +171,7 @@ def measure() -> dict:
         if lines > SIZES["file_lines"]:
             long_files.append((module, lines))
         long_funcs += [(f"{module}.{name}", n) for name, n in _long_functions(ast.parse(text))]
-        targets = _imports(path, module, path.name == "__init__.py", set(modules))
-        # Parents are imported too, but a package's __init__ is not a dependency cycle edge
-        # of its own submodules: keep only the modules named.
-        graph[module] = {t for t in targets if t in modules and t != module}
-        mine = _package(module)
-        for target in sorted(t for t in targets if t in modules):
-            name = target.split(".")[-1]
-            theirs = _package(target)
-            # A root module (``_errors``) or a root package's face (``_memory``) is the
-            # shared base; a module inside another package is not.
-            if name.startswith("_") and theirs and theirs != mine and target.count(".") > 1:
-                private.append(f"{module} -> {target}")
-    # Edges into a package stand for its __init__; circles through an __init__ that only
-    # re-exports are real at import time, so they are kept.
+    circles, private = structure(ROOT)
     # compat is a module or a package, depending on the version measured.
     both = [p for m, p in modules.items()
             if m.startswith(("chunkstream.pipeline", "chunkstream.compat"))]  # fmt: skip
@@ -174,7 +185,7 @@ def measure() -> dict:
         "functions_over_80": long_funcs,
         "pipeline_compat_lines": pc_lines,
         "pipeline_compat_kinds": kinds,
-        "import_circles": _circles(graph),
+        "import_circles": circles,
         "cross_package_private_imports": private,
     }
 

@@ -366,6 +366,10 @@ CASES = [
      lambda t: _loader(chunk_size=None, config=cs.LoaderConfig(chunk_size=50), stall_timeout=1),
      cs.ConfigError, ValueError, ["options.stall_timeout=1", "its stall_timeout is 300.0",
                                   "dataclasses.replace(config, stall_timeout="]),
+    ("ChunkLoader.config",
+     lambda t: _loader(chunk_size=None, config=cs.LoaderConfig(chunk_size=50), host_memory=10**6),
+     cs.ConfigError, ValueError, ["options.host_memory=1000000", "no byte budget with config=",
+                                  "Set prefetch, gpu_prefetch and host_slots"]),
     ("ChunkLoader.(option keyword)", lambda t: cs.ChunkLoader(_src(), 50, stall_timeout=5),
      cs.ConfigError, ValueError, ["stall_timeout=5", "not a keyword of ChunkLoader()",
                                   "options=cs.LoaderOptions(stall_timeout=5)"]),
@@ -735,3 +739,19 @@ def test_every_cli_flag_a_message_names_exists():
     unknown = [(f, cmd, flag) for f, cmd, flag in named
                if flag not in commands[cmd]._option_string_actions]  # fmt: skip
     assert unknown == [], f"messages name flags the CLI does not have: {unknown}"
+
+
+def test_a_window_longer_than_the_chunk_is_one_error_wherever_it_is_found():
+    # The loader (options.window), the stream (window) and the sampler (window) say it
+    # with one message, written once (chunkstream.plans.window_in_chunk).
+    messages = []
+    for refuse in (
+        lambda: _loader(window=80),
+        lambda: _stream(window=51),
+        lambda: cs.sample_windows(50, batch_size=4, window=51),
+    ):
+        with pytest.raises(cs.ConfigError) as info:
+            refuse()
+        messages.append(re.sub(r"window=\d+", "window=W", str(info.value)))
+    assert messages[0] == messages[1] == messages[2], messages
+    assert "at most the chunk length 50" in messages[0]

@@ -17,7 +17,7 @@ import torch
 
 import chunkstream as cs
 from chunkstream.plans import SequentialPlan
-from tests.faults import Wrapped, chunkstream_threads, wait_for_no_threads
+from tests.faults import ArraySource, Wrapped, chunkstream_threads, make_arrays, wait_for_no_threads
 from tests.stores import chunk_files, make_array, random_data
 
 T, N, CT = 1200, 6, 100  # timesteps, columns, zarr chunk length along time (= chunk_size)
@@ -459,4 +459,28 @@ def test_close_honours_one_deadline_across_stages(store):
     finally:
         source.release.set()
         del iterator
+        source.close()
+
+
+def test_a_stall_inside_a_sources_own_pool_shows_the_stuck_tasks_stack():
+    # A JoinSource reads its second part on its pool ("chunkstream-join-<n>") and waits
+    # for it with no timeout (settle: docs/architecture.md, row 8); the stall error
+    # shows the stack of the task that hangs, not only the reader that waits for it.
+    arrays = make_arrays(400)
+    hanging = ArraySource({"stimulus": arrays["stimulus"]}, hang_at={1})
+    source = cs.JoinSource(ArraySource({"voltage": arrays["voltage"]}), hanging)
+    loader = cs.ChunkLoader(source, 100, device="cpu", workers=1, sampling="sequential",
+                            options=cs.LoaderOptions(stall_timeout=0.5))  # fmt: skip
+    try:
+        with pytest.raises(cs.LoaderStalledError) as info:
+            for _ in loader.epoch(4):
+                pass
+        message = str(info.value)
+        assert "chunkstream-read-" in message and "settle" in message  # the waiting reader
+        task = message.split("(a task a reader waits for)", 1)
+        assert len(task) == 2 and 'Thread "chunkstream-join-' in task[0].rsplit("\n", 1)[-1]
+        assert "self.release.wait" in task[1] and "_read_part" in task[1]
+    finally:
+        hanging.release.set()
+        loader.close()
         source.close()

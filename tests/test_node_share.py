@@ -221,7 +221,8 @@ def test_a_process_under_taskset_starts_no_more_threads_than_its_cpu(tmp_path):
     report = _run_threads(store, prefix=["taskset", "-c", "0"], env={})
     assert report["engine"] == "chunkstream", report
     assert report["threads"] == 1 and "1 CPU of" in report["share"], report
-    assert report["decode"] <= 1 and report["gather"] == 0, report
+    # the gather's helpers copy the batches (the caller waits): at most the share too
+    assert report["decode"] <= 1 and report["gather"] <= 1, report
 
 
 def test_a_rank_of_two_starts_no_more_threads_than_its_share(tmp_path):
@@ -230,7 +231,7 @@ def test_a_rank_of_two_starts_no_more_threads_than_its_share(tmp_path):
     report = _run_threads(store, prefix=[], env={"LOCAL_WORLD_SIZE": "2"})
     share = max(1, cpus // 2)
     assert report["threads"] == share and "2 ranks on this node" in report["share"], report
-    assert 1 <= report["decode"] <= share and report["gather"] <= share - 1, report
+    assert 1 <= report["decode"] <= share and report["gather"] <= share, report
 
 
 def _own_v1_group() -> Path | None:

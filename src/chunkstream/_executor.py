@@ -7,9 +7,11 @@ Python 3.9, bpo-39812, so one read hung on a dead mount would hang the exit);
 ``close`` joins until a deadline; the calls running now, and their threads'
 stacks, are known to a watchdog (:meth:`Executor.busy_stacks`). One job waits
 for another's future with :func:`wait_done`, never through a callback.
-:data:`POLL_S` is the one interval every blocking wait in chunkstream polls
-at, so errors, ``close()`` and the watchdog are seen within it (a pinned slot's
-copy is waited for by its CUDA event's blocking ``synchronize``, not polled).
+:data:`POLL_S` is the one interval every wait of the loader's jobs and of the
+consumer polls at, so errors, ``close()`` and the watchdog are seen within it (a
+pinned slot's copy is waited for by its CUDA event's blocking ``synchronize``,
+not polled; a read's waits for its source's own tasks block on the task: a hung
+one is the watchdog's, docs/architecture.md rows 8 and 12).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from pathlib import Path
 from typing import Any
 
 from ._errors import LoaderClosedError
@@ -30,6 +33,7 @@ __all__ = [
     "Cancelled",
     "Executor",
     "done_within",
+    "helper_stacks",
     "thread_stack",
     "wait_done",
 ]
@@ -75,6 +79,32 @@ def thread_stack(thread: threading.Thread, doing: str) -> str | None:
     if frame is None:
         return None
     return f'Thread "{thread.name}" ({doing}):\n' + "".join(traceback.format_stack(frame))
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def helper_stacks(prefixes: tuple[str, ...]) -> list[str]:
+    """Stacks of the threads whose names start with one of ``prefixes`` that are inside
+    chunkstream's code now: a source's decode or part tasks, which a reader waits for
+    with no timeout (``settle``), so that a stall error shows where the wait is stuck.
+    An idle pool thread (only the standard library on its stack) is left out."""
+    frames = sys._current_frames()
+    stacks = []
+    for thread in threading.enumerate():
+        if not thread.name.startswith(prefixes):
+            continue
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        inside, walk = False, frame
+        while walk is not None and not inside:
+            inside = walk.f_code.co_filename.startswith(_PACKAGE)
+            walk = walk.f_back
+        if inside:
+            stacks.append(
+                f'Thread "{thread.name}" (a task a reader waits for):\n'
+                + "".join(traceback.format_stack(frame))
+            )
+    return stacks
 
 
 class Executor:

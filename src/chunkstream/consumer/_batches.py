@@ -47,9 +47,9 @@ from .._executor import Cancelled
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
-from ..plans import M64, EpochPlan, hash_words, seed_key
+from ..plans import M64, EpochPlan, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
-from ._gather import check_gather_threads, gather_pool
+from ._gather import Watch, check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._sampling import _compute_dtype, check_align
@@ -228,7 +228,9 @@ class BatchStream:
             _log.info("%s", self.buffer.note)
         if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
             _log.info("%s", host_tier_hint(self.buffer, self.device))
-        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle).
+        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Its
+        # gathers are waited for as the loader's chunks are: its close, its stall_timeout.
+        watch = Watch(loader.config.stall_timeout, closed=lambda: loader.closed)
         self._tier: BufferTier
         if tier == "host":
             self._tier = HostTier(
@@ -239,10 +241,11 @@ class BatchStream:
                 depth=self.batch_prefetch,
                 gather=self._gather,
                 dtype=self.dtype,
+                watch=watch,
             )
         else:
             self._tier = DeviceTier(
-                self.fields, window=self.window, dtype=self.dtype, gather=self._gather
+                self.fields, window=self.window, dtype=self.dtype, gather=self._gather, watch=watch
             )
         self._mixer = ChunkMixer(
             self.mix,
@@ -423,7 +426,6 @@ class BatchStream:
         try:
             loader_state = state["loader"]
             batch = state["batch"]
-            per_chunk = state.get("batches_per_chunk", self.batches_per_chunk)
             refill = state.get("refill", 0)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError.bad(
@@ -438,13 +440,6 @@ class BatchStream:
                 state,
                 f"'refill' in [0, mix={self.mix})",
                 "Resume with the stream's settings (mix) of the interrupted run.",
-            )
-        if per_chunk != self.batches_per_chunk:
-            raise ConfigError.bad(
-                "state",
-                state,
-                f"a state saved with batches_per_chunk={self.batches_per_chunk}",
-                "Resume with the stream's settings of the interrupted run.",
             )
         for name in ("seed", "align"):  # draws differ, but every batch is still valid
             saved, own = state.get(name), getattr(self, name)
@@ -525,13 +520,7 @@ def _check_window(loader: ChunkLoader, window: object) -> int:
     """``window`` checked against the loader's chunk length and piece length."""
     length = loader.rows  # every chunk's length: min(chunk_size, len(source))
     window = check_int("window", window, minimum=1, fix="Pass the timesteps one sample needs.")
-    if window > length:
-        raise ConfigError.bad(
-            "window",
-            window,
-            f"at most the chunk length {length}",
-            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
-        )
+    window_in_chunk(window, length)
     if window > loader.plan.piece_size:
         raise ConfigError.bad(
             "window",

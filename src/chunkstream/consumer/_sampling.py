@@ -39,7 +39,7 @@ import torch
 
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
-from ..plans import Piece
+from ..plans import Piece, window_in_chunk
 from ._gather import check_host_starts, host_gather
 
 __all__ = ["WindowSampler", "check_align", "gather_windows", "piece_starts", "sample_windows"]
@@ -61,14 +61,7 @@ def check_align(align: object) -> int:
 
 
 def _num_starts(length: int, window: int) -> int:
-    window = _positive_int("window", window)
-    if window > length:
-        raise ConfigError.bad(
-            "window",
-            window,
-            f"at most the chunk length {length}",
-            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
-        )
+    window = window_in_chunk(_positive_int("window", window), length)
     return length - window + 1
 
 

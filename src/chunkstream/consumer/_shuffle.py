@@ -13,10 +13,13 @@ travels with the batch to the consumer (Grain's ``(element, state)``).
   there in the consumer's thread (``index_select`` on CUDA, the gather pool on
   the CPU), when the consumer asks for it.
 * :class:`HostTier`: the buffer in one pageable host arena; each batch gathered
-  on the host into a reused slot (:mod:`._slots`) and, on CUDA, copied on the
-  loader's copy path; ``depth`` batches are gathered (and copied) ahead, as a
-  bounded deque of futures in batch order (the loader's read-ahead, one stage
-  on).
+  on the host into a reused slot (:mod:`._slots`) by the gather pool's helpers
+  and, on CUDA, copied on the loader's copy path by the consumer's thread, in
+  batch order, as soon as it is gathered; ``depth`` batches are gathered (and
+  copied) ahead, as a bounded deque of jobs in batch order (the loader's
+  read-ahead, one stage on). Every wait for a gather is bounded like the wait
+  for a chunk (:class:`~._gather.Watch`: the loader's ``close()`` and
+  ``stall_timeout``).
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from .._memory import HostBufferPool
-from ..pipeline import receive
+from ..pipeline import Delivery, receive
 from ..sources import FieldSpec
-from ._gather import GatherPool, Job, gather_pool, host_copy_rows
+from ._gather import GatherPool, Watch, gather_pool, host_copy_rows
 from ._sampling import _compute_dtype, gather_windows
-from ._slots import BatchSlots
+from ._slots import BatchSlots, Gather
 
 __all__ = ["BufferTier", "DeviceTier", "HostTier", "Request"]
 
@@ -71,7 +74,8 @@ class DeviceTier:
     """The buffer on the chunks' device; a batch gathered there when it is asked for.
 
     ``fields``: the names a batch holds; ``dtype``: the compute dtype (``None``:
-    stored); ``gather``: the pool of CPU copies (``None``: the process's).
+    stored); ``gather``: the pool of CPU copies (``None``: the process's);
+    ``watch``: how the CPU copies into the buffer are waited for.
     """
 
     name = "device"
@@ -83,9 +87,10 @@ class DeviceTier:
         window: int = 1,
         dtype: torch.dtype | None = None,
         gather: GatherPool | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.fields, self.window, self.dtype = tuple(fields), int(window), dtype
-        self.gather = gather
+        self.gather, self.watch = gather, watch
 
     def store(self, like: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
         return {
@@ -95,7 +100,7 @@ class DeviceTier:
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if dst.device.type == "cpu":  # the gather pool, not torch's spinning one
-            host_copy_rows(dst, src, pool=self.gather or gather_pool())
+            host_copy_rows(dst, src, pool=self.gather or gather_pool(), watch=self.watch)
         else:  # queued on the current stream, after the chunk's ready event (use_on)
             dst.copy_(src, non_blocking=True)
 
@@ -114,7 +119,9 @@ class HostTier:
     """The buffer in one host arena; batches gathered into reused slots, ``depth`` ahead.
 
     ``device``: where batches go (CPU or CUDA); ``slots``: the :class:`BatchSlots`
-    (``depth + 2`` of them: those ahead, the one yielded, one the user holds).
+    (``depth + 2`` of them: those ahead, the one yielded, one the user holds);
+    ``watch``: how every gather is waited for (``None``: a default
+    :class:`~._gather.Watch`, the loader's default ``stall_timeout``, no close).
     """
 
     name = "host"
@@ -129,11 +136,18 @@ class HostTier:
         depth: int,
         gather: GatherPool,
         dtype: torch.dtype | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.fields, self.dtype, self.depth = tuple(fields), dtype, int(depth)
         self.device, self.gather = torch.device(device), gather
+        self.watch = Watch() if watch is None else watch
         self.slots = BatchSlots(
-            self.device, batch_size=batch_size, window=window, slots=self.depth + 2, pool=gather
+            self.device,
+            batch_size=batch_size,
+            window=window,
+            slots=self.depth + 2,
+            pool=gather,
+            watch=self.watch,
         )
 
     def store(self, like: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
@@ -147,27 +161,53 @@ class HostTier:
         return {n: torch.from_numpy(a) for n, a in buffers.arrays.items()}
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        host_copy_rows(dst, src, pool=self.gather)
+        host_copy_rows(dst, src, pool=self.gather, watch=self.watch)
 
     def batches(
         self, storage: Mapping[str, torch.Tensor], requests: Iterable[Request]
     ) -> Iterator[tuple[dict[str, torch.Tensor], Any]]:
         """The batches in request order; ``depth`` gathered (and copied) ahead of the one
-        the consumer waits for, each a job whose future carries its delivery."""
+        the consumer waits for. On CUDA each finished gather's copy is queued at once,
+        in batch order, so the copy overlaps the consumer's step as the gather does."""
         targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
         pending = iter(requests)
-        ahead: deque[tuple[Job, Any]] = deque()
+        ahead: deque[_Ahead] = deque()
         try:
             while True:
                 while len(ahead) <= self.depth and (request := next(pending, None)) is not None:
                     starts = request.starts.tolist()
-                    job = self.slots.submit(storage, self.fields, starts, targets)
-                    ahead.append((job, request.state))
+                    gather = self.slots.submit(storage, self.fields, starts, targets)
+                    ahead.append(_Ahead(gather, request.state))
                 if not ahead:
                     return
-                job, state = ahead.popleft()
-                tensors, _ = receive(job.wait(), self.device)  # type: ignore[arg-type]
+                for item in ahead:  # the copies of the gathers done, in batch order
+                    if item.taken:
+                        continue
+                    if item is ahead[0]:
+                        item.gather.job.wait()  # bounded (Watch); a failed gather raises here
+                    elif not item.gather.job.succeeded():
+                        break  # a failed gather's error is raised at its own turn
+                    item.taken = True  # the slot is deliver's now, even if the copy fails
+                    item.delivery = self.slots.deliver(item.gather)
+                item = ahead.popleft()
+                tensors, _ = receive(item.delivery, self.device)  # type: ignore[arg-type]
+                state = item.state
+                del item
                 yield {n: t.to(targets[n]) for n, t in tensors.items()}, state
         finally:
-            for job, _ in ahead:
-                job.cancel()  # its slot comes back once its claimed blocks are done
+            for item in ahead:  # a taken one's slot is back behind its copy already
+                if not item.taken:
+                    self.slots.abandon(item.gather)
+
+
+class _Ahead:
+    """A batch in the tier's deque: its gather, whether its slot was handed to
+    :meth:`~._slots.BatchSlots.deliver` (``taken``), its delivery once made (on CUDA:
+    its copy queued), and the stream state after it."""
+
+    __slots__ = ("delivery", "gather", "state", "taken")
+
+    def __init__(self, gather: Gather, state: Any) -> None:
+        self.gather, self.state = gather, state
+        self.taken = False
+        self.delivery: Delivery | None = None

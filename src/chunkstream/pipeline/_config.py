@@ -16,6 +16,10 @@ __all__ = ["LoaderConfig", "resolve_device"]
 class LoaderConfig:
     """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
 
+    ``loader.config`` is the loader's, its depths resolved from any byte budget;
+    ``ChunkLoader(source, config=...)`` takes one (another loader's, or one built
+    here) in place of ``chunk_size``, the depths and the options it holds.
+
     Memory bounds (``chunk_bytes``: one window of every field): on CUDA pinned host
     bytes = ``host_slots * chunk_bytes``, fixed at start, and loader device bytes =
     ``gpu_prefetch * chunk_bytes`` plus the chunks the user holds (``gpu_prefetch + 1``

@@ -134,7 +134,7 @@ def read_job(
     window = (pieces[0].start, pieces[0].stop)
     if not wait_done(pool, dropped):
         raise InterruptedError("the epoch was dropped while this read waited for buffers")
-    buffers_from: Pool = pool.result()  # the learning read's error is every read's error
+    buffers_from: Pool = pool.result(timeout=0)  # done: the learning read's error is every read's
     acquire = partial(buffers_from.acquire, dropped)
     try:
         buffers = acquire() if turn is None else turn.take(acquire, dropped)

@@ -1,6 +1,6 @@
 """``ChunkLoader``: windows of a source, read ahead in threads and handed out in plan order.
 
-The flow (see DESIGN.md)::
+The flow (docs/architecture.md follows one window through it)::
 
     EpochCursor ──> EpochRun: read futures ──> [copy futures] ──> Chunk
     (which windows)  (a buffer set each)       (CUDA: on a stream)
@@ -9,7 +9,7 @@ Each :meth:`ChunkLoader.epoch` call asks the :class:`EpochCursor` for this
 rank's chunks and starts an :class:`EpochRun` on the loader's long-lived
 executors, dropping the previous run. What a read and a transfer do is the
 loader's delivery stage, chosen at construction (:mod:`._stages`: host, copy,
-resident); docs/architecture.md follows one window through it.
+resident).
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ import torch
 
 from .._device import device_binder
 from .._errors import LoaderClosedError, LoaderStalledError
-from .._executor import POLL_S, Executor, done_within
+from .._executor import POLL_S, Executor, done_within, helper_stacks
 from .._memory import HostBufferPool, NodeShare, PinnedSlotPool, check_arena_fits, node_share
 from .._options import check_moved, check_options
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
-from ..plans import EpochCursor, EpochSpan, Piece, Uneven, WindowPlan, loader_plan
-from ..plans._cursor import Position
+from ..plans import EpochCursor, EpochSpan, Piece, Position, Uneven, WindowPlan, loader_plan
 from ..sources import (
     FieldSpec,
     HandsOver,
@@ -55,6 +54,10 @@ from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
 
 __all__ = ["ChunkLoader", "host_pool"]
+
+# The threads of the sources' own pools (docs/architecture.md, row 8), whose tasks a
+# read waits for with no timeout: a stall error shows those that are busy.
+_SOURCE_POOLS = ("chunkstream-decode-", "chunkstream-join-")
 
 
 def host_pool(
@@ -109,10 +112,12 @@ class ChunkLoader:
     loaders; a ``ZarrSource`` opened from a URL still closes its store when
     collected or at interpreter exit).
 
-    Every blocking wait polls at 0.1 s, so errors reach the consumer within a
-    second. ``close()`` is idempotent and joins every thread within a deadline;
-    the loader is a context manager; a loader dropped without ``close()`` warns
-    (``ResourceWarning``) and is shut down the same way when collected.
+    Every wait of the consumer and of the loader's jobs polls at 0.1 s, so errors
+    reach the consumer within a second (a read waits for its source's own tasks
+    without a timeout: a hung one is the stall watchdog's). ``close()`` is
+    idempotent and joins every thread within a deadline; the loader is a context
+    manager; a loader dropped without ``close()`` warns (``ResourceWarning``) and
+    is shut down the same way when collected.
 
     A source that learns its fields at its first read (``CallableSource(...,
     specs="first")``) is read for them by the first job of the first epoch, in a
@@ -450,14 +455,15 @@ class ChunkLoader:
                 break
             self._check_stalled(asked, window, since=since)
         try:
-            return future.result()
+            return future.result(timeout=0)  # done: done_within said so, or a later failure
         except BaseException as failure:
             self._close_after(failure)
             raise
 
     def _close_after(self, failure: BaseException) -> None:
-        """Shut the loader down after a worker's ``failure`` (DESIGN), which the caller
-        then raises; a close that also fails is noted on it."""
+        """Shut the loader down after a worker's ``failure`` (the error contract of
+        docs/_guarantees.md), which the caller then raises; a close that also fails is
+        noted on it."""
         self._check_open()  # closed meanwhile: that is what the consumer must hear
         try:
             self.close()
@@ -477,7 +483,8 @@ class ChunkLoader:
 
         def failed() -> Future | None:
             return next(
-                (f for f in reads if f.done() and not f.cancelled() and f.exception()), None
+                (f for f in reads if f.done() and not f.cancelled() and f.exception(timeout=0)),
+                None,
             )
 
         for future in reads:
@@ -500,6 +507,7 @@ class ChunkLoader:
     def _stalled(self, timeout: float, window: tuple[int, int] | None) -> LoaderStalledError:
         """The stall error, with the busy workers' stacks, after shutting the loader down."""
         stacks = [s for executor in self._executors for s in executor.busy_stacks()]
+        stacks += helper_stacks(_SOURCE_POOLS)  # the tasks a stuck read waits for
         message = (
             f"no chunk arrived for {timeout:.1f} s (stall_timeout) and no worker made "
             f"progress; the loader is shut down. Stuck workers:\n" + "\n".join(stacks)

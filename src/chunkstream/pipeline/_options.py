@@ -133,12 +133,21 @@ def loader_settings(
         for name in _IN_CONFIG
         if getattr(options, name) != getattr(defaults, name)
     }
-    for name, value in given.items():
+    if given:
+        name, value = next(iter(given.items()))
         field = name.removeprefix("options.")
+        if not hasattr(config, field):  # a byte budget: the config's depths are chosen
+            raise ConfigError.bad(
+                name,
+                value,
+                "no byte budget with config= (its depths are already chosen)",
+                "Set prefetch, gpu_prefetch and host_slots in the LoaderConfig, or leave "
+                "config out.",
+            )
         raise ConfigError.bad(
             name,
             value,
-            f"no second value with config= (its {field} is {getattr(config, field, None)!r})",
+            f"no second value with config= (its {field} is {getattr(config, field)!r})",
             f"Set {field} in the LoaderConfig (dataclasses.replace(config, {field}=...)), "
             "or leave config out.",
         )

@@ -123,7 +123,7 @@ class EpochRun:
         pending = [f for c, r, _ in list(self._copies) for f in (c, r)]
         pending += [r for _, r, _ in list(self._reads)]
         for future in pending:
-            if future.done() and not future.cancelled() and future.exception() is not None:
+            if future.done() and not future.cancelled() and future.exception(timeout=0) is not None:
                 return future
         return None
 
@@ -168,7 +168,7 @@ class EpochRun:
         """The transfer thread's job for one window: its read's result, copied."""
         if not wait_done(read, self.dropped):
             return self._follow_dropped(read)
-        result = read.result()  # a failed read's error is this window's error
+        result = read.result(timeout=0)  # done: a failed read's error is this window's
         assert self._copy is not None
         return self._copy(result, self.dropped, trip)  # gives the buffer back, dropped or not
 
@@ -181,8 +181,8 @@ class EpochRun:
         copier = self._copier
         if not wait_done(read, lambda: copier is not None and copier.closed):
             return None
-        if read.exception() is None and self._reclaim is not None:
-            self._reclaim(read.result())
+        if read.exception(timeout=0) is None and self._reclaim is not None:
+            self._reclaim(read.result(timeout=0))
         return None
 
     def drop(self) -> None:

@@ -16,6 +16,7 @@ from ._windows import (
 from ._cursor import EpochCursor as EpochCursor  # isort: skip
 from ._cursor import EpochShare as EpochShare  # isort: skip
 from ._cursor import EpochSpan as EpochSpan  # isort: skip
+from ._cursor import Position as Position  # isort: skip
 from ._cursor import Uneven as Uneven  # isort: skip
 from ._cursor import epoch_share as epoch_share  # isort: skip
 from ._hash import M64 as M64  # isort: skip
@@ -30,6 +31,7 @@ from ._sampling import Sampling as Sampling  # isort: skip
 from ._segments import as_segments as as_segments  # isort: skip
 from ._segments import HeldOutSplit as HeldOutSplit  # isort: skip
 from ._segments import held_out_split as held_out_split  # isort: skip
+from ._windows import window_in_chunk as window_in_chunk  # isort: skip
 
 __all__ = [
     "EpochPlan",

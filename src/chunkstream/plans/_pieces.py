@@ -50,7 +50,7 @@ from .._errors import ConfigError, check_int
 from ._plan import Layout, Piece, Plan
 from ._sampling import PIECE_STREAM, SAMPLINGS, Sampling, as_mode
 from ._segments import Segments, as_segments
-from ._windows import WindowPlan, _span, as_plan, make_plan
+from ._windows import WindowPlan, _span, as_plan, make_plan, window_in_chunk
 
 __all__ = ["Piece", "PiecePlan", "chunk_pieces", "epoch_pieces", "loader_plan"]
 
@@ -238,13 +238,8 @@ def loader_plan(
     :class:`WindowPlan` is wrapped (:func:`~chunkstream.plans._windows.as_plan`).
     Raises :class:`ConfigError` naming ``window``, ``sampling`` or ``pieces``."""
     if pieces == 1 and segments is None:
-        if window is not None and isinstance(chunk_size, int) and window > min(chunk_size, total):
-            raise ConfigError.bad(
-                "window",
-                window,
-                f"at most the chunk length {min(chunk_size, total)}",
-                "Use a larger chunk_size or a shorter window.",
-            )
+        if window is not None and isinstance(chunk_size, int):
+            window_in_chunk(window, min(chunk_size, total))
         plan = make_plan(
             sampling, total_timesteps=total, chunk_size=chunk_size, align=align, seed=seed
         )

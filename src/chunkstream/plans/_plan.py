@@ -336,12 +336,6 @@ class Plan:
         start, stop = self.windows(epoch, np.array([index], dtype=np.int64))[0].tolist()
         return start, stop
 
-    def rank_chunk(
-        self, epoch: int, step: int, rank: int = 0, world_size: int = 1
-    ) -> tuple[Piece, ...]:
-        """Chunk ``step`` of ``rank`` out of ``world_size``: ``chunk(epoch, step * W + rank)``."""
-        return self.chunk(epoch, _rank_index(step, rank, world_size))
-
     def rank_window(
         self, epoch: int, step: int, rank: int = 0, world_size: int = 1
     ) -> tuple[int, int]:

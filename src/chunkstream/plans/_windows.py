@@ -56,6 +56,19 @@ __all__ = [
 ]
 
 
+def window_in_chunk(window: int, length: int) -> int:
+    """``window`` if a chunk of ``length`` timesteps holds it, else the one "window
+    longer than the chunk" error (the loader's, the stream's and the sampler's)."""
+    if window > length:
+        raise ConfigError.bad(
+            "window",
+            window,
+            f"at most the chunk length {length}",
+            "Use a larger chunk_size or a shorter window (time_units * evolve_multiple_steps).",
+        )
+    return window
+
+
 @runtime_checkable
 class WindowPlan(Protocol):
     """Which windows an epoch visits.

@@ -24,7 +24,7 @@ from ._read import reading as reading  # isort: skip
 from ._remote import close_store as close_store  # isort: skip
 from ._remote import store_errors as store_errors  # isort: skip
 from ._select import read_amplification as read_amplification  # isort: skip
-from ._open import is_url as is_url  # isort: skip
+from ._remote import is_url as is_url  # isort: skip
 from ._open import open_zarr_array as open_zarr_array  # isort: skip
 
 __all__ = [

@@ -46,6 +46,7 @@ from zarr.storage import ObjectStore
 
 from .._errors import ConfigError, check_int
 from ._cache import NodeCache
+from ._remote import OBSTORE_SCHEMES, is_url, store_errors
 
 __all__ = [
     "CACHE_ENV",
@@ -191,9 +192,6 @@ CACHE_ENV = "CHUNKSTREAM_CACHE"
 def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
     """The cache folder for a source at ``path`` (``cache``, else ``$CHUNKSTREAM_CACHE``
     for a remote URL), or ``None``; :class:`ConfigError` for values that cannot work."""
-    from ._open import is_url
-    from ._remote import OBSTORE_SCHEMES
-
     if cache_bytes is not None:
         check_int(
             "cache_bytes",
@@ -261,8 +259,6 @@ def chunk_fetcher(arr: Any, url: str) -> Callable[[list[str], tuple[int, int]], 
     together on zarr's loop; a failed request is a ``RemoteStoreError`` naming ``url``
     and the window."""
     from zarr.core.sync import sync
-
-    from ._remote import store_errors
 
     store, prefix = arr.store, arr.store_path.path
     cache: NodeCache = store.cache

@@ -21,8 +21,7 @@ import zarr
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._base import SourceBase, check_lengths, window_nbytes
 from ._cache import CacheCounters, NodeCache
-from ._open import is_url
-from ._remote import close_store, open_remote_store, store_errors
+from ._remote import close_store, is_url, open_remote_store, store_errors
 from ._zarr import ZarrSource
 
 __all__ = ["ZarrGroupSource"]

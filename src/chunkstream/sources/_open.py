@@ -21,14 +21,16 @@ import zarr
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._cached_store import cache_folder, cached_store
-from ._remote import OPTIONS_KEY, RemoteOptions, close_store, open_remote_store, store_errors
+from ._remote import (
+    OPTIONS_KEY,
+    RemoteOptions,
+    close_store,
+    is_url,
+    open_remote_store,
+    store_errors,
+)
 
-__all__ = ["is_url", "open_zarr_array"]
-
-
-def is_url(path: str) -> bool:
-    """True for ``scheme://...`` paths other than ``file://``."""
-    return "://" in path and not path.startswith("file://")
+__all__ = ["open_zarr_array"]
 
 
 def open_zarr_array(

@@ -66,6 +66,7 @@ __all__ = [
     "RemotePermissionError",
     "RemoteStoreError",
     "close_store",
+    "is_url",
     "open_remote_store",
     "own_store",
     "store_errors",
@@ -80,6 +81,11 @@ OBSTORE_SCHEMES = frozenset(
 )
 #: What a store raises for a request that failed for good (nothing when obstore is absent).
 STORE_ERRORS: tuple[type[BaseException], ...] = () if _ObstoreError is None else (_ObstoreError,)
+
+
+def is_url(path: str) -> bool:
+    """True for ``scheme://...`` paths other than ``file://``."""
+    return "://" in path and not path.startswith("file://")
 
 
 @dataclass(frozen=True, kw_only=True)

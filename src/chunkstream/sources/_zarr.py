@@ -75,9 +75,10 @@ from ._cached_store import CachedObjectStore, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import DecodePool, FastChunkReader, decode_pool
-from ._open import is_url, open_zarr_array
+from ._open import open_zarr_array
 from ._read_checks import ReadChecks, check_all_chunks
 from ._remote import (
+    is_url,
     own_store,
     store_errors,
 )

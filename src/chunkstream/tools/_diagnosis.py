@@ -2,7 +2,7 @@
 
 :func:`summarise` turns the per-chunk records of one (prefetch, workers)
 setting into a :class:`SettingResult`: waits, queue depths, mean read, copy and
-training times, the ideal pipeline bound (DESIGN.md)::
+training times, the ideal pipeline bound (docs/guide/tuning.md)::
 
     ideal = first_read + n * max(read / workers, transfer, train)
 

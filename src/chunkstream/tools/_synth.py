@@ -26,7 +26,7 @@ connectivity is exactly the one that made the data (the compat augmentation
 helper zeroes CSR neighbours). Only the time recurrence runs step by step;
 noise, stimulus and fluorescence are vectorised per slab.
 
-Layouts (see DESIGN "The FlyVis layout"):
+Layouts (the FlyVis layout as :mod:`chunkstream.flyvis` describes it):
 
 * ``flyvis``: ``<out>/timeseries.zarr`` ``(T, N, 4)`` with columns VOLTAGE,
   STIMULUS (zero beyond ``stim_dims``), CALCIUM, FLUORESCENCE, and
