@@ -109,8 +109,9 @@ def _release_shared(pool: ThreadPoolExecutor) -> None:
         if _users > 0:
             return
         _shared = None
-    # No source submits to it any more: its idle threads end now, without waiting here.
-    pool.shutdown(wait=False)
+    # No source submits to it any more: its threads end now, joined as a source's own pool
+    # is at close, unless this runs in one of them (a finalizer of a source collected there).
+    pool.shutdown(wait=not threading.current_thread().name.startswith("chunkstream-decode-"))
 
 
 class DecodePool:
@@ -119,8 +120,8 @@ class DecodePool:
     ``threads=None``: the process's one decode pool, shared by every source and every
     array of a group, as many threads as the process's thread budget
     (:func:`chunkstream._memory.node_share`: its CPUs over the job's ranks on the node);
-    it lives while a source holds it (the last :meth:`release` ends its threads, and a
-    source collected unclosed releases it through a finalizer). An int: a pool of that
+    it lives while a source holds it (the last :meth:`release` ends and joins its
+    threads, and a source collected unclosed releases it through a finalizer). An int: a pool of that
     many threads for this source alone, shut down by :meth:`release`.
     """
 
