@@ -3,6 +3,7 @@
     python -m benchmarks.ab --against 19e07c6                  # host tier, 8 rounds of 5 s
     python -m benchmarks.ab --against 19e07c6 --arm device --rounds 4 --seconds 3
     python -m benchmarks.ab --against 2f6cf81 --arm first   # a fresh loader's first epoch
+    python -m benchmarks.ab --against 2f6cf81 --arm demo --rounds 4   # the demo's trainer
 
 Issue 37 asks the host tier to keep >= 0.95x its batches/s from before the change,
 "one run, same machine". On a shared machine two runs minutes apart differ by more
@@ -16,6 +17,15 @@ defaults (the host tier, ``mix="auto"``) built, and their first epoch taken,
 again and again for ``--seconds``: batches/s from construction to the epoch's
 last batch. Reported: each round's two figures and their ratio, and the median
 of the per-round ratios with its range.
+
+The ``demo`` arm times ``chunkstream demo``'s training on the CPU instead (issue 43:
+the trainer on ``BatchStream`` keeps >= 0.95x the demo's batches/s): the reference
+trainer with the demo's configuration (chunk 1,024, batches of 32, defaults
+otherwise) on the demo's synthetic dataset (written once under
+``benchmarks/_data/ab-demo``; 24,576 timesteps, ``--quick`` 8,192), for 2 epochs
+(the warm-up's and one rollout's); batches/s is every batch over the epochs'
+seconds (their validation included, the same in both trees). ``--seconds`` does
+not apply to it.
 """
 
 from __future__ import annotations
@@ -46,7 +56,35 @@ def _export(rev: str, into: Path) -> Path:
     return into / "src"
 
 
+def _demo_child(quick: bool) -> None:
+    """The demo's training on the CPU with this process's ``chunkstream``: batches/s."""
+    import chunkstream
+    from chunkstream.cli._demo import DEFAULTS, TIME_CHUNK, _open
+    from chunkstream.tools import ensure_synthetic
+    from chunkstream.train import TrainConfig, Trainer
+
+    timesteps = 8192 if quick else DEFAULTS["timesteps"]
+    data = ROOT / "benchmarks" / "_data" / "ab-demo" / f"T{timesteps}"
+    stim = DEFAULTS["stim_dims"]
+    ensure_synthetic(data, timesteps=timesteps, neurons=DEFAULTS["neurons"], stim_dims=stim,
+                     seed=0, progress=False, chunks=(TIME_CHUNK, stim, 1))  # fmt: skip
+    config = TrainConfig(chunk_size=1024, batch_size=32, epochs=2, device="cpu", seed=0,
+                         progress=False, tensorboard=False)  # fmt: skip
+    source = _open(data, None)
+    try:
+        result = Trainer(source, config).fit()
+    finally:
+        source.close()
+    batches = sum(r.batches for r in result.history)
+    seconds = sum(r.seconds for r in result.history)
+    out = {"batches_s": batches / seconds, "batches": batches, "val_loss": result.val_loss}
+    print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
+
+
 def _child(arm: str, seconds: float, quick: bool) -> None:
+    if arm == "demo":
+        _demo_child(quick)
+        return
     import numpy as np
 
     import chunkstream
@@ -113,7 +151,7 @@ def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", help="the older commit (any git revision)")
-    ap.add_argument("--arm", default="host", choices=["host", "device", "before", "first"])
+    ap.add_argument("--arm", default="host", choices=["host", "device", "before", "first", "demo"])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0, help="per arm and tree")
     ap.add_argument("--quick", action="store_true", help="16,384 x 256, chunk 4,096")

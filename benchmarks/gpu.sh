@@ -11,13 +11,18 @@
 #   setup      ~20 s  report the machine; install what is missing (see "Packages")
 #   gpu-tests ~120 s  CHUNKSTREAM_REQUIRE_GPU=1 pytest -m gpu tests (a CPU torch build fails here,
 #                     it does not skip); then the CPU tests of the CUDA logic on this torch
-#   demo       ~40 s  chunkstream demo --device cuda
+#   demo-host  ~40 s  chunkstream demo --device cuda --buffer host (batches gathered on the host,
+#                     copied from pinned slots by the loader's copy)
+#   demo-device ~40 s chunkstream demo --device cuda --buffer device (batches gathered on the GPU)
+#   overlap    ~90 s  python -m benchmarks.demo_overlap --device cuda: the demo's ms per batch
+#                     with each tier against the same steps on a resident batch (1.0x: full
+#                     overlap)
 #   defaults   ~60 s  python -m benchmarks.gpu_defaults: BatchStream's defaults on CUDA at the
 #                     users' geometry (65,536 x 13,741 + 1,736 float32 chunks, batches of 256):
 #                     ms per batch from the host tier against the device tier
 #   bench     ~150 s  python -m benchmarks.run --device cuda --quick (writes cuda.json and
 #                     BENCHMARKS.md; both are copied out)
-# Everything is logged into $OUT (the device tool's output folder; at most 8 files, all
+# Everything is logged into $OUT (the device tool's output folder; at most 10 files, all
 # written here), or into benchmarks/_data/gpu-run/ when OUT is unset. The last lines
 # printed are a summary table; the exit code is non-zero if any step failed.
 #
@@ -148,12 +153,16 @@ step gpu-tests 240 "$TESTS" env CHUNKSTREAM_REQUIRE_GPU=1 "$PYTHON" -m pytest -m
     -p no:cacheprovider --timeout 90 -o faulthandler_timeout=60 --continue-on-collection-errors tests
 step cuda-logic 60 "$TESTS" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda_logic.py
 
-# -- the demo on CUDA ----------------------------------------------------------------------
+# -- the demo on CUDA, with each tier of its BatchStream; then its overlap -----------------------
 DEMO=$OUT_DIR/demo.log
 : >"$DEMO"
-step demo 120 "$DEMO" "$PYTHON" -m chunkstream demo --device cuda --no-progress --json \
-    --out "$WORK/demo"
-[ -f "$WORK/demo/result.json" ] && cat "$WORK/demo/result.json" >>"$DEMO"
+for tier in host device; do
+    step "demo-$tier" 90 "$DEMO" "$PYTHON" -m chunkstream demo --device cuda --buffer "$tier" \
+        --no-progress --json --out "$WORK/demo-$tier"
+    [ -f "$WORK/demo-$tier/result.json" ] && cat "$WORK/demo-$tier/result.json" >>"$DEMO"
+done
+step overlap 120 "$DEMO" "$PYTHON" -m benchmarks.demo_overlap --device cuda \
+    --data "$WORK/overlap-data" --json "$OUT_DIR/demo_overlap.json"
 
 # -- the defaults on CUDA at the users' geometry (issue 36): host tier vs device tier ----------
 DEFAULTS=$OUT_DIR/defaults.log
@@ -171,7 +180,7 @@ cp BENCHMARKS.md "$OUT_DIR/BENCHMARKS.md" 2>/dev/null || true
 {
     echo
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$TESTS" | tail -n 40
-    grep -iE "validation loss|device peak|stall fraction" "$DEMO" | head -n 5
+    grep -iE "validation loss|device peak|stall fraction|tier on" "$DEMO" | head -n 10
     grep -E '"(ms_per_batch|tier|mix|share)"' "$DEFAULTS" | head -n 8
     if [ -f "$OUT_DIR/cuda.json" ]; then
         "$PYTHON" - "$OUT_DIR/cuda.json" <<'EOF' || true

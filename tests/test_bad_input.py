@@ -602,6 +602,8 @@ CASES = [
      cs.ConfigError, ValueError, ["mix=0", "an int >= 1", '"auto"']),
     ("TrainConfig.mix", lambda t: _train_config(mix="max"),
      cs.ConfigError, ValueError, ["mix='max'", "an int >= 1", 'mix="auto"', "the memory allows"]),
+    ("TrainConfig.buffer", lambda t: _train_config(buffer="gpu"),
+     cs.ConfigError, ValueError, ["buffer='gpu'", "'auto', 'host' or 'device'", "name a tier"]),
     ("JoinSource.sources.empty", lambda t: cs.JoinSource(),
      cs.ConfigError, ValueError, ["sources=()", "at least one source", "cs.JoinSource(traces"]),
     ("JoinSource.sources.type", lambda t: cs.JoinSource(cs.NumpySource({"a": _x()}), _x()),

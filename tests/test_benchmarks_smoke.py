@@ -253,3 +253,22 @@ def test_the_cache_race_runs_and_reports_both_targets(tmp_path: Path) -> None:
     assert all(v > 0 for rates in res["chunks_per_s"].values() for v in rates)
     assert res["counters"]["misses"] > 0 and res["counters"]["hits"] == res["counters"]["misses"]
     assert [t["target"] for t in res["targets"]] == [">= 0.8x", ">= 0.9x"]
+
+
+def test_demo_overlap_parses_its_options_and_runs_on_the_cpu(tmp_path: Path, capsys) -> None:
+    # benchmarks/gpu.sh runs it on CUDA; here its CPU side: options, dataset, both tiers.
+    from benchmarks import demo_overlap
+
+    with pytest.raises(SystemExit):
+        demo_overlap.parse(["--epochs", "1"])  # the first epoch is warm-up: refused
+    args = demo_overlap.parse(["--device", "cpu", "--tiers", "host"])
+    assert args.tiers == ["host"] and args.epochs == 3
+    out = tmp_path / "overlap.json"
+    argv = ["--device", "cpu", "--timesteps", "2048", "--epochs", "2", "--data",
+            str(tmp_path / "data"), "--json", str(out)]  # fmt: skip
+    assert demo_overlap.main(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [r["tier"] for r in rows] == ["host", "device"]
+    for row in rows:
+        assert row["batches"] > 0 and row["bound_ms_per_batch"] > 0 and row["ratio"] > 0
+    assert "tier on cpu" in capsys.readouterr().out

@@ -263,8 +263,8 @@ GOOD: dict[str, list[Good]] = {
 
 # The demo's options share three short runs (see test_demo_options_take_effect).
 DEMO_OPTIONS = {"--data", "--timesteps", "--neurons", "--stim-dims", "--epochs", "--chunk-size",
-                "--pieces", "--mix", "--segments", "--batch-size", "--device", "--out", "--seed",
-                "--resume", "--no-progress", "--json"}  # fmt: skip
+                "--pieces", "--mix", "--buffer", "--segments", "--batch-size", "--device", "--out",
+                "--seed", "--resume", "--no-progress", "--json"}  # fmt: skip
 
 BAD: dict[str, list[Bad]] = {
     "synth": [
@@ -406,6 +406,7 @@ BAD: dict[str, list[Bad]] = {
         Bad("--pieces", demo("--pieces", "0"), ["--pieces=0", "auto"]),
         Bad("--pieces", demo("--pieces", "many"), ["'many'", "auto"]),
         Bad("--mix", demo("--mix", "0"), ["--mix=0", "auto"]),
+        Bad("--buffer", demo("--buffer", "gpu"), ["--buffer", "invalid choice: 'gpu'", "'host'"]),
         Bad("--segments", demo("--segments", "{tmp}/nope.csv"), ["--segments='", "nope.csv", "readable"]),
         Bad("--segments", demo("--timesteps", "100", "--segments", "{seg}"), ["--segments=", "[0, 100)"]),
         Bad("--batch-size", demo("--batch-size", "0"), [" 0 is invalid", ">= 1"]),
@@ -539,10 +540,11 @@ def test_demo_options_take_effect(stores, tmp_path, capsys):
     # run 3: --data on the module's run, --stim-dims picks its stimulus, --segments
     argv = _fill(["demo", "--data", "{run}", "--stim-dims", "2", "--epochs", "1", "--chunk-size",
                   "64", "--batch-size", "8", "--device", "cpu", "--out", "{tmp}/e", "--segments",
-                  "{seg}", "--no-progress"], stores, tmp_path)  # fmt: skip
+                  "{seg}", "--buffer", "device", "--no-progress"], stores, tmp_path)  # fmt: skip
     rc, out, err = _cli(argv, capsys)
     assert rc == 0, err
     assert "dataset:" not in out  # no synthetic data written
+    assert "device tier" in out  # --buffer: the stream's tier
     # --segments: validation is reported per held-out segment
     assert re.search(r"^\s+a/val\s+\d", out, re.MULTILINE), out
     assert re.search(r"^\s+b/val\s+\d", out, re.MULTILINE), out

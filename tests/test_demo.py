@@ -57,10 +57,11 @@ def test_demo_trains_on_segments_with_pieces_and_reports_each(tmp_path, capsys):
     segments.write_text("start,stop,name\n0,1500,calm\n1500,4096,storm\n")
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), *SMALL, "--epochs", "2", "--pieces", "4",
-            "--segments", str(segments)]  # fmt: skip
+            "--segments", str(segments), "--buffer", "device"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "4 pieces/chunk" in text
+    assert "4 pieces/chunk" in text and "device tier" in text  # --buffer reached the stream
+    assert json.loads((out / "result.json").read_text())["buffer"] == "device"
     assert "calm/val" in text and "storm/val" in text
 
 

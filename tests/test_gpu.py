@@ -399,28 +399,79 @@ def test_training_loop_makes_no_host_sync_also_after_resume(tmp_path):
     config = TrainConfig(chunk_size=512, batch_size=32, epochs=2, warmup_epochs=1,
                          hidden_dim=64, latent_dim=16, device="cuda", progress=False,
                          tensorboard=False, workers=2, seed=2, time_every=2)  # fmt: skip
-    checked = []
+    counts: dict[int, int] = {}
 
-    def strict_between_chunks(trainer, chunk):
-        # Every chunk after an epoch's first runs under "error" until the epoch's last
-        # chunk is done: validation and checkpoints at the epoch's end may sync.
-        last = chunk.index + 1 >= trainer.plan.chunks_per_epoch
-        torch.cuda.set_sync_debug_mode("default" if last else "error")
-        checked.append(chunk.index)
+    def strict_between_chunks(trainer, batch):
+        # Every batch after an epoch's first chunk runs under "error" until the epoch's
+        # last batch is done: validation and checkpoints at the epoch's end may sync.
+        epoch = len(trainer.history)
+        n = counts[epoch] = counts.get(epoch, 0) + 1
+        strict = trainer.plan.batches_per_chunk <= n < trainer.stream.batches_per_epoch
+        torch.cuda.set_sync_debug_mode("error" if strict else "default")
 
     try:
-        first = Trainer(source, config, out_dir=tmp_path, on_chunk=strict_between_chunks)
+        first = Trainer(source, config, out_dir=tmp_path, on_batch=strict_between_chunks)
         assert first.plan.chunks_per_epoch >= 3
         first.fit()
         resumed = Trainer(source, TrainConfig(**{**config.to_dict(), "epochs": 4}),
-                          out_dir=tmp_path, on_chunk=strict_between_chunks)  # fmt: skip
+                          out_dir=tmp_path, on_batch=strict_between_chunks)  # fmt: skip
         result = resumed.fit(resume=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(result.history) == 4 and len(checked) == 4 * first.plan.chunks_per_epoch
+    per_epoch = first.plan.chunks_per_epoch * first.plan.batches_per_chunk
+    assert len(result.history) == 4 and counts == dict.fromkeys(range(4), per_epoch)
     # Loaded to the CPU: Adam's step counters stay on the host, as in a fresh run.
     steps = [state["step"] for state in resumed.optimizer.state.values()]
     assert steps and all(s.device.type == "cpu" for s in steps)
+
+
+@pytest.mark.parametrize("tier", ["host", "device"])
+def test_demo_on_cuda_with_each_tier(tier, tmp_path, capsys, monkeypatch):
+    """``chunkstream demo --device cuda --buffer TIER``: it trains, and its batches take
+    the stream's path: on the host tier each one copied from a pinned slot by the
+    loader's asynchronous copy, never ``.to(device)`` from pageable memory; on the device
+    tier gathered on the device from the loader's chunks."""
+    import json
+
+    from chunkstream.cli import main
+
+    copies: list[tuple[bool, bool, tuple]] = []  # (pinned, non_blocking, shape) to the GPU
+    moved: list[tuple] = []  # shapes of CPU tensors moved by .to() to the GPU
+    copy_, to = torch.Tensor.copy_, torch.Tensor.to
+
+    def spy_copy(self, src, non_blocking=False):
+        if self.is_cuda and not src.is_cuda:
+            copies.append((src.is_pinned(), non_blocking, tuple(src.shape)))
+        return copy_(self, src, non_blocking)
+
+    def spy_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if not self.is_cuda and out.is_cuda:
+            moved.append(tuple(self.shape))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "copy_", spy_copy)
+    monkeypatch.setattr(torch.Tensor, "to", spy_to)
+    out = tmp_path / "demo"
+    argv = ["demo", "--device", "cuda", "--buffer", tier, "--out", str(out), "--timesteps",
+            "4096", "--neurons", "32", "--stim-dims", "8", "--chunk-size", "512", "--epochs",
+            "2", "--no-progress", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    assert f"{tier} tier" in capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    assert result["device"].startswith("cuda") and result["buffer"] == tier
+    assert result["val_loss"] < result["baseline_val"]
+    window = 5  # TrainConfig's default rollout: 4 steps of 1
+    batch_copies = [c for c in copies if c[2][:2] == (32, window)]
+    assert not [shape for shape in moved if shape[:2] == (32, window)]
+    if tier == "host":
+        assert result["memory"]["loader_device"] == 0  # the loader reads to host memory
+        # the data and the stimulus of every batch, each through a pinned slot
+        assert len(batch_copies) == 2 * result["batches"]
+        assert all(pinned and non_blocking for pinned, non_blocking, _ in batch_copies)
+    else:
+        assert result["memory"]["loader_device"] > 0
+        assert not batch_copies  # batches are gathered on the device
 
 
 def _two_gpus() -> bool:

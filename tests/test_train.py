@@ -75,6 +75,8 @@ def test_config_validation():
         TrainConfig(batch_size=0)
     with pytest.raises(ConfigError, match="val_fraction"):
         TrainConfig(val_fraction=1.5)
+    with pytest.raises(ConfigError, match=r"buffer='gpu'.*'auto', 'host' or 'device'"):
+        TrainConfig(buffer="gpu")
     assert TrainConfig(time_units=2, evolve_multiple_steps=3).window == 7
     with pytest.raises(TypeError):
         TrainConfig(64)  # keyword-only
@@ -107,84 +109,127 @@ def test_trainer_beats_the_constant_baseline(flyvis_source, tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
 
 
-@pytest.mark.parametrize(("mix", "kill_at", "every"), [(1, 6, 1), (3, 6, 1), (3, 7, 0), (7, 8, 1)])
-def test_resume_continues_with_the_same_windows(flyvis_source, tmp_path, mix, kill_at, every):
-    # 5 chunks per epoch. mix=3: the checkpoints fall mid-buffer, and the resumed run
-    # re-reads the held chunks, across the end of epoch 0 (the buffer is kept across
-    # epochs); every=0: from the checkpoint at epoch 0's end; mix=7 holds more than an
-    # epoch, so the re-read spans two.
-    trainer = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full")
-    full = trainer.fit()
-    assert trainer.mixer is None  # the held chunks are released when fit() returns
+def _fingerprints(seen: list):
+    """An ``on_batch`` that records each batch's (epoch, sum): which batch, in which order."""
 
-    class Killed(Exception):
-        pass
+    def record(trainer, batch):
+        seen.append((len(trainer.history), float(batch["voltage"].double().sum())))
 
-    seen, chunks = [], []
+    return record
 
-    def kill_after_some(trainer, chunk):
-        seen.extend((chunk.epoch, p.start, p.stop) for p in chunk.pieces)
-        chunks.append(chunk.index)
-        if len(chunks) == kill_at:
+
+class Killed(Exception):
+    pass
+
+
+def _killed_then_resumed(source, run, config, kill_at: int):
+    """The batches a run killed after ``kill_at`` batches trained, and those its resumed
+    run (from the last checkpoint) trained, and the resumed result."""
+    seen: list = []
+    record = _fingerprints(seen)
+
+    def kill(trainer, batch):
+        record(trainer, batch)
+        if len(seen) == kill_at:
             raise Killed
 
-    run = tmp_path / "killed"
     with pytest.raises(Killed):
-        Trainer(flyvis_source, _config(checkpoint_every=every, mix=mix), out_dir=run,
-                on_chunk=kill_after_some).fit()  # fmt: skip
-    resumed = Trainer(flyvis_source, _config(checkpoint_every=every, mix=mix), out_dir=run).fit(
-        resume=True
-    )
-    if every == 0:  # the chunks after the checkpoint are streamed again
-        seen = [w for w in seen if w[0] == 0]
-    assert seen + resumed.windows == full.windows
+        Trainer(source, config, out_dir=run, on_batch=kill).fit()
+    again: list = []
+    resumed = Trainer(source, config, out_dir=run, on_batch=_fingerprints(again)).fit(resume=True)
+    return seen, again, resumed
+
+
+# 5 chunks per epoch of 32 batches each (160 per epoch). mix=3: the checkpoints fall
+# mid-buffer, and the resumed stream re-reads the held chunks, across the end of epoch 0
+# (the buffer is kept across epochs); every=0: from the checkpoint at epoch 0's end;
+# mix=7 holds more than an epoch, so the re-read spans two. A kill mid-chunk resumes
+# from the last chunk's end the trainer saw the epoch go on after.
+@pytest.mark.parametrize(
+    ("mix", "kill_at", "every", "checkpointed"),
+    [
+        (1, 6 * 32 + 5, 1, 192),
+        (3, 6 * 32 + 5, 1, 192),
+        (3, 7 * 32, 0, 160),
+        (7, 8 * 32 + 3, 1, 256),
+    ],
+)
+def test_resume_continues_with_the_same_batches(
+    flyvis_source, tmp_path, mix, kill_at, every, checkpointed
+):
+    full_seen: list = []
+    trainer = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full",
+                      on_batch=_fingerprints(full_seen))  # fmt: skip
+    full = trainer.fit()
+    assert trainer.stream is None  # the held chunks are released when fit() returns
+    assert len(full_seen) == 3 * 160
+    config = _config(checkpoint_every=every, mix=mix)
+    seen, again, resumed = _killed_then_resumed(flyvis_source, tmp_path / "k", config, kill_at)
+    assert seen == full_seen[:kill_at]  # the same batches in the same order
+    assert len(full_seen) - len(again) == checkpointed
+    assert again == full_seen[checkpointed:]  # the rest, exactly, after the checkpoint
     assert [r.epoch for r in resumed.history] == [0, 1, 2]
-    # the same windows and the same per-chunk batch seeds: the same model at the end
+    # the same batches after the same model state: the same model at the end
     assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
 
 
 @pytest.mark.parametrize("mix", [1, 3])
 def test_a_kill_after_an_epochs_last_chunk_keeps_that_epochs_record(flyvis_source, tmp_path, mix):
-    # 5 chunks per epoch, a checkpoint after every chunk: the kill comes after epoch 0's
-    # last chunk, before its validation. The resumed run must still record epoch 0.
-    full = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full").fit()
-
-    class Killed(Exception):
-        pass
-
-    seen = []
-
-    def kill_at_the_epochs_end(trainer, chunk):
-        seen.append([(chunk.epoch, p.start, p.stop) for p in chunk.pieces])
-        if len(seen) == 5:
-            raise Killed
-
-    run = tmp_path / "killed"
-    with pytest.raises(Killed):
-        Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run,
-                on_chunk=kill_at_the_epochs_end).fit()  # fmt: skip
-    resumed = Trainer(flyvis_source, _config(checkpoint_every=1, mix=mix), out_dir=run).fit(
-        resume=True
-    )
+    # A checkpoint after every chunk: the kill comes right after epoch 0's last batch,
+    # before its validation. The resumed run must still record epoch 0.
+    full_seen: list = []
+    full = Trainer(flyvis_source, _config(mix=mix), out_dir=tmp_path / "full",
+                   on_batch=_fingerprints(full_seen)).fit()  # fmt: skip
+    config = _config(checkpoint_every=1, mix=mix)
+    seen, again, resumed = _killed_then_resumed(flyvis_source, tmp_path / "k", config, 160)
     assert [r.epoch for r in resumed.history] == [0, 1, 2]
     # The last chunk's training was not checkpointed: it is streamed and trained again.
-    assert [w for chunk in seen[:4] for w in chunk] + resumed.windows == full.windows
+    assert seen[:128] + again == full_seen
     assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-4)
+
+
+def test_batch_seeds_are_a_hash_of_epoch_and_chunk_not_a_sum():
+    # The trainer's batches are the stream's: seeded by a hash of (seed, epoch, chunk,
+    # batch, rank). The old trainer's linear seed gave (epoch=1, index=0) and
+    # (epoch=0, index=65537) one seed.
+    from chunkstream.plans import hash_words, seed_key
+
+    key = seed_key(0)
+    assert hash_words(key, 1, 1, 0, 0, 0) != hash_words(key, 1, 0, 65537, 0, 0)
+
+
+def test_the_trainer_draws_and_moves_no_batch_itself():
+    # train/ keeps the model, the loss, validation and reporting; batches come from a
+    # BatchStream (its draws, gathers and pinned copies), never from a loop of its own.
+    from pathlib import Path
+
+    import chunkstream.train
+
+    folder = Path(chunkstream.train.__file__).parent
+    text = {p.name: p.read_text() for p in folder.glob("*.py")}
+    assert "_batches.py" not in text
+    for name, body in text.items():
+        for banned in ("ChunkMixer", ".gather(", ".to(self.device", "batch_seed"):
+            assert banned not in body, (name, banned)
+    assert "BatchStream(" in text["_trainer.py"]
+    # no private module of another package
+    assert "from ..consumer._" not in text["_trainer.py"]
 
 
 def test_segments_hold_out_each_conditions_end_and_report_validation_per_segment(flyvis_source):
     segments = [(0, 900, "cond0"), (900, 2100, "cond1"), (2100, 3000, "cond2")]
     config = _config(segments=segments, pieces=8, epochs=2, batches_per_epoch=20,
                      chunk_size=256, val_fraction=0.2)  # fmt: skip
-    seen = []
-    trainer = Trainer(flyvis_source, config,
-                      on_chunk=lambda t, chunk: seen.extend(chunk.pieces))  # fmt: skip
+    trainer = Trainer(flyvis_source, config)
     assert trainer.pieces == 8
     result = trainer.fit()
     assert sorted(result.val_segments) == ["cond0/val", "cond1/val", "cond2/val"]
     assert all(v > 0 for v in result.val_segments.values())
     assert [r.batches for r in result.history] == [20, 20]
-    train = trainer.train_segments
+    train, plan = trainer.train_segments, trainer.loader.plan
+    assert plan.segments == train
+    seen = [p for e in range(2) for i in range(result.history[e].chunks) for p in plan.chunk(e, i)]
+    assert seen
     for piece in seen:  # every streamed piece inside one training range, never held-out data
         seg = train[piece.segment]
         assert seg.start <= piece.start < piece.stop <= seg.stop and seg.name.endswith("/train")
@@ -222,9 +267,10 @@ def test_pieces_auto_keeps_every_piece_a_whole_stored_chunk_and_an_int_is_kept(f
     assert TrainConfig().pieces == "auto" and PIECES_AUTO == 128
     trainer = Trainer(flyvis_source, _config(epochs=1, mix=1))
     assert trainer.pieces == 2
-    seen = []
-    Trainer(flyvis_source, _config(epochs=1, mix=1),
-            on_chunk=lambda t, chunk: seen.extend(chunk.pieces)).fit()  # fmt: skip
+    trained = Trainer(flyvis_source, _config(epochs=1, mix=1))
+    trained.fit()
+    plan = trained.loader.plan
+    seen = [p for i in range(trained.history[0].chunks) for p in plan.chunk(0, i)]
     assert seen and all(p.start % 256 == 0 and p.stop - p.start == 256 for p in seen)
     assert Trainer(flyvis_source, _config(pieces=8)).pieces == 8  # asked for: kept
     # a source without a stored grid (in memory): 128 pieces, fewer when a piece of

@@ -2,7 +2,8 @@
 
 With no arguments it writes (once; later runs reuse it) a synthetic dataset in
 the FlyVis layout under ``./chunkstream-demo/data``, streams its training split
-in chunks (CUDA when present, else CPU) for a few epochs, prints one line per
+in chunks (CUDA when present, else CPU) and trains on the batches a ``BatchStream``
+draws from them, for a few epochs, prints one line per
 epoch and a final table, and writes TensorBoard logs, ``timeline.png`` and
 ``trace.json`` (the loader's spans, for ui.perfetto.dev) into the output folder. ``--data`` trains on an existing FlyVis-layout directory.
 """
@@ -26,6 +27,7 @@ OPTIONS = {
     "batch_size": "--batch-size",
     "pieces": "--pieces",
     "mix": "--mix",
+    "buffer": "--buffer",
     "epochs": "--epochs",
     "segments": "--segments",
     "device": "--device",
@@ -112,6 +114,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="chunks held and mixed per batch, a shuffle buffer of chunks (default "
         "%(default)s: the largest share of the training split that half the job's host "
         "memory holds, cgroup limits included; 1: each batch from one chunk)",
+    )
+    p.add_argument(
+        "--buffer",
+        choices=("auto", "host", "device"),
+        default="auto",
+        help="where the shuffle buffer lives (BatchStream's buffer=): host memory, each "
+        "batch gathered there and copied to the device from pinned slots; or the device "
+        "(default %(default)s: the one that holds more of the split)",
     )
     p.add_argument(
         "--segments",
@@ -220,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         pieces=args.pieces,
         mix=args.mix,
+        buffer=args.buffer,
         segments=args.segments,
     )
     out = Path(args.out)
@@ -302,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
             "latency": result.latency,
             "seconds": result.seconds,
             "device": result.device,
+            "buffer": result.buffer.tier,
+            "mix": result.buffer.mix,
+            "batches": sum(r.batches for r in result.history),
+            "epoch_seconds": [r.seconds for r in result.history],
         }
         (out / "result.json").write_text(json.dumps(payload, indent=1))
     return 0
@@ -369,7 +384,7 @@ def format_table(result) -> str:
         (
             "chunk shuffle buffer",
             _mb(m.get("mixer")) if m.get("mixer") else "-",
-            f"{_tier(result)}: --mix chunks held by the trainer, {_buffer_share(m):.1%} of "
+            f"{_tier(result)}: --mix chunks held by the BatchStream, {_buffer_share(m):.1%} of "
             "the training split; batches drawn over them",
         ),
         ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),

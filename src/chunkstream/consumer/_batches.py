@@ -47,7 +47,7 @@ from .._executor import Cancelled
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
-from ..plans import M64, EpochPlan, hash_words, seed_key, window_in_chunk
+from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
 from ._gather import Watch, check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
@@ -348,7 +348,7 @@ class BatchStream:
             loaded, skip, refill = run.resume
             # Again here, in the consumer's thread: a dropped run may have read on since
             # load_state_dict() (from a signal handler, say) positioned the loader.
-            loader.load_state_dict(loaded)
+            loader.load_state_dict(loaded, uneven=run.uneven)
             mixer.clear()  # the refill puts back what the saved run held
             # The held chunks of earlier epochs are re-read first.
             refill = mixer.refill_across(loader, loaded, refill, self.chunks_per_epoch)
@@ -414,13 +414,15 @@ class BatchStream:
             "align": self.align,
         }
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
+    def load_state_dict(self, state: Mapping[str, object], *, uneven: Uneven = "exact") -> None:
         """Resume: the next ``iter()`` yields the interrupted epoch's remaining batches.
 
         Safe from a signal handler and from any thread: it checks ``state``,
         positions the loader, and swaps in a new run holding it; an iteration in
         progress stops at its next batch, and the buffer is refilled by the next
-        iteration, in the consumer's thread.
+        iteration, in the consumer's thread. ``uneven`` is the loader's
+        (:meth:`ChunkLoader.load_state_dict`): how a state saved under another
+        world size splits the rest of its epoch.
         """
         check_stream_state(state, batches_per_chunk=self.batches_per_chunk)
         try:
@@ -449,9 +451,9 @@ class BatchStream:
                     f"{name}={own}: the remaining batches will differ from the interrupted run",
                     stacklevel=2,
                 )
-        self.loader.load_state_dict(loader_state)  # type: ignore[arg-type]
+        self.loader.load_state_dict(loader_state, uneven=uneven)  # type: ignore[arg-type]
         loaded = _stream_state(dict(loader_state), batch, refill)  # type: ignore[call-overload]
-        run = _Run(loaded, resume=loaded)
+        run = _Run(loaded, resume=loaded, uneven=uneven)
         old, self._run = self._run, run  # one reference: state_dict() sees old or new
         old.dropped = True  # an iteration in progress stops at its next batch
 
@@ -478,16 +480,20 @@ class _Run:
 
     ``state``: the state that resumes right after the last batch this run handed
     out (``None``: the loader's own); ``resume``: where it starts, after
-    :meth:`BatchStream.load_state_dict`; ``dropped``: a newer run took over, so this
+    :meth:`BatchStream.load_state_dict`, with the loader's ``uneven`` for it;
+    ``dropped``: a newer run took over, so this
     one stops at its next batch (:meth:`check` raises
     :class:`~chunkstream._executor.Cancelled`) and leaves the buffer alone.
     """
 
-    __slots__ = ("dropped", "resume", "started", "state")
+    __slots__ = ("dropped", "resume", "started", "state", "uneven")
 
-    def __init__(self, state: tuple | None, resume: tuple | None = None) -> None:
+    def __init__(
+        self, state: tuple | None, resume: tuple | None = None, uneven: Uneven = "exact"
+    ) -> None:
         self.state = state
         self.resume = resume
+        self.uneven = uneven
         self.started = False
         self.dropped = False
 

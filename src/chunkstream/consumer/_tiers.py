@@ -324,13 +324,15 @@ def default_buffer(
     host_memory: int | None = None,
     device_memory: int | None = None,
     share: NodeShare | None = None,
+    tier: str = "auto",
 ) -> BufferInfo:
     """The :class:`BufferInfo` a consumer that builds its own loader (the reference
-    trainer) holds for batches on ``device``: the tier :func:`choose_tier` picks, ``mix``
+    trainer) holds for batches on ``device``: the tier :func:`choose_tier` picks (``tier``,
+    ``"host"`` or ``"device"`` as ``BatchStream(buffer=)``, overrides it), ``mix``
     (``"auto"`` sized) on it. ``loader_nbytes``: the loader's arena
     (:func:`chunkstream._memory.arena_bytes`)."""
     tier, why = choose_tier(
-        "auto",
+        tier,
         device,
         mix=mix,
         chunk_nbytes=chunk_nbytes,

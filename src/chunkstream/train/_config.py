@@ -35,14 +35,17 @@ class TrainConfig:
     and also takes fewer where a piece would be shorter than the source's
     stored time chunk, so that no piece decodes a stored chunk for a part of
     it (read amplification). ``mix`` > 1 draws every batch over the windows of
-    the last ``mix`` chunks (:class:`~chunkstream.consumer.ChunkMixer`, a
+    the last ``mix`` chunks (``BatchStream(mix=)``, a
     shuffle buffer of chunks, kept across epochs), each chunk still feeding
     its share of batches; ``mix="auto"`` is ``BatchStream``'s default, sized by
     the same policy (:mod:`chunkstream.consumer._defaults`): the largest share
     of the training split the job's host memory allows (cgroup limits
     included), on the host tier where that holds more than the device tier
     may (on CUDA each batch is then gathered on the host and copied to the
-    device), else up to 16 chunks on the device. A checkpoint resumes exactly
+    device), else up to 16 chunks on the device; ``buffer`` (``"host"`` or
+    ``"device"``, as ``BatchStream(buffer=)``) picks the tier instead. Batches
+    come from a :class:`~chunkstream.BatchStream` over the loader, drawn
+    uniformly (with replacement) over the held chunks' windows. A checkpoint resumes exactly
     where ``"auto"`` resolves to the same count (an int pins it across
     machines; an int above the chunks of one pass is refused). With ``segments`` (anything
     :class:`~chunkstream.Segments` takes, or a CSV/JSON path) the last
@@ -53,7 +56,8 @@ class TrainConfig:
     batches_per_chunk``) fixes the batches an epoch trains, so that runs with
     different chunkings train equally long. The first
     ``warmup_epochs`` train the reconstruction loss only. ``checkpoint_every``
-    also checkpoints every that many chunks (0: at each epoch's end only).
+    also checkpoints every that many chunks (0: at each epoch's end only), with the
+    stream's state (:meth:`~chunkstream.BatchStream.state_dict`).
     ``tensorboard=None`` logs when tensorboard is installed. ``time_every``
     times every that many batches (forward, backward, step).
     """
@@ -78,7 +82,7 @@ class TrainConfig:
     mix: int | str = "auto"
     segments: Any = None
     batches_per_epoch: int | None = None
-    replacement: bool = True
+    buffer: str = "auto"
     prefetch: int = 2
     workers: int = 2
     seed: int = 0
@@ -120,6 +124,13 @@ class TrainConfig:
                 'Pass mix="auto" (the largest share of the split the memory allows), or '
                 "e.g. mix=1 (no mixing).",
                 expected='an int >= 1 (chunks held and mixed per batch) or "auto"',
+            )
+        if self.buffer not in ("auto", "host", "device"):
+            raise ConfigError.bad(
+                "buffer",
+                self.buffer,
+                "'auto', 'host' or 'device' (where the shuffle buffer lives)",
+                "Pass buffer='auto' (the defaults' policy), or name a tier.",
             )
         for name in ("epochs", "warmup_epochs", "checkpoint_every"):
             check_int(name, getattr(self, name), 0, expected="an int >= 0")
@@ -180,8 +191,6 @@ class TrainResult:
     device: str
     seconds: float
     checkpoint: str | None
-    # (epoch, start, stop) of every piece streamed, in order
-    windows: list[tuple[int, int, int]] = field(default_factory=list)
     val_segments: dict[str, float] = field(default_factory=dict)  # model MSE per held-out segment
     #: The shuffle buffer (a :class:`~chunkstream.consumer.BufferInfo`: tier, chunks, share
     #: of the split, the host memory it was sized from); ``None`` where not recorded.

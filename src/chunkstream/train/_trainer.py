@@ -1,4 +1,4 @@
-"""A reference trainer: a latent-dynamics model trained by streaming chunks of a source.
+"""A reference trainer: a latent-dynamics model trained on batches streamed from a source.
 
 Usable on any source with a ``(T, N)`` data field and, optionally, a
 ``(T, S)`` stimulus field (``cs.flyvis.open(path)`` gives both)::
@@ -6,20 +6,24 @@ Usable on any source with a ``(T, N)`` data field and, optionally, a
     trainer = Trainer(source, TrainConfig(epochs=10, device="cuda"), out_dir="runs/a")
     result = trainer.fit()            # fit(resume=True) continues a killed run
 
-Per chunk it draws ``batches_per_chunk`` batches of windows on the device
-(seeded by ``(seed, epoch, chunk index)``, so a resumed run draws the same
-batches; with ``mix > 1`` over that chunk and the ``mix - 1`` before it, see
-:class:`chunkstream.ChunkMixer`, and a checkpoint also records how many of
-them a resumed run re-reads), trains on each, and merges the chunk into the per-neuron running
-moments during the first epoch (the constant baseline). Per epoch it evaluates
+The trainer draws and moves no batch itself: a :class:`~chunkstream.BatchStream`
+over a :class:`~chunkstream.ChunkLoader` does (its shuffle buffer on the tier
+:attr:`Trainer.buffer` names, its batch starts a hash of ``(seed, epoch, chunk
+index, batch, rank)``, so a resumed run draws the same batches; on CUDA with
+the host tier each batch is gathered on the host into pinned slots and copied
+by the loader's copy on its transfer stream). The trainer keeps the model, the
+loss, validation and reporting: it trains on each batch, and merges the rows
+of the first epoch's batches into the per-neuron running moments (the constant
+baseline: the mean of the training rows the model saw). Per epoch it evaluates
 on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
-model, optimizer, loader state, moments and history.
+model, optimizer, the stream's state (:meth:`BatchStream.state_dict`), moments
+and history.
 
 **Under DDP** (``torchrun``; the process group initialised before the
 ``Trainer`` is built) the model is wrapped in ``DistributedDataParallel``, the
 plan is per rank (``plan_epoch(..., world_size=W)``: one epoch is one pass
-across ranks), each rank streams its own share of the windows and draws its own
-batches, the per-neuron moments are all-reduced across ranks (exactly: the
+across ranks), each rank streams its own share of the windows and its stream draws its
+own batches, the per-neuron moments are all-reduced across ranks (exactly: the
 baseline is that of all ranks' rows), and validation splits the held-out
 windows across ranks and averages over all of them. Only rank 0 writes the
 checkpoint, TensorBoard logs and progress bars; every rank restores the
@@ -31,7 +35,7 @@ call: all ranks make them at the same chunks. Each rank runs on its own GPU:
 ``torch.cuda.set_device`` on it and gives DDP ``device_ids=[LOCAL_RANK]``
 (NCCL refuses two ranks on one GPU: "Duplicate GPU detected").
 
-Host syncs: none per batch. Per chunk, only the progress bar's loss text, and
+Host syncs: none per batch from the trainer. Per chunk, only the progress bar's loss text, and
 only while the bar is shown (a terminal); checkpoints, validation and the
 moments' all-reduce sync at their own boundaries. A resumed run loads the
 checkpoint to the CPU first, so Adam's ``step`` counters stay on the host as in
@@ -40,7 +44,6 @@ a fresh run (on the GPU every step would read each of them back).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import resource
@@ -52,14 +55,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._errors import ConfigError
 from .._memory import arena_bytes
 from .._resume import check_checkpoint_config
-from ..consumer import ChunkMixer, default_buffer
+from ..consumer import BatchStream, StreamOptions, default_buffer
 from ..distributed import is_distributed, resolve_rank
-from ..pipeline import Chunk, ChunkLoader, LoaderOptions
+from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
 from ..sources import stored_time_chunk
-from ._batches import batch_seed, batch_starts
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, split_source
@@ -77,9 +80,10 @@ CHECKPOINT = "checkpoint.pt"
 class Trainer:
     """Train :class:`LatentDynamics` on ``source`` by streaming (module docs).
 
-    ``on_chunk(trainer, chunk)`` runs after each chunk's batches (and its
-    checkpoint); ``on_epoch(trainer, record)`` after each epoch. ``out_dir``
-    receives checkpoints and TensorBoard logs (``None``: neither).
+    ``on_batch(trainer, batch)`` runs after each batch's step (``batch``: the
+    stream's dict of the data and stimulus fields); ``on_epoch(trainer,
+    record)`` after each epoch. ``out_dir`` receives checkpoints and TensorBoard
+    logs (``None``: neither).
     """
 
     def __init__(
@@ -88,13 +92,13 @@ class Trainer:
         config: TrainConfig | None = None,
         out_dir: str | os.PathLike | None = None,
         *,
-        on_chunk: Callable[[Trainer, Chunk], None] | None = None,
+        on_batch: Callable[[Trainer, dict[str, torch.Tensor]], None] | None = None,
         on_epoch: Callable[[Trainer, EpochRecord], None] | None = None,
     ) -> None:
         self.config = c = config or TrainConfig()
         self.source = source
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.on_chunk, self.on_epoch = on_chunk, on_epoch
+        self.on_batch, self.on_epoch = on_batch, on_epoch
         self.neurons, self.stim_dims = field_sizes(source, c)
         self.device = trainer_device(c.device, distributed=is_distributed())
         if is_distributed() and self.device.type == "cuda":
@@ -123,10 +127,11 @@ class Trainer:
             pieces=self.pieces,
         )
         #: The shuffle buffer, sized by the library's one policy for defaults
-        #: (:func:`chunkstream.consumer.default_buffer`, as ``BatchStream``):
+        #: (``default_buffer``, as ``BatchStream``'s) and handed to the stream as is:
         #: its tier, chunks (``mix``), share of the split and the host memory it read.
         self.buffer = default_buffer(
             c.mix,
+            tier=c.buffer,
             device=self.device,
             chunk_nbytes=self._mixer_chunk_bytes(),
             pass_chunks=max(1, self.plan.chunks_per_epoch // c.passes_per_epoch),
@@ -134,8 +139,8 @@ class Trainer:
             loader_nbytes=self._loader_nbytes(),
         )
         self.mix = self.buffer.mix
-        #: Batches gathered on the host and copied to a CUDA device (the host tier there);
-        #: the loader then reads to host memory.
+        #: Batches gathered on the host and copied to a CUDA device through pinned slots
+        #: (the host tier there); the loader then reads to host memory.
         self.host_tier = self.buffer.tier == "host" and self.device.type == "cuda"
         _log.info("%s", self.buffer.describe())
         if self.buffer.note and self.mix > 1:
@@ -148,7 +153,7 @@ class Trainer:
         torch.manual_seed(c.seed)  # the same initial weights on every rank
         self.model = LatentDynamics(
             self.neurons, self.stim_dims, latent_dim=c.latent_dim, hidden_dim=c.hidden_dim
-        ).to(self.device)
+        ).to(device=self.device)  # the model; batches come from the stream
         #: What the training step calls: ``model``, or its DDP wrapper under torch.distributed.
         self.net: nn.Module = self.model
         if is_distributed():
@@ -163,10 +168,9 @@ class Trainer:
         self.moments = RunningMoments(self.neurons, self.device)
         self._pending = RunningMoments(self.neurons, self.device)  # this rank's, since then
         self.history: list[EpochRecord] = []
-        self.windows: list[tuple[int, int, int]] = []
         self.loader: ChunkLoader | None = None
-        self.mixer: ChunkMixer | None = None  # held across epochs while fit() runs
-        self._refill = 0
+        #: The batches: set while fit() runs (its buffer held across epochs), then None.
+        self.stream: BatchStream | None = None
 
     # -- losses ---------------------------------------------------------------------
 
@@ -212,25 +216,24 @@ class Trainer:
     def checkpoint_path(self) -> Path | None:
         return self.out_dir / CHECKPOINT if self.out_dir is not None else None
 
-    def save_checkpoint(self) -> None:
-        """Write model, optimizer, loader state, moments and history (atomically).
+    def save_checkpoint(self, stream_state: dict | None = None) -> None:
+        """Write model, optimizer, the stream's state, moments and history (atomically).
 
-        Under torch.distributed every rank must call it (the moments are
-        all-reduced first); only rank 0 writes.
+        ``stream_state``: where a resumed run goes on (default: right after the
+        last batch the stream handed out). Under torch.distributed every rank
+        must call it (the moments are all-reduced first); only rank 0 writes.
         """
         path = self.checkpoint_path
-        if path is None or self.loader is None:
+        if path is None or self.stream is None:
             return
         self.sync_moments()
         if not self.is_main:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        loader_state, refill = self._loader_state()
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "loader": loader_state,
-            "mix_refill": refill,
+            "stream": stream_state if stream_state is not None else self.stream.state_dict(),
             "moments": self.moments.state_dict(),
             "history": [vars(r) for r in self.history],
             "config": self.config.to_dict(),
@@ -239,40 +242,29 @@ class Trainer:
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def _loader_state(self) -> tuple[dict, int]:
-        """``(loader state, chunks to re-read)`` to resume after the current chunk.
-
-        With ``mix > 1`` the next chunk's batches mix with chunks already read,
-        also at an epoch's end (the buffer is kept across epochs): resume from
-        the state before the oldest of them, and re-read them into the buffer
-        (``ChunkMixer.resume_point``); with ``mix=1``, the loader's own state.
-        """
-        loader, mixer = self.loader, self.mixer
-        if mixer is None or not len(mixer):
-            return loader.state_dict(), 0  # type: ignore[union-attr]
-        before, refill = mixer.resume_point(done=True)
-        return (loader.state_dict(), 0) if before is None else (dict(before), refill)
-
-    def _load_checkpoint(self, path: Path, loader: ChunkLoader) -> None:
+    def _load_checkpoint(self, path: Path, stream: BatchStream) -> None:
         # To the CPU: load_state_dict moves each tensor to its parameter's device,
         # except Adam's `step`, which stays where it was loaded, and on the GPU it
         # costs a host sync per parameter per step (Adam reads it with .item()).
         state = torch.load(path, map_location="cpu", weights_only=True)
         check_checkpoint_config(state.get("config"), self.config.to_dict())
+        if "stream" not in state:
+            raise ConfigError(
+                f"{path} holds no 'stream' state: it was written by a trainer before "
+                "chunkstream's trainer drew its batches from a BatchStream. Start afresh "
+                "(resume=False, or another out_dir)."
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.moments.load_state_dict(state["moments"])
         self._pending = RunningMoments(self.neurons, self.device)
         self.history = [EpochRecord(**r) for r in state["history"]]
-        saved_world = int(state["loader"].get("world_size", self.world_size))
+        saved_world = int(state["stream"]["loader"].get("world_size", self.world_size))
         # Another world size may split the rest of the epoch unevenly; DDP needs equal counts.
         uneven = "pad" if self.world_size > 1 and saved_world != self.world_size else "exact"
-        loader.load_state_dict(state["loader"], uneven=uneven)
-        # The held chunks of earlier epochs are re-read now, the rest by the next epoch.
-        self._refill = self.mixer.refill_across(  # type: ignore[union-attr]
-            loader, state["loader"], int(state.get("mix_refill", 0)), self._events_per_epoch()
-        )
-        _log.info("resumed from %s at %s", path, state["loader"])
+        # The stream re-reads the chunks its buffer held when its next epoch starts.
+        stream.load_state_dict(state["stream"], uneven=uneven)
+        _log.info("resumed from %s at %s", path, state["stream"])
 
     # -- the loop -------------------------------------------------------------------
 
@@ -303,19 +295,15 @@ class Trainer:
             ),
         )
         self.loader = loader
-        self.mixer = ChunkMixer(
-            self.mix,
-            window=c.window,
-            rows=loader.rows,
-            fields=self._mixed_fields,
-        )  # on the host tier the loader's chunks are on the CPU, and so is the buffer
         try:
+            self.stream = stream = self._batch_stream(loader)
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
-                self._load_checkpoint(path, loader)
+                self._load_checkpoint(path, stream)
             timer = loader.stats.batch_timer(self.device, every=c.time_every)
-            while (epoch := loader.state_dict()["epoch"]) < c.epochs:
-                record = self._epoch(loader, epoch, timer)
+            # The history holds every finished epoch, also of the run a checkpoint resumes.
+            for epoch in range(len(self.history), c.epochs):
+                record = self._epoch(stream, epoch, timer)
                 self.history.append(record)
                 self.save_checkpoint()
                 if writer is not None:
@@ -323,7 +311,7 @@ class Trainer:
                 if self.on_epoch is not None:
                     self.on_epoch(self, record)
         finally:
-            self.mixer = None  # the held chunks and the buffer's storage go with it
+            self.stream = None  # the held chunks and the batch slots go with it
             loader.close()
             if writer is not None:
                 writer.close()
@@ -341,69 +329,65 @@ class Trainer:
             device=str(self.device),
             seconds=time.perf_counter() - began,
             checkpoint=str(self.checkpoint_path) if self.checkpoint_path else None,
-            windows=list(self.windows),
             val_segments=dict(self.val_segments),
             buffer=self.buffer,
         )
 
-    def _epoch(self, loader: ChunkLoader, epoch: int, timer: Any) -> EpochRecord:
+    def _batch_stream(self, loader: ChunkLoader) -> BatchStream:
+        """The stream of this run's batches: the trainer's plan, fields, seed and buffer."""
+        c = self.config
+        return BatchStream(
+            loader,
+            window=c.window,
+            batch_size=c.batch_size,
+            batches_per_chunk=self.plan.batches_per_chunk,
+            mix=self.mix,  # as sized above: the stream does not size it again
+            buffer=self.buffer.tier,
+            device=self.device,
+            fields=self._mixed_fields,
+            options=StreamOptions(batches_per_epoch=self._batch_budget(), seed=c.seed),
+        )
+
+    def _epoch(self, stream: BatchStream, epoch: int, timer: Any) -> EpochRecord:
         c, began, meter = self.config, time.perf_counter(), LossMeter()
         warm = epoch < c.warmup_epochs
         chunks = batches = 0
-        per_chunk, budget = self.plan.batches_per_chunk, self._batch_budget()
-        events = self._events_per_epoch()
-        iterator = loader.epoch(events)
-        bar = _progress(len(iterator), f"epoch {epoch}", c.progress and self.is_main)
-        mixer = self.mixer
-        assert mixer is not None  # fit() made it
-        refill, self._refill = self._refill, 0
-        # One event per chunk (ChunkMixer.events): its share of batches, drawn over it and
-        # the mix - 1 chunks before it, kept across epochs; with mix=1 the held chunk is
-        # the loader's own.
-        for chunk in mixer.events(iter(iterator), loader.state_dict, refill=refill, keep=True):
-            x_chunk = chunk[c.data_field]
-            if epoch == 0:  # at the event, not the arrival: a refilled buffer adds nothing
-                self._pending.update(x_chunk.to(self.device))
-            self.windows.extend((epoch, p.start, p.stop) for p in chunk.pieces)
-            generator = torch.Generator(device=x_chunk.device)  # where the starts are drawn
-            generator.manual_seed(batch_seed(c.seed, epoch, chunk.index, self.rank))
-            count = min(per_chunk, budget - batches)
-            passes = batch_starts(mixer, c, generator)
-            for starts in itertools.islice(passes, count):
-                x = mixer.gather(c.data_field, starts)
-                s = mixer.gather(c.stim_field, starts) if c.stim_field else None
-                if self.host_tier:  # the host tier's cost per batch: a gather and one copy
-                    x = x.to(self.device, non_blocking=False)
-                    s = None if s is None else s.to(self.device, non_blocking=False)
-                with timer.batch() as timed:
-                    losses = self._losses(x, s, warm)
-                    timed.mark("forward")
-                    self.optimizer.zero_grad(set_to_none=True)
-                    losses["loss"].backward()
-                    timed.mark("backward")
-                    self.optimizer.step()
-                for name, value in losses.items():
-                    meter.add(name, value)
-                batches += 1
-            chunks += 1
-            del x_chunk  # drop references, so the loader can reuse the buffer
-            # Not after the epoch's last chunk: the loader's state is then the next epoch's,
-            # and a resume from it would skip this epoch's validation and record; the
-            # checkpoint written after them follows at once.
-            if (
-                c.checkpoint_every
-                and chunks % c.checkpoint_every == 0
-                and loader.state_dict()["epoch"] == epoch
-            ):
-                self.save_checkpoint()
-            if bar is not None:  # only a shown bar: reading the loss is a host sync
-                bar.update(1)
-                bar.set_postfix(loss=f"{meter.mean('loss'):.4f}")
-            if self.on_chunk is not None:
-                self.on_chunk(self, chunk)
-            # Dropped before asking for the next chunk, so the loader's device bound is
-            # gpu_prefetch + 1 chunks (a loop still holding it while next() runs: + 1).
-            del chunk
+        bar = _progress(stream.chunks_per_epoch, f"epoch {epoch}", c.progress and self.is_main)
+        # The state after a chunk's last batch, checkpointed once the next batch shows that
+        # the epoch goes on: not after the epoch's last chunk, whose state is the next
+        # epoch's (a resume from it would skip this epoch's validation and record; the
+        # checkpoint written after them follows at once).
+        due: dict | None = None
+        for batch in stream:
+            if due is not None:
+                self.save_checkpoint(due)  # the model is still that of due's batch
+                due = None
+            x = batch[c.data_field]
+            s = batch[c.stim_field] if c.stim_field else None
+            if epoch == 0:
+                self._pending.update(x.reshape(-1, x.shape[-1]))
+            with timer.batch() as timed:
+                losses = self._losses(x, s, warm)
+                timed.mark("forward")
+                self.optimizer.zero_grad(set_to_none=True)
+                losses["loss"].backward()
+                timed.mark("backward")
+                self.optimizer.step()
+            for name, value in losses.items():
+                meter.add(name, value)
+            batches += 1
+            state = stream.state_dict()
+            if state["batch"] == 0:  # this batch was its chunk's last
+                chunks += 1
+                if c.checkpoint_every and chunks % c.checkpoint_every == 0:
+                    due = state
+                if bar is not None:  # only a shown bar: reading the loss is a host sync
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{meter.mean('loss'):.4f}")
+            if self.on_batch is not None:
+                self.on_batch(self, batch)
+            # Dropped before asking for the next batch, so that its slot can be refilled.
+            del batch, x, s
         if bar is not None:
             bar.close()
         self.sync_moments()
@@ -439,10 +423,6 @@ class Trainer:
             or self.plan.chunks_per_epoch * self.plan.batches_per_chunk
         )
 
-    def _events_per_epoch(self) -> int:
-        """Chunks per epoch on this rank, one event each: the batch budget in chunks."""
-        return -(-self._batch_budget() // self.plan.batches_per_chunk)
-
     # -- reporting ------------------------------------------------------------------
 
     def _memory(self, loader: ChunkLoader) -> dict[str, int | None]:
@@ -454,7 +434,7 @@ class Trainer:
             "device_peak": torch.cuda.max_memory_allocated(self.device) if cuda else None,
             "loader_device": (cfg.gpu_prefetch + 1) * chunk_bytes if loader_cuda else 0,
             "loader_host": cfg.host_sets(loader_cuda) * chunk_bytes,
-            # the chunk shuffle buffer's own copies (ChunkMixer), on its tier (self.buffer)
+            # the chunk shuffle buffer's own copies (the stream's), on its tier (self.buffer)
             "mixer": self.mix * self._mixer_chunk_bytes() if self.mix > 1 else 0,
             "validation": sum(
                 t.numel() * t.element_size() for _, val, _ in self.val_parts for t in val.values()
