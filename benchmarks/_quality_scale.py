@@ -234,13 +234,13 @@ def _host_cap(nbytes: int | None):
 
 def _cap_for(trainer, share: float) -> int:
     """Host memory under which ``mix="auto"`` holds ``share`` of the split at most: the
-    policy gives the buffer ``HOST_SHARE`` of it, less the loader's arena."""
-    from chunkstream.consumer._defaults import HOST_SHARE
+    policy gives the buffer ``HOST_SHARE`` of what it leaves beside the loader's arena."""
+    from chunkstream.consumer import HOST_SHARE
 
     chunk = trainer._mixer_chunk_bytes()
     pass_chunks = max(1, trainer.plan.chunks_per_epoch // trainer.config.passes_per_epoch)
     held = max(1, math.floor(share * pass_chunks))
-    return math.ceil((held * chunk + trainer._loader_nbytes() + chunk // 2) / HOST_SHARE)
+    return math.ceil((held * chunk + chunk // 2) / HOST_SHARE) + trainer._loader_nbytes()
 
 
 def _test_losses(trainer, arrays: dict[str, np.ndarray], test: list, config) -> dict[str, float]:

@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="per arm and condition")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--arms", default="before,device,host")
-    ap.add_argument("--gather-threads", type=int, default=None, help="StreamOptions(gather_threads=)")
+    ap.add_argument(
+        "--gather-threads", type=int, default=None, help="StreamOptions(gather_threads=)"
+    )
     ap.add_argument("--batch-prefetch", type=int, default=2, help="StreamOptions(batch_prefetch=)")
     args = ap.parse_args(argv)
     t, n, chunk = (16384, 256, 4096) if args.quick else (65536, 1024, 16384)

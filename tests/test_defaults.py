@@ -10,7 +10,8 @@ import torch
 
 import chunkstream as cs
 from chunkstream._memory import ENV_HOST_MEMORY
-from chunkstream.consumer._defaults import DEVICE_MIX, preferred_tier
+from chunkstream.consumer import choose_tier
+from chunkstream.consumer._defaults import DEVICE_MIX
 from tests.flat import loader_from
 
 T, CHUNK, WINDOW = 4000, 200, 16
@@ -46,21 +47,25 @@ def test_the_shortest_code_holds_the_whole_split_where_memory_allows(caplog):
 
 
 def test_the_jobs_memory_bounds_the_default_and_says_so(monkeypatch):
+    loader_nbytes = (1 + 1 + 2) * CHUNK * STEP  # prefetch + workers + the two a loop holds
+    # half of what the cap leaves beside the loader's arena: 5 chunks. The loader reads
+    # the share before it allocates; BatchStream sizes from that reading, so the arena
+    # is counted once.
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes + 2 * 5 * CHUNK * STEP))
     with loader() as ld:
-        loader_nbytes = ld.config.host_sets(False) * ld.rows * STEP
-        # half of the capped memory less the loader's arena: 5 chunks
-        monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * (loader_nbytes + 5 * CHUNK * STEP)))
+        assert ld.config.arena_bytes(CHUNK * STEP, on_cuda=False) == loader_nbytes
         stream = cs.BatchStream(ld, window=WINDOW, plan=PLAN)
         assert stream.mix == 5 and stream.buffer.split_share == 5 / (T // CHUNK)
         assert f"capped by {ENV_HOST_MEMORY}" in stream.buffer.memory
+        assert "1 rank on this node" in stream.buffer.memory
         assert len(list(stream)) == len(stream)
-        # not even the loader's own buffers fit: refused before anything is allocated
-        monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes // 2))
-        with pytest.raises(cs.ConfigError, match="do not fit the memory this job may use"):
-            cs.BatchStream(ld, window=WINDOW, plan=PLAN)
-        monkeypatch.setenv(ENV_HOST_MEMORY, "plenty")
-        with pytest.raises(cs.ConfigError, match=ENV_HOST_MEMORY):
-            cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+    # not even the loader's own buffers fit: the loader refuses before it allocates
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes // 2))
+    with pytest.raises(cs.ConfigError, match="do not fit this rank's share"):
+        loader()
+    monkeypatch.setenv(ENV_HOST_MEMORY, "plenty")
+    with pytest.raises(cs.ConfigError, match=ENV_HOST_MEMORY):
+        loader()
 
 
 def test_mix_1_stays_the_originals_and_a_large_int_is_kept_and_said(caplog):
@@ -78,16 +83,13 @@ def test_mix_1_stays_the_originals_and_a_large_int_is_kept_and_said(caplog):
 def test_on_cuda_the_host_tier_wins_where_it_holds_more():
     cuda = torch.device("cuda")  # sized from the budgets given: no GPU needed
     chunk = 10**9
-    tier, why = preferred_tier(cuda, chunk_nbytes=chunk, pass_chunks=100, loader_nbytes=0,
-                               host_memory=40 * chunk, device_memory=80 * chunk)  # fmt: skip
+    tier, why = choose_tier("auto", cuda, chunk_nbytes=chunk, pass_chunks=100,
+                            host_memory=40 * chunk, device_memory=80 * chunk)  # fmt: skip
     assert tier == "host" and "the host holds 40 chunks where the device tier may hold 10" in why
-    tier, _ = preferred_tier(cuda, chunk_nbytes=chunk, pass_chunks=100, loader_nbytes=0,
-                             host_memory=8 * chunk, device_memory=800 * chunk)  # fmt: skip
+    tier, _ = choose_tier("auto", cuda, chunk_nbytes=chunk, pass_chunks=100,
+                          host_memory=8 * chunk, device_memory=800 * chunk)  # fmt: skip
     assert tier == "device" and DEVICE_MIX == 16
-    assert (
-        preferred_tier(torch.device("cpu"), chunk_nbytes=1, pass_chunks=1, loader_nbytes=0)[0]
-        == "host"
-    )
+    assert choose_tier("auto", torch.device("cpu"), chunk_nbytes=1, pass_chunks=1)[0] == "host"
 
 
 @pytest.mark.gpu
@@ -130,7 +132,7 @@ def test_the_trainer_on_cuda_takes_the_host_tier_where_it_holds_more(tmp_path):
 
 def test_a_cuda_loaders_device_tier_says_what_the_host_tier_would_hold(monkeypatch):
     from chunkstream.consumer import BufferInfo
-    from chunkstream.consumer._defaults import host_tier_hint
+    from chunkstream.consumer._tiers import host_tier_hint
 
     monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 40 * 10**7))
     info = BufferInfo("device", 4, 4 * 10**7, 0.05, 4, "as sized")  # 4 of 80 chunks of 10 MB

@@ -17,7 +17,7 @@ import torch
 
 import chunkstream as cs
 from chunkstream.consumer._gather import IDLE_S, GatherPool, gather_pool, host_gather
-from chunkstream.consumer._tiers import BufferInfo, quality_note, resolve_tier
+from chunkstream.consumer._tiers import BufferInfo, choose_tier, quality_note
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array
 
@@ -415,13 +415,15 @@ def test_bad_host_tier_settings_are_refused_by_name(store, kwargs, name):
 def test_tier_refusals_name_the_fix():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     with pytest.raises(cs.ConfigError, match="device='cpu'"):
-        resolve_tier("host", cuda, cuda)
+        choose_tier("host", cuda, loader_device=cuda)
     with pytest.raises(cs.ConfigError, match="buffer='host'"):
-        resolve_tier("device", cpu, cuda)
+        choose_tier("device", cuda, loader_device=cpu)
     with pytest.raises(cs.ConfigError, match="device"):
-        resolve_tier("auto", cuda, cpu)
-    assert resolve_tier("auto", cpu, cuda)[0] == "host"
-    assert resolve_tier("auto", cuda, cuda)[0] == "device"
+        choose_tier("auto", cpu, loader_device=cuda)
+    with pytest.raises(cs.ConfigError, match="'auto', 'host', 'device'"):
+        choose_tier("gpu", cuda)
+    assert choose_tier("auto", cuda, loader_device=cpu)[0] == "host"
+    assert choose_tier("auto", cuda, loader_device=cuda)[0] == "device"
 
 
 # -- chunkstream plan ---------------------------------------------------------------------

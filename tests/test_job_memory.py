@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from chunkstream import ConfigError
-from chunkstream._memory import ENV_HOST_MEMORY, job_memory, parse_memory
+from chunkstream._memory import (
+    ENV_HOST_MEMORY,
+    check_arena_fits,
+    job_memory,
+    parse_memory,
+    read_node_share,
+)
 from chunkstream.consumer._defaults import host_fit
 
 GIB = 2**30
@@ -148,12 +154,13 @@ def test_a_loader_that_does_not_fit_the_jobs_memory_is_refused_before_allocating
             "memory/job/memory.usage_in_bytes": GIB // 2,
         },
     )
-    mem = job_memory(root, env={})
+    share = read_node_share(root, env={}, affinity=2)
     with pytest.raises(ConfigError, match=r"left under the job.s limit of 1 GiB.*Lower chunk_size"):
-        host_fit(chunk_nbytes=10**8, pass_chunks=50, loader_nbytes=GIB, memory=mem)
-    fit, _, line = host_fit(chunk_nbytes=10**7, pass_chunks=50, loader_nbytes=10**8, memory=mem)
-    # half of the 0.5 GiB room, less the loader's 0.1 GB, in 10 MB chunks
-    assert fit == (GIB // 4 - 10**8) // 10**7 and "left under the job's limit" in line
+        check_arena_fits(GIB, share)
+    check_arena_fits(10**8, share)
+    fit, _, line = host_fit(chunk_nbytes=10**7, pass_chunks=50, loader_nbytes=10**8, share=share)
+    # half of what the 0.5 GiB room leaves beside the loader's 0.1 GB, in 10 MB chunks
+    assert fit == (GIB // 2 - 10**8) // 2 // 10**7 and "left under the job's limit" in line
 
 
 # -- a real cgroup: mix="auto" inside a limit smaller than the store ----------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -454,15 +455,34 @@ def test_zarrs_engine_without_zarrs_names_the_extra(tmp_path, monkeypatch):
         assert src.engine == "chunkstream"
 
 
+def _decode_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("chunkstream-decode-")}
+
+
 def test_decode_threads_are_named(tmp_path):
+    from chunkstream._memory import node_share
+
     _, path = _store(tmp_path)
-    seen: set[str] = set()
-    src = ZarrSource(path, FIELDS, read_threads=2)
+    shared = ZarrSource(path, FIELDS)  # the process's one decode pool, its thread budget
+    other = ZarrSource(path, FIELDS)
+    shared.read_into(0, T, _buffers(shared, T))
+    before = _decode_threads()
+    assert before and len(before) <= node_share().threads
+    src = ZarrSource(path, FIELDS, read_threads=2)  # a pool of its own
     src.read_into(0, T, _buffers(src, T))
-    seen = {t.name for t in threading.enumerate() if t.name.startswith("chunkstream-decode-")}
+    seen = _decode_threads() - before
     assert seen
     src.close()
     assert not any(t.name in seen and t.is_alive() for t in threading.enumerate())
+    # closing one source leaves the shared pool to the others; the last one ends it
+    shared.close()
+    other.read_into(0, T, _buffers(other, T))
+    assert before <= _decode_threads()
+    other.close()
+    deadline = time.monotonic() + 5
+    while _decode_threads() & before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _decode_threads() & before
 
 
 def test_url_store_uses_general_path():

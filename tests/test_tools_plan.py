@@ -167,7 +167,7 @@ def test_pieces_and_segments_print_valid_starts_chunks_and_read_amplification(tm
     assert report["read_amplification"] == 1.0
 
 
-def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys):
+def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys, monkeypatch):
     """The plan's verdict is the loader's: a real loader on a real store decides the same."""
     import chunkstream as cs
 
@@ -186,9 +186,14 @@ def test_plan_says_which_mode_resident_auto_gets_and_why(tmp_path, capsys):
             options=cs.LoaderOptions(host_memory=host_mem, resident="auto"),
         ) as ld:
             assert ld.mode == mode and ld.mode_reason == out["mode"]
-    assert main(["plan", "--shape", "7900,72000", "--chunk-size", "512", "--batch-size", "8",
-                 "--device", "cpu"]) == 0  # fmt: skip
-    assert "mode with resident='auto': streaming: no host_memory budget" in capsys.readouterr().out
+    # without --host-mem, this rank's share of the job's memory decides, as in the loader
+    monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(needed * 3 // 4))
+    out = _plan(capsys, str(tmp_path / "a.zarr"), "--chunk-size", "50", "--batch-size", "4",
+                "--device", "cpu")  # fmt: skip
+    assert out["mode"].startswith("streaming: 400 timesteps") and "this rank's" in out["mode"]
+    with cs.ChunkLoader(cs.ZarrSource(tmp_path / "a.zarr"), 50, device="cpu", workers=1,
+                        prefetch=1, options=cs.LoaderOptions(resident="auto")) as ld:  # fmt: skip
+        assert ld.mode == "streaming" and ld.mode_reason == out["mode"]
 
 
 def test_plan_holds_out_what_the_trainer_holds_out(tmp_path, capsys):

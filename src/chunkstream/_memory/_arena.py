@@ -36,6 +36,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -43,7 +44,18 @@ import torch
 from .._device import device_binder
 from .._executor import POLL_S as _POLL_S
 from .._executor import Executor
-from ..sources import FieldSpec
+
+
+class FieldSpec(Protocol):
+    """What the arena reads of a field (``chunkstream.sources.FieldSpec``): named here,
+    not imported, since ``sources`` sizes its decode threads from this package."""
+
+    @property
+    def dtype(self) -> object: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
 
 __all__ = ["BufferSet", "HostBufferPool", "PinnedSlotPool"]
 

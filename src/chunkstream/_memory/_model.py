@@ -1,8 +1,10 @@
 """The memory model shared by ``ChunkLoader`` and ``chunkstream plan``.
 
-What a streaming loader holds (:func:`streaming_bytes`), the depths that fit
-byte budgets (:func:`budget_depths`), and whether data fits on the device to
-run resident (:func:`resident_decision`).
+What a streaming loader holds (:func:`streaming_bytes`; its host arena, the one
+place that figure is computed: :func:`arena_bytes`), the depths that fit byte
+budgets (:func:`budget_depths`), and whether data fits on the device to run
+resident (:func:`resident_decision`; on the CPU this rank's host memory,
+:func:`~chunkstream._memory.node_share`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import torch
 
 from .._errors import ConfigError
+from ._node import NodeShare, node_share
 
 __all__ = [
     "CUDA_MARGIN_FRACTION",
     "CUDA_MARGIN_MIN",
     "LOOP_HELD",
+    "arena_bytes",
     "budget_depths",
+    "check_arena_fits",
     "resident_decision",
     "streaming_bytes",
 ]
@@ -25,6 +30,42 @@ CUDA_MARGIN_MIN = 2 << 30
 #: Host buffer sets a plain ``for`` loop holds on the CPU beyond the pipeline's
 #: ``prefetch + workers``: the chunk it works on and the one ``next()`` fills.
 LOOP_HELD = 2
+
+
+def arena_bytes(
+    chunk_bytes: int,
+    *,
+    on_cuda: bool,
+    prefetch: int,
+    workers: int,
+    host_slots: int | None = None,
+) -> int:
+    """Bytes of a loader's host arena, allocated when it is built (``chunk_bytes``: one
+    window of every field it reads).
+
+    CUDA: ``host_slots`` pinned sets (default ``prefetch + workers``); CPU: the
+    pipeline's ``prefetch + workers`` sets and the :data:`LOOP_HELD` a plain ``for``
+    loop holds. The one place this figure is computed: the loader, its budgets,
+    ``BatchStream``, ``plan`` and the trainer ask here.
+    """
+    if on_cuda:
+        sets = prefetch + workers if host_slots is None else host_slots
+    else:
+        sets = prefetch + workers + LOOP_HELD
+    return int(sets) * int(chunk_bytes)
+
+
+def check_arena_fits(nbytes: int, share: NodeShare) -> None:
+    """:class:`ConfigError` where a loader's host arena of ``nbytes`` does not fit this
+    rank's part of the job's host memory (``share``, read before it allocates)."""
+    if nbytes <= share.host_bytes:
+        return
+    raise ConfigError(
+        f"the loader's host buffers ({nbytes / 2**30:.3g} GiB) do not fit this rank's share "
+        f"of the memory this job may use: {share.describe()}. Lower chunk_size, prefetch or "
+        "workers (or pass host_memory= to size the depths from a budget), or run the job with "
+        f"a larger memory limit or fewer ranks per node."
+    )
 
 
 def streaming_bytes(
@@ -43,9 +84,12 @@ def streaming_bytes(
     host arena, ``prefetch + workers`` sets for the pipeline plus two for the
     chunks a plain ``for`` loop holds (device ``None``: there is none).
     """
+    arena = arena_bytes(
+        chunk_bytes, on_cuda=on_cuda, prefetch=prefetch, workers=workers, host_slots=host_slots
+    )
     if on_cuda:
-        return (gpu_prefetch + 1) * chunk_bytes, host_slots * chunk_bytes, 0
-    return None, 0, (prefetch + workers + LOOP_HELD) * chunk_bytes
+        return (gpu_prefetch + 1) * chunk_bytes, arena, 0
+    return None, 0, arena
 
 
 def budget_depths(
@@ -94,7 +138,10 @@ def _budget(
     device: torch.device, device_memory: int | None, host_memory: int | None
 ) -> tuple[int | None, str]:
     if device.type == "cpu":
-        return host_memory, "host_memory"
+        if host_memory is not None:
+            return host_memory, "host_memory"
+        share = node_share()
+        return share.host_bytes, f"this rank's host memory ({share.describe()})"
     if device_memory is not None:
         return device_memory, "device_memory"
     if device.type != "cuda":
@@ -118,7 +165,8 @@ def resident_decision(
     ``nbytes`` is what the ``rows`` reachable timesteps take on the device. The
     budget is ``device_memory`` when given; else on CUDA the free memory minus a
     margin (:data:`CUDA_MARGIN_FRACTION` of the total, at least
-    :data:`CUDA_MARGIN_MIN`); on the CPU ``host_memory``. ``resident=True`` with
+    :data:`CUDA_MARGIN_MIN`); on the CPU ``host_memory``, else this rank's part of
+    the job's host memory (:attr:`~chunkstream._memory.NodeShare.host_bytes`). ``resident=True`` with
     a budget they exceed is a :class:`ConfigError`.
     """
     if not (isinstance(resident, bool) or resident == "auto"):

@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         type=int_at_least(1),
         default=None,
-        help="parallel slab copies (default min(4, cores))",
+        help="parallel slab copies (default min(4, this process's share of the CPUs))",
     )
     p.add_argument("--overwrite", action="store_true", help="delete an existing OUT first")
     p.add_argument("--no-verify", action="store_true", help="skip the final checksum pass")

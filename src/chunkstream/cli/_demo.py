@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .._errors import ConfigError
+from .._memory import node_share
 from ._checks import int_at_least, naming_options, note, refuse, writable_dir
 
 __all__ = ["register"]
@@ -461,6 +462,7 @@ def format_table(result) -> str:
             _share(loader, m.get("mixer"), m["train_split"]),
         ),
         ("host peak RSS", _mb(m["host_peak_rss"]), "whole process"),
+        ("threads (this rank)", str(node_share().threads), node_share().describe()),
         *(
             [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
             if getattr(result.buffer, "memory", "")

@@ -137,6 +137,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--world-size", type=int_at_least(1), default=1, help="ranks (default 1)")
     p.add_argument(
+        "--ranks-per-node",
+        type=int_at_least(1),
+        default=None,
+        help="this job's processes on each node, which share its memory and CPUs (default: "
+        "as detected here: LOCAL_WORLD_SIZE, Slurm's tasks on the node, else 1)",
+    )
+    p.add_argument(
         "--align", type=int_at_least(1), default=1, help="window starts multiple of (default 1)"
     )
     p.add_argument(
@@ -171,7 +178,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where training runs (default cuda)",
     )
     p.add_argument("--gpu-mem", default=None, help="device memory budget, e.g. 8GB")
-    p.add_argument("--host-mem", default=None, help="host memory budget, e.g. 32GB")
+    p.add_argument(
+        "--host-mem",
+        default=None,
+        help="host memory budget of one rank, e.g. 32GB (default: this rank's share of "
+        "the memory the job may use here, cgroup limits included)",
+    )
     p.add_argument(
         "--mix",
         default="auto",
@@ -190,51 +202,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def buffer_summary(args: argparse.Namespace, report, pieces: dict | None):
+def buffer_summary(args: argparse.Namespace, report, pieces: dict | None, share):
     """The shuffle buffer the run's ``BatchStream(mix=, buffer=)`` would hold."""
     import torch
 
-    from ..consumer import plan_buffer
-    from ..consumer._defaults import preferred_tier
+    from ..consumer import choose_tier, plan_buffer
 
     mix = args.mix if args.mix == "auto" else _int_arg(args.mix, "--mix")
-    tier = args.buffer if args.buffer != "auto" else ("device" if args.device == "cuda" else "host")
     if pieces is not None and pieces["chunks_per_pass"]:
         pass_chunks = pieces["chunks_per_pass"]
     else:
         pass_chunks = -(-report.train_timesteps // report.chunk_size)
     loader = report.streaming
     gpu_mem = getattr(report.budget, "gpu_mem", None) if report.budget is not None else None
-    device_memory, why = gpu_mem, f"--buffer {args.buffer}"
+    device_memory, assumed = gpu_mem, ""
     if mix == "auto" and args.device == "cuda" and gpu_mem is None:
         if torch.cuda.is_available():
             device_memory = torch.cuda.get_device_properties(0).total_memory
         else:
-            device_memory, why = 80 * 10**9, f"{why}, an 80 GB device assumed: give --gpu-mem"
-    host_mem = getattr(report.budget, "host_mem", None) if report.budget is not None else None
+            device_memory, assumed = 80 * 10**9, ", an 80 GB device assumed: give --gpu-mem"
+    host_mem = None if args.host_mem is None else report.budget.host_mem
     loader_nbytes = (loader.pinned_bytes or 0) + (loader.host_bytes or 0)
-    if mix == "auto" and args.buffer == "auto" and args.device == "cuda":
-        # The defaults' rule: the host tier where it holds more than the device tier may.
-        tier, chose = preferred_tier(
-            torch.device("cuda"),
-            chunk_nbytes=report.chunk_bytes,
-            pass_chunks=pass_chunks,
-            loader_nbytes=loader_nbytes,
-            host_memory=host_mem,
-            device_memory=device_memory,
-        )
-        why = f"{why}: {chose}"
+    device = torch.device(args.device)
+    sizes = {
+        "chunk_nbytes": report.chunk_bytes,
+        "pass_chunks": pass_chunks,
+        "loader_nbytes": loader_nbytes,
+        "host_memory": host_mem,
+        "device_memory": device_memory,
+        "share": share,
+    }
+    tier, chose = choose_tier(args.buffer, device, mix=mix, **sizes)
     return plan_buffer(
         mix,
         tier,
-        chunk_nbytes=report.chunk_bytes,
-        pass_chunks=pass_chunks,
         pieces=pieces["pieces"] if pieces is not None else 1,
-        device=torch.device("cpu"),
-        host_memory=host_mem,
-        loader_nbytes=loader_nbytes,
-        device_memory=device_memory,
-        why=why,
+        device=device,
+        why=f"--buffer {args.buffer}{assumed}: {chose}",
+        **sizes,
     )
 
 
@@ -399,10 +404,12 @@ def run(args: argparse.Namespace) -> int:
         parse_bytes,
         parse_weights,
         plan_memory,
+        plan_share,
         recordings_layout,
     )
 
     check(args)
+    share = plan_share(args.ranks_per_node)
     recs = None
     if len(args.path) > 1:
         if args.shape is not None:
@@ -451,11 +458,12 @@ def run(args: argparse.Namespace) -> int:
         host_mem=None if args.host_mem is None else parse_bytes(args.host_mem, "--host-mem"),
         segments=segments,
         pieces=args.pieces,
+        share=share,
     )
     pieces = piece_summary(args, layout, segments, recs)
     if recs is not None:
         recs.close()
-    buffer = buffer_summary(args, report, pieces)
+    buffer = buffer_summary(args, report, pieces, share)
     if args.json:
         shuffle = {**dataclasses.asdict(buffer), "note": buffer.note}
         print(json.dumps({**report.to_dict(), "pieces": pieces, "buffer": shuffle}, indent=2))
@@ -518,6 +526,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if report.device == "cuda":
         print(f"  {saving_words(report.saving)}")
+    print(f"this rank's share of the node: {report.node}")
     print(buffer.describe())
     if buffer.note:
         print(buffer.note)
@@ -532,10 +541,14 @@ def run(args: argparse.Namespace) -> int:
             if v
         )
         verdict = "fits" if b.requested_fits else "does NOT fit"
+        limited_by = b.limited_by
+        if b.host_from != "--host-mem":
+            budgets = budgets.replace("--host-mem", b.host_from)
+            limited_by = limited_by.replace("--host-mem", b.host_from)
         print(f"budget ({budgets}): the requested configuration {verdict}")
         print(
             f"  largest chunk_size at the requested depths: {b.chunk_size} "
-            f"({format_bytes(b.chunk_bytes)}, bounded by {b.limited_by})"
+            f"({format_bytes(b.chunk_bytes)}, bounded by {limited_by})"
         )
         print(
             f"  deepest depths at that size: prefetch={b.prefetch}, "

@@ -9,7 +9,9 @@ from ._tiers import BufferInfo
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._augment import sample_batch_within_chunk as sample_batch_within_chunk  # isort: skip
-from ._defaults import default_buffer as default_buffer  # isort: skip
+from ._defaults import HOST_SHARE as HOST_SHARE  # isort: skip
+from ._tiers import choose_tier as choose_tier  # isort: skip
+from ._tiers import default_buffer as default_buffer  # isort: skip
 from ._tiers import plan_buffer as plan_buffer  # isort: skip
 from ._tiers import quality_note as quality_note  # isort: skip
 

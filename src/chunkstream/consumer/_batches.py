@@ -49,13 +49,12 @@ from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
-from ._defaults import host_tier_hint
 from ._gather import Watch, check_gather_threads, gather_pool
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._sampling import _compute_dtype, check_align
 from ._shuffle import BufferTier, DeviceTier, HostTier, Request
-from ._tiers import BufferInfo, check_buffer, plan_buffer, resolve_tier
+from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
 
 __all__ = ["BatchStream"]
 
@@ -94,8 +93,9 @@ class BatchStream:
         Memory: ``mix`` chunks of the chosen fields copied into storage the
         stream owns, where ``buffer`` says; the loader's own buffers are
         released as before. ``"auto"`` sizes it for the tier
-        (:mod:`chunkstream.consumer._defaults`: on the host tier half the
-        memory the job may use, cgroup limits included, up to the whole split;
+        (:mod:`chunkstream.consumer._defaults`: on the host tier half of what
+        this rank's part of the job's memory leaves beside the loader, cgroup
+        limits and the job's ranks on the node included, up to the whole split;
         :attr:`buffer` says what was chosen, from what memory, and why). The
         held chunks stay held when the next epoch starts (an epoch's first
         batches mix with the previous epoch's last chunks), except after an
@@ -205,7 +205,7 @@ class BatchStream:
         self.dtype = dtype
         self.align = check_align(align)
         self.device = loader.device if device is None else resolve_device(device)
-        tier, why = resolve_tier(check_buffer(buffer), loader.device, self.device)
+        tier, why = choose_tier(buffer, self.device, loader_device=loader.device)
         self.batch_prefetch = check_int(
             "batch_prefetch",
             batch_prefetch,
@@ -280,10 +280,9 @@ class BatchStream:
                 "an int until the source's fields are known (its first read)",
                 "Pass mix as a number of chunks.",
             )
-        loader_nbytes = (
-            loader.config.host_sets(False)
-            * loader.rows
-            * sum(f.step_nbytes for f in specs.values())
+        loader_nbytes = loader.config.arena_bytes(
+            loader.rows * sum(f.step_nbytes for f in specs.values()),
+            on_cuda=loader.device.type == "cuda",
         )
         return plan_buffer(
             mix,
@@ -295,6 +294,7 @@ class BatchStream:
             host_memory=host_memory,
             loader_nbytes=loader_nbytes,
             why=why,
+            share=loader.share,
         )
 
     def __len__(self) -> int:

@@ -39,7 +39,6 @@ watched, under a default :class:`Watch`).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -54,6 +53,7 @@ import torch
 
 from .._errors import ConfigError, LoaderClosedError, LoaderStalledError, check_int
 from .._executor import done_within, thread_stack
+from .._memory import thread_budget
 
 __all__ = [
     "IDLE_S",
@@ -72,22 +72,18 @@ _MAX_THREADS = 4  # a batch gather is memory bound: more threads than this buy n
 
 
 def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+    """This process's share of the node's CPUs (:func:`chunkstream._memory.node_share`)."""
+    return thread_budget()
 
 
 def default_gather_threads() -> int:
     """Threads that copy a batch (the caller counted): this rank's share of the cores, at most 4.
 
-    The share is the usable cores over ``LOCAL_WORLD_SIZE`` (torchrun's ranks on
-    this node; 1 without it), so several ranks on a node do not oversubscribe it
-    through their gathers.
+    The share is the process's thread budget (:func:`chunkstream._memory.node_share`:
+    its CPUs, affinity and cgroup quota, over the ranks of the job on this node), so
+    several ranks on a node do not oversubscribe it through their gathers.
     """
-    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    ranks_n = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
-    return max(1, min(_MAX_THREADS, _usable_cores() // ranks_n))
+    return max(1, min(_MAX_THREADS, _usable_cores()))
 
 
 def check_gather_threads(threads: object) -> int:

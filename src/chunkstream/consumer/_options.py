@@ -46,10 +46,11 @@ class StreamOptions:
         :class:`~chunkstream.ConfigError` at its first batch; ``ChunkLoader(align=)``
         with a multiple of ``align`` puts the chunks and pieces on the grid too.
     host_memory:
-        Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half the
-        host memory the job may use at start (the smaller of ``MemAvailable``
-        and the room under its cgroup limit, :func:`chunkstream._memory.job_memory`),
-        less the loader's own arena.
+        Bytes ``mix="auto"`` may give the host tier's buffer; ``None``: half of
+        what this rank's part of the job's host memory, read by the loader before
+        it allocated (``ChunkLoader.share``, :func:`chunkstream._memory.node_share`:
+        the job's memory over its ranks on the node), leaves beside the loader's
+        arena.
     batch_prefetch:
         Batches the host tier gathers (and copies) ahead of the one yielded.
     gather_threads:

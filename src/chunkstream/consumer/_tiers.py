@@ -17,9 +17,10 @@ CPU or to a CUDA device), the device tier when it is on a CUDA device. On the
 CPU both tiers are host memory and draw the same windows; the host tier
 gathers into reused slots (no fresh pages per batch) and ahead of the consumer.
 ``mix="auto"`` sizes the buffer by the defaults' policy (:mod:`._defaults`): on
-the host tier from ``host_memory`` (default :data:`HOST_SHARE` of the host
-memory the job may use at start, cgroup limits included, less the loader's own
-arena), up to the chunks of one pass over the split; on the device tier
+the host tier from ``host_memory`` (default :data:`HOST_SHARE` of what this
+rank's share of the job's host memory leaves beside the loader's own arena,
+cgroup limits and the ranks on the node included), up to the chunks of one pass
+over the split; on the device tier
 :data:`DEVICE_MIX` chunks, fewer when they would take more than
 :data:`DEVICE_SHARE` of the device's memory.
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from .._errors import ConfigError
-from .._memory import job_memory
+from .._memory import NodeShare
 from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit
 from ._mixing import check_mix
 
@@ -44,11 +45,12 @@ __all__ = [
     "DEVICE_SHARE",
     "HOST_SHARE",
     "BufferInfo",
-    "available_host_memory",
     "check_buffer",
+    "choose_tier",
+    "default_buffer",
+    "host_tier_hint",
     "plan_buffer",
     "quality_note",
-    "resolve_tier",
 ]
 
 _log = logging.getLogger(__name__)
@@ -76,11 +78,6 @@ def check_buffer(buffer: object) -> str:
     return str(buffer)
 
 
-def available_host_memory() -> int:
-    """Bytes of host memory the job may use now (:func:`~chunkstream._memory.job_memory`)."""
-    return job_memory().available
-
-
 def quality_note(share: float) -> str:
     """A one-line note on the measured quality cost at ``share`` of the split ('' at >= 10%)."""
     if share >= NOTE_BELOW:
@@ -103,9 +100,11 @@ class BufferInfo:
     training split it holds (``mix`` chunks over the chunks of a pass, at most
     1); ``pieces``: the independent pieces a batch is drawn from (``mix`` times
     the pieces per chunk); ``reason``: how the tier and ``mix`` were chosen;
-    ``memory``: the host memory ``mix="auto"`` sized from and what bounds it
-    (e.g. ``host memory: 2.6 GiB left under the job's limit of 3 GiB``; ''
-    when no host memory was read).
+    ``memory``: this process's share of the node that ``mix="auto"`` sized from,
+    and where each figure came from (:meth:`chunkstream._memory.NodeShare.describe`,
+    e.g. ``host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's limit
+    of 3 GiB (...), 2 ranks on this node (LOCAL_WORLD_SIZE); 1 CPU of 2 (affinity),
+    1 thread for this rank``; '' when no host memory was read).
     """
 
     tier: str
@@ -141,6 +140,7 @@ def resolve_mix(
     host_memory: int | None,
     loader_nbytes: int,
     device_memory: int | None = None,
+    share: NodeShare | None = None,
 ) -> tuple[object, str, str]:
     """``(mix, why, memory line)``: an int kept, ``"auto"`` sized for ``tier`` (:mod:`._defaults`)."""
     if mix != "auto":
@@ -151,6 +151,7 @@ def resolve_mix(
             pass_chunks=pass_chunks,
             loader_nbytes=loader_nbytes,
             host_memory=host_memory,
+            share=share,
         )
     fit, why = device_fit(
         chunk_nbytes=chunk_nbytes,
@@ -161,7 +162,61 @@ def resolve_mix(
     return fit, why, ""
 
 
-def resolve_tier(buffer: str, source_device: torch.device, device: torch.device) -> tuple[str, str]:
+def choose_tier(
+    buffer: str,
+    device: torch.device,
+    *,
+    loader_device: torch.device | None = None,
+    mix: object = "auto",
+    chunk_nbytes: int = 0,
+    pass_chunks: int = 1,
+    loader_nbytes: int = 0,
+    host_memory: int | None = None,
+    device_memory: int | None = None,
+    share: NodeShare | None = None,
+) -> tuple[str, str]:
+    """``(tier, why)``: where the shuffle buffer lives for batches on ``device``; the one
+    place the tier is chosen (``BatchStream``, the trainer, ``chunkstream plan``).
+
+    ``loader_device``: the device of a loader already built (``BatchStream``'s):
+    a CUDA loader holds the device tier, a CPU loader the host tier for batches on
+    CUDA and ``buffer``'s choice on the CPU. ``None``: the caller builds its loader
+    for the tier (the trainer, ``plan``): ``buffer`` when given; on CUDA with
+    ``mix="auto"`` the host tier where it holds more chunks than the device tier may
+    (sized from the other arguments, :mod:`._defaults`; each batch then costs a host
+    gather and one copy to the device), else the device tier; on the CPU the host tier.
+    """
+    buffer = check_buffer(buffer)
+    if loader_device is not None:
+        return _loader_tier(buffer, loader_device, device)
+    if buffer != "auto":
+        return buffer, f"buffer={buffer!r}"
+    if device.type != "cuda":
+        return "host", "batches on the CPU: the buffer is host memory"
+    if mix != "auto":
+        return "device", f"mix={mix} given, held on {device}"
+    on_host, _, _ = host_fit(
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        loader_nbytes=loader_nbytes,
+        host_memory=host_memory,
+        share=share,
+    )
+    on_device, _ = device_fit(
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        device=device,
+        device_memory=device_memory,
+    )
+    if on_host > on_device:
+        return "host", (
+            f"the host holds {on_host} chunks where the device tier may hold {on_device}: "
+            f"batches gathered on the host, each copied to {device}"
+        )
+    return "device", f"the device tier holds {on_device} chunks, the host no more"
+
+
+def _loader_tier(buffer: str, source_device: torch.device, device: torch.device) -> tuple[str, str]:
     """``(tier, why)`` for ``buffer`` with the loader on ``source_device``, batches to ``device``."""
     if source_device.type == "cuda":
         if device != source_device:
@@ -210,6 +265,7 @@ def plan_buffer(
     loader_nbytes: int = 0,
     device_memory: int | None = None,
     why: str = "",
+    share: NodeShare | None = None,
 ) -> BufferInfo:
     """The :class:`BufferInfo` of a buffer of ``mix`` chunks (``"auto"`` sized) on ``tier``.
 
@@ -226,6 +282,7 @@ def plan_buffer(
         host_memory=host_memory,
         loader_nbytes=loader_nbytes,
         device_memory=device_memory,
+        share=share,
     )
     mix = check_mix(mix)
     if mix > pass_chunks:
@@ -253,4 +310,66 @@ def plan_buffer(
         pieces=mix * max(1, int(pieces)),
         reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
         memory=memory,
+    )
+
+
+def default_buffer(
+    mix: object,
+    *,
+    device: torch.device,
+    chunk_nbytes: int,
+    pass_chunks: int,
+    pieces: int,
+    loader_nbytes: int,
+    host_memory: int | None = None,
+    device_memory: int | None = None,
+    share: NodeShare | None = None,
+    tier: str = "auto",
+) -> BufferInfo:
+    """The :class:`BufferInfo` a consumer that builds its own loader (the reference
+    trainer) holds for batches on ``device``: the tier :func:`choose_tier` picks (``tier``,
+    ``"host"`` or ``"device"`` as ``BatchStream(buffer=)``, overrides it), ``mix``
+    (``"auto"`` sized) on it. ``loader_nbytes``: the loader's arena
+    (:func:`chunkstream._memory.arena_bytes`)."""
+    tier, why = choose_tier(
+        tier,
+        device,
+        mix=mix,
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        loader_nbytes=loader_nbytes,
+        host_memory=host_memory,
+        device_memory=device_memory,
+        share=share,
+    )
+    return plan_buffer(
+        mix,
+        tier,
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        pieces=pieces,
+        device=device,
+        host_memory=host_memory,
+        loader_nbytes=loader_nbytes,
+        device_memory=device_memory,
+        why=why,
+        share=share,
+    )
+
+
+def host_tier_hint(info: BufferInfo, device: torch.device) -> str:
+    """What a CUDA loader's device-tier default would gain on the host tier (one log line):
+    a ``BatchStream`` cannot move its loader, so the defaults' rule is said, not applied."""
+    chunk = info.nbytes // info.mix if info.mix > 1 else 0
+    if not chunk or info.split_share >= 1.0:
+        return f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split"
+    pass_chunks = max(1, round(info.mix / info.split_share))
+    on_host, _, line = host_fit(chunk_nbytes=chunk, pass_chunks=pass_chunks, loader_nbytes=0)
+    if on_host <= info.mix:
+        return f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split"
+    return (
+        f"shuffle buffer: the device tier holds {info.split_share:.1%} of the split; the host "
+        f"tier would hold {min(1.0, on_host / pass_chunks):.1%} ({line}). For it, build the "
+        f"loader with device='cpu' and pass BatchStream(device='{device}'): each batch then "
+        "costs a host gather and one copy to the device"
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import LOOP_HELD, budget_depths
+from .._memory import LOOP_HELD, arena_bytes, budget_depths
 from ..sources import Source, check_source, window_nbytes
 
 __all__ = ["LoaderConfig", "resolve_device"]
@@ -75,6 +75,16 @@ class LoaderConfig:
         """Buffer sets in the host arena: the pinned slots on CUDA; on the CPU the
         pipeline's ``prefetch + workers`` and two a loop holds (``streaming_bytes``)."""
         return self.slots if on_cuda else self.reader_capacity + LOOP_HELD
+
+    def arena_bytes(self, chunk_bytes: int, on_cuda: bool) -> int:
+        """Bytes of the host arena the loader allocates (:func:`chunkstream._memory.arena_bytes`)."""
+        return arena_bytes(
+            chunk_bytes,
+            on_cuda=on_cuda,
+            prefetch=self.prefetch,
+            workers=self.workers,
+            host_slots=self.host_slots,
+        )
 
     @classmethod
     def for_source(

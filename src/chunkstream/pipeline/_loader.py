@@ -30,7 +30,7 @@ import torch
 from .._device import device_binder
 from .._errors import LoaderClosedError, LoaderStalledError
 from .._executor import POLL_S, Executor, done_within, helper_stacks
-from .._memory import HostBufferPool, PinnedSlotPool
+from .._memory import HostBufferPool, NodeShare, PinnedSlotPool, check_arena_fits, node_share
 from .._options import check_moved, check_options
 from .._resume import check_loader_state
 from ..distributed import resolve_rank, warn_if_not_local_rank
@@ -205,6 +205,14 @@ class ChunkLoader:
         self._learned: tuple[int, int] | None = None
         self._unread: list[tuple[int, int]] = []
         sets, used = self.config.host_sets(on_cuda), self._resident is None
+        #: This process's share of the node, read before the arena is allocated (so what
+        #: the arena takes is counted once by whatever sizes from it, e.g. BatchStream).
+        self.share: NodeShare = node_share()
+        if used and o.host_memory is None and self.source.fields is not None:
+            check_arena_fits(
+                self.config.arena_bytes(window_nbytes(self.source.fields, self.rows), on_cuda),
+                self.share,
+            )
         # The learning job's recipe: no reference to the loader (that job holds it).
         self._make_pool = partial(
             host_pool, rows=self.rows, sets=sets, device=self.device, used=used

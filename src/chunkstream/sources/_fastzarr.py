@@ -61,12 +61,20 @@ import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
+from .._memory import thread_budget
 from ._base import field_context, settle
 from ._checked_codecs import blosc_frame_error
 from ._select import Selection, chunk_ranges, iter_chunk_coords
 from ._shards import Shard, ShardLayout, check_crc32c, corrupt_error, open_shard, shard_layout
 
-__all__ = ["ChunkCodec", "FastChunkReader", "declared_size", "decode_pool", "fast_decoder"]
+__all__ = [
+    "ChunkCodec",
+    "DecodePool",
+    "FastChunkReader",
+    "declared_size",
+    "decode_pool",
+    "fast_decoder",
+]
 
 _thread_ids = itertools.count()
 
@@ -75,9 +83,77 @@ def _name_thread() -> None:
     threading.current_thread().name = f"chunkstream-decode-{next(_thread_ids)}"
 
 
-def decode_pool(threads: int | None) -> ThreadPoolExecutor:
-    """A pool of ``threads`` (default ``os.cpu_count()``) named ``chunkstream-decode-<n>``."""
-    return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1, initializer=_name_thread)
+_shared_lock = threading.Lock()
+_shared: ThreadPoolExecutor | None = None
+_users = 0  # sources holding the shared pool
+
+
+def _forget_shared() -> None:
+    """In a forked child: the parent's decode threads do not exist here, so a fresh pool."""
+    global _shared, _shared_lock, _users
+    _shared, _shared_lock, _users = None, threading.Lock(), 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_shared)
+
+
+def _release_shared(pool: ThreadPoolExecutor) -> None:
+    """One source is done with the shared pool; the last one ends its threads (idempotent
+    per source: :class:`DecodePool` calls it once)."""
+    global _shared, _users
+    with _shared_lock:
+        if pool is not _shared:
+            return  # a pool from before a fork
+        _users -= 1
+        if _users > 0:
+            return
+        _shared = None
+    # No source submits to it any more: its threads end now, joined as a source's own pool
+    # is at close, unless this runs in one of them (a finalizer of a source collected there).
+    pool.shutdown(wait=not threading.current_thread().name.startswith("chunkstream-decode-"))
+
+
+class DecodePool:
+    """A source's handle on its decode threads (``pool``); :meth:`release` once done.
+
+    ``threads=None``: the process's one decode pool, shared by every source and every
+    array of a group, as many threads as the process's thread budget
+    (:func:`chunkstream._memory.node_share`: its CPUs over the job's ranks on the node);
+    it lives while a source holds it (the last :meth:`release` ends and joins its
+    threads, and a source collected unclosed releases it through a finalizer). An int: a pool of that
+    many threads for this source alone, shut down by :meth:`release`.
+    """
+
+    def __init__(self, threads: int | None) -> None:
+        global _shared, _users
+        self._released = False
+        self.shared = threads is None
+        if not self.shared:
+            self.pool = ThreadPoolExecutor(max_workers=threads, initializer=_name_thread)
+            return
+        with _shared_lock:
+            if _shared is None:  # threads start on demand, up to the budget read now
+                _shared = ThreadPoolExecutor(max_workers=thread_budget(), initializer=_name_thread)
+            _users += 1
+            self.pool = _shared
+
+    def release(self) -> None:
+        """Done with the threads: the own pool shut down (waiting for its threads), the
+        shared one given back. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        if self.shared:
+            _release_shared(self.pool)
+        else:
+            self.pool.shutdown(wait=True)
+
+
+def decode_pool(threads: int | None) -> DecodePool:
+    """The decode threads a reader submits to, named ``chunkstream-decode-<n>``
+    (:class:`DecodePool`)."""
+    return DecodePool(threads)
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,9 @@ from __future__ import annotations
 import lzma
 import os
 import warnings
+import weakref
 import zlib
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from gzip import BadGzipFile
 from pathlib import Path
 from typing import Any, Literal
@@ -74,7 +74,7 @@ from ._cache import NodeCache
 from ._cached_store import CachedObjectStore, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
-from ._fastzarr import FastChunkReader, decode_pool
+from ._fastzarr import DecodePool, FastChunkReader, decode_pool
 from ._open import open_zarr_array
 from ._read_checks import ReadChecks, check_all_chunks
 from ._remote import (
@@ -127,7 +127,8 @@ class ZarrSource(SourceBase):
     pipeline. Every engine keeps the integrity rule of the module docs (an
     engine that cannot is refused with a ``ConfigError`` saying why); the engine
     in use is :attr:`engine`. ``read_threads`` sizes our reader's decode pool, or the
-    threads zarrs decodes on (default: all cores). Thread-safe for distinct
+    threads zarrs decodes on (default: the process's thread budget, shared by every
+    source: :func:`chunkstream._memory.node_share`). Thread-safe for distinct
     ``out``.
 
     ``cache``: a folder for the node-local cache of a remote URL's stored bytes
@@ -156,7 +157,7 @@ class ZarrSource(SourceBase):
         if read_threads is not None:
             check_int("read_threads", read_threads, expected="a positive int or None")
         self._closed = False
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DecodePool | None = None
         #: Closes the store opened here from a URL (on close(), collection or exit);
         #: a caller's array's store is the caller's.
         self._close_store: Callable[[], Any] | None = None
@@ -240,12 +241,15 @@ class ZarrSource(SourceBase):
             )
         else:
             self._pool = decode_pool(read_threads)
+            # A source collected unclosed gives its decode threads back as well.
+            self._release_pool = weakref.finalize(self, self._pool.release)
+            pool = self._pool.pool
             self._fast = FastChunkReader(
                 arr,
                 chosen.decoder[0],
                 self._selections,
                 fill_missing=mode is False,
-                pool=self._pool,
+                pool=pool,
                 shards=chosen.decoder[1],
                 # a remote store through the cache: chunk bytes fetched, not read from files
                 fetch=None if local is not None else chunk_fetcher(arr, self.path),
@@ -340,7 +344,7 @@ class ZarrSource(SourceBase):
             return
         self._closed = True
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._release_pool()
         if self._close_store is not None:
             self._close_store()
 

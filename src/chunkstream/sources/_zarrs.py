@@ -36,12 +36,14 @@ import numpy as np
 import zarr
 
 from .._errors import ConfigError
+from .._memory import thread_budget
 
 __all__ = ["with_zarrs_pipeline", "zarrs_defect", "zstd_frame_bound"]
 
 
 def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
-    """``arr`` read through zarrs (``threads``: its decode threads; ``None``: zarrs' default)."""
+    """``arr`` read through zarrs (``threads``: its decode threads; ``None``: the process's
+    thread budget, :func:`chunkstream._memory.node_share`)."""
     try:
         import zarrs  # noqa: F401  (the pipeline class is looked up by name below)
         from zarrs.pipeline import UnsupportedMetadataError
@@ -56,8 +58,7 @@ def with_zarrs_pipeline(arr: zarr.Array, threads: int | None) -> zarr.Array:
         "codec_pipeline.path": "zarrs.ZarrsCodecPipeline",
         "codec_pipeline.strict": True,
     }
-    if threads is not None:
-        settings["threading.max_workers"] = threads
+    settings["threading.max_workers"] = thread_budget() if threads is None else threads
     # zarr's config is process-wide: while it is set, an array another thread makes gets
     # zarrs as well (same data, other decoder). No I/O happens inside, so the window is short.
     with zarr.config.set(settings):

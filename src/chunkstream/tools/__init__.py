@@ -32,6 +32,7 @@ from ._synth import SynthInfo, default_chunks, ensure_synthetic, write_synthetic
 from ._bench import compare_cache as compare_cache  # isort: skip
 from ._bench import compare_local as compare_local  # isort: skip
 from ._codecs import CODECS as CODECS  # isort: skip
+from ._plan import plan_share as plan_share  # isort: skip
 from ._convert import OUT_DTYPES as OUT_DTYPES  # isort: skip
 from ._layout import check_flyvis_stim_dims as check_flyvis_stim_dims  # isort: skip
 from ._recordings import RecordingShare as RecordingShare  # isort: skip

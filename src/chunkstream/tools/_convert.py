@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, CorruptChunkError, check_int
+from .._memory import thread_budget
 from ..sources import check_lengths
 from ._codecs import compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
@@ -186,7 +187,7 @@ def _check_workers(chunk_mb: float, workers: int | None) -> int:
     valid; raises :class:`ConfigError` naming a bad one."""
     if not chunk_mb > 0:
         raise ConfigError.bad("chunk_mb", chunk_mb, "a positive number of MiB, e.g. 32")
-    workers = min(4, os.cpu_count() or 1) if workers is None else workers
+    workers = min(4, thread_budget()) if workers is None else workers
     check_int("workers", workers)
     return workers
 
@@ -382,7 +383,8 @@ def convert_store(
     """Convert ``source`` to one array per field under ``out`` (see module docs).
 
     ``fields`` are CLI strings or a mapping as for ``inspect_store``;
-    ``workers`` defaults to ``min(4, cpu_count)``. ``on_slab(n)`` is called in
+    ``workers`` defaults to ``min(4, threads)``, the process's thread budget
+    (:func:`chunkstream._memory.node_share`: its CPUs over the job's ranks on the node). ``on_slab(n)`` is called in
     the calling thread after the n-th slab of this run is recorded (a progress
     hook; an exception from it stops the run, leaving it resumable). ``dtype``
     is the output dtype (one of :data:`OUT_DTYPES`; ``None`` keeps each field's).

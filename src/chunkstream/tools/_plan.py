@@ -30,14 +30,13 @@ fit at that chunk_size. Sizes are bytes; :func:`parse_bytes` reads ``"8GB"``
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from .._errors import ConfigError, check_int
-from .._memory import LOOP_HELD, resident_decision, streaming_bytes
+from .._memory import LOOP_HELD, NodeShare, node_share, resident_decision, streaming_bytes
 from ..plans import EpochPlan, Segments, held_out_split, plan_epoch
 from ..sources import window_nbytes
 from ._layout import (
@@ -59,6 +58,7 @@ __all__ = [
     "layout_from_store",
     "parse_bytes",
     "plan_memory",
+    "plan_share",
 ]
 
 
@@ -88,6 +88,7 @@ class BudgetFit:
     device_bytes: int | None
     pinned_bytes: int
     limited_by: str  # which budget bounds chunk_size
+    host_from: str = "--host-mem"  # where host_mem came from: the flag, or this rank's share
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +116,7 @@ class PlanReport:
     budget: BudgetFit | None = None
     notes: list[str] = field(default_factory=list)
     mode: str = ""  # what LoaderOptions(resident="auto") chooses for the training data, and why
+    node: str = ""  # this rank's share of the node planned for (NodeShare.describe)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -124,6 +126,16 @@ class PlanReport:
             "chunk_batches": self.epoch.chunk_batches,
         }
         return out
+
+
+def plan_share(ranks_per_node: int | None = None) -> NodeShare:
+    """This process's share of the node (:func:`chunkstream._memory.node_share`), for
+    ``ranks_per_node`` ranks on the node where given (``--ranks-per-node``)."""
+    share = node_share()
+    if ranks_per_node is None:
+        return share
+    check_int("--ranks-per-node", ranks_per_node, fix="Pass the processes per node, e.g. 8.")
+    return replace(share, ranks=ranks_per_node, ranks_source="--ranks-per-node")
 
 
 def _streaming_bytes(
@@ -455,8 +467,14 @@ def plan_memory(
     decode_threads: int | None = None,
     segments: object = None,
     pieces: int = 1,
+    share: NodeShare | None = None,
 ) -> PlanReport:
     """The epoch arithmetic and the memory table for one configuration (module docs).
+
+    ``share``: the rank's share of the node planned for (:func:`plan_share` when
+    ``None``): without ``host_mem`` the host and pinned bytes are checked against
+    its :attr:`~chunkstream._memory.NodeShare.host_bytes`, and the decode scratch
+    counts its thread budget (``decode_threads`` unless given).
 
     With ``segments`` (anything :class:`~chunkstream.Segments` takes, or a path)
     the training and held-out timesteps are the trainer's for them: the last
@@ -502,7 +520,8 @@ def plan_memory(
     rows = min(chunk_size, train)
     cb = window_nbytes(layout.fields, rows)
     val_bytes = val_steps * step
-    threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
+    share = plan_share() if share is None else share
+    threads = decode_threads if decode_threads is not None else share.threads
     scratch = None if layout.zarr_chunk_bytes is None else 2 * threads * layout.zarr_chunk_bytes
     streamed = _streaming_bytes(
         cb,
@@ -532,23 +551,25 @@ def plan_memory(
         )
     elif epoch.batches_per_chunk * batch_size < rows // 2:
         notes.append("batch_size is large against chunk_size: few batches per chunk.")
-    budget = None
-    if (on_cuda and gpu_mem is not None) or host_mem is not None:
-        budget = fit_budget(
-            layout,
-            chunk_size=chunk_size,
-            batch_size=batch_size,
-            window=window,
-            prefetch=prefetch,
-            gpu_prefetch=gpu_prefetch,
-            workers=workers,
-            val_fraction=val_fraction,
-            device=device,
-            align=align,
-            gpu_mem=gpu_mem if on_cuda else None,
-            host_mem=host_mem,
-            segments=segments,
-        )
+    host_from, given_host = "--host-mem", host_mem
+    if host_mem is None:  # checked against the job's memory by default
+        host_mem, host_from = share.host_bytes, "this rank's share of the job's host memory"
+    budget = fit_budget(
+        layout,
+        chunk_size=chunk_size,
+        batch_size=batch_size,
+        window=window,
+        prefetch=prefetch,
+        gpu_prefetch=gpu_prefetch,
+        workers=workers,
+        val_fraction=val_fraction,
+        device=device,
+        align=align,
+        gpu_mem=gpu_mem if on_cuda else None,
+        host_mem=host_mem,
+        segments=segments,
+    )
+    budget = replace(budget, host_from=host_from)
     return PlanReport(
         where=layout.where,
         total_timesteps=total,
@@ -570,5 +591,6 @@ def plan_memory(
         saving=saving,
         budget=budget,
         notes=notes,
-        mode=resident_mode(device, train, step, gpu_mem, host_mem),
+        mode=resident_mode(device, train, step, gpu_mem, given_host),
+        node=share.describe(),
     )

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from .._errors import ConfigError
-from .._memory import LOOP_HELD
+from .._memory import arena_bytes
 from .._resume import check_checkpoint_config
 from ..consumer import BatchStream, StreamOptions, default_buffer
 from ..distributed import is_distributed, resolve_rank
@@ -413,8 +413,8 @@ class Trainer:
         """Bytes of the loader's host arena (every field of a chunk): its CPU size, the
         larger (before the tier is chosen the loader may yet run on the CPU)."""
         c, fields = self.config, self.source.fields
-        sets = c.prefetch + c.workers + LOOP_HELD
-        return sets * self.chunk_size * sum(f.step_nbytes for f in fields.values())
+        chunk_bytes = self.chunk_size * sum(f.step_nbytes for f in fields.values())
+        return arena_bytes(chunk_bytes, on_cuda=False, prefetch=c.prefetch, workers=c.workers)
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
