@@ -125,12 +125,9 @@ def job_memory(root: str | os.PathLike = "/", env: Mapping[str, str] | None = No
     base = Path(root)
     machine = _meminfo(base)
     best = JobMemory(available=machine, limit=None, source="MemAvailable", machine=machine)
-    for version, group in _groups(base):
-        for limit, room, where in _rooms(base, version, group):
-            if room < best.available:
-                best = JobMemory(
-                    available=room, limit=limit, source=f"cgroup {where}", machine=machine
-                )
+    for limit, room, where in _rooms(base):
+        if room < best.available:
+            best = JobMemory(available=room, limit=limit, source=f"cgroup {where}", machine=machine)
     cap = (os.environ if env is None else env).get(ENV_HOST_MEMORY)
     if cap:
         capped = parse_memory(cap)
@@ -158,8 +155,8 @@ def _meminfo(base: Path) -> int:
     return _UNLIMITED  # a fake tree without meminfo: only its cgroups bound
 
 
-def _groups(base: Path) -> list[tuple[int, str]]:
-    """``(version, path)`` of each memory cgroup in ``/proc/self/cgroup``."""
+def _groups(base: Path, controller: str) -> list[tuple[int, str]]:
+    """``(version, path)`` of each cgroup of ``controller`` in ``/proc/self/cgroup``."""
     found = []
     for line in (_read(base / "proc/self/cgroup") or "").splitlines():
         parts = line.split(":", 2)
@@ -168,21 +165,25 @@ def _groups(base: Path) -> list[tuple[int, str]]:
         hierarchy, controllers, path = parts
         if hierarchy == "0" and controllers == "":
             found.append((2, path))
-        elif "memory" in controllers.split(","):
+        elif controller in controllers.split(","):
             found.append((1, path))
     return found
 
 
-def _mount(base: Path, version: int) -> Path | None:
-    """The hierarchy's mount: v1 ``memory`` (or a co-mounted ``memory,...``), v2 unified."""
+# The file that marks a v1 hierarchy's mount, per controller.
+_V1_MARKERS = {"memory": "memory.limit_in_bytes", "cpu": "cpu.cfs_quota_us"}
+
+
+def _mount(base: Path, version: int, controller: str) -> Path | None:
+    """The hierarchy's mount: v1 ``controller`` (or a co-mounted ``a,b``), v2 unified."""
     cgroup = base / "sys/fs/cgroup"
     if version == 1:
-        candidates = [cgroup / "memory"]
+        candidates = [cgroup / controller]
         if cgroup.is_dir():
             candidates += sorted(
-                p for p in cgroup.iterdir() if "memory" in p.name.split(",") and p.is_dir()
+                p for p in cgroup.iterdir() if controller in p.name.split(",") and p.is_dir()
             )
-        marker = "memory.limit_in_bytes"
+        marker = _V1_MARKERS[controller]
     else:
         candidates = [cgroup, cgroup / "unified"]
         marker = "cgroup.controllers"
@@ -192,29 +193,43 @@ def _mount(base: Path, version: int) -> Path | None:
     return None
 
 
-def _rooms(base: Path, version: int, group: str) -> list[tuple[int, int, str]]:
-    """``(limit, room, where)`` at every level from ``group`` up to the mount's root."""
-    mount = _mount(base, version)
-    if mount is None:
-        return []
-    parts = [p for p in group.strip("/").split("/") if p]
-    if not (mount.joinpath(*parts)).is_dir():
-        parts = []  # a cgroup namespace: the mount's root is the job's own group
-    limit_file, usage_file, stat_key = (
-        ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-        if version == 1
-        else ("memory.max", "memory.current", "inactive_file")
-    )
+def cgroup_levels(base: Path, controller: str) -> list[tuple[int, Path, str]]:
+    """``(version, folder, where)`` of every level of this process's ``controller`` cgroups.
+
+    From each group up to its mount's root (every level may set a limit; the tightest
+    binds); ``where`` names the level (``"v1 /job/step"``). A group not found under
+    the mount is a cgroup namespace, whose root is the job's own group.
+    """
+    levels = []
+    for version, group in _groups(base, controller):
+        mount = _mount(base, version, controller)
+        if mount is None:
+            continue
+        parts = [p for p in group.strip("/").split("/") if p]
+        if not mount.joinpath(*parts).is_dir():
+            parts = []
+        for depth in range(len(parts), -1, -1):
+            where = f"v{version} /{'/'.join(parts[:depth])}"
+            levels.append((version, mount.joinpath(*parts[:depth]), where))
+    return levels
+
+
+def _rooms(base: Path) -> list[tuple[int, int, str]]:
+    """``(limit, room, where)`` at every level of this process's memory cgroups that sets one."""
     found = []
-    for depth in range(len(parts), -1, -1):
-        level = mount.joinpath(*parts[:depth])
+    for version, level, where in cgroup_levels(base, "memory"):
+        limit_file, usage_file, stat_key = (
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            if version == 1
+            else ("memory.max", "memory.current", "inactive_file")
+        )
         limit = _number(_read(level / limit_file))
         usage = _number(_read(level / usage_file))
         if limit is None or limit >= _UNLIMITED or usage is None:
             continue
         cache = _stat(_read(level / "memory.stat"), stat_key)
         room = max(0, limit - max(0, usage - cache))
-        found.append((limit, room, f"v{version} /{'/'.join(parts[:depth])}"))
+        found.append((limit, room, where))
     return found
 
 

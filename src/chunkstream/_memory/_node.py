@@ -49,7 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .._errors import ConfigError
-from ._job import JobMemory, job_memory
+from ._job import JobMemory, _read, cgroup_levels, job_memory
 
 __all__ = [
     "ENV_CPUS",
@@ -128,53 +128,10 @@ class NodeShare:
 # -- CPUs -------------------------------------------------------------------
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _cpu_groups(base: Path) -> list[tuple[int, str]]:
-    """``(version, path)`` of the CPU cgroups in ``/proc/self/cgroup``."""
-    found = []
-    for line in (_read(base / "proc/self/cgroup") or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "":
-            found.append((2, path))
-        elif "cpu" in controllers.split(","):
-            found.append((1, path))
-    return found
-
-
-def _cpu_mount(base: Path, version: int) -> Path | None:
-    cgroup = base / "sys/fs/cgroup"
-    if version == 1:
-        candidates = [cgroup / "cpu", cgroup / "cpu,cpuacct", cgroup / "cpuacct,cpu"]
-        marker = "cpu.cfs_quota_us"
-    else:
-        candidates = [cgroup, cgroup / "unified"]
-        marker = "cgroup.controllers"
-    for path in candidates:
-        if (path / marker).is_file():
-            return path
-    return None
-
-
-def _quota(base: Path, version: int, group: str) -> tuple[float, str] | None:
-    """The tightest CPU quota (in CPUs) from ``group`` up to its mount's root, and where."""
-    mount = _cpu_mount(base, version)
-    if mount is None:
-        return None
-    parts = [p for p in group.strip("/").split("/") if p]
-    if not mount.joinpath(*parts).is_dir():
-        parts = []  # a cgroup namespace: the mount's root is the job's own group
+def _quota(base: Path) -> tuple[float, str] | None:
+    """The tightest CPU quota (in CPUs) of this process's CPU cgroups, and where it is set."""
     best: tuple[float, str] | None = None
-    for depth in range(len(parts), -1, -1):
-        level = mount.joinpath(*parts[:depth])
+    for version, level, where in cgroup_levels(base, "cpu"):
         if version == 2:
             fields = (_read(level / "cpu.max") or "").split()
             quota, period = [*fields, "", ""][:2]
@@ -186,7 +143,7 @@ def _quota(base: Path, version: int, group: str) -> tuple[float, str] | None:
         except (ValueError, ZeroDivisionError):  # "max", "-1", missing: no quota here
             continue
         if cpus > 0 and (best is None or cpus < best[0]):
-            best = (cpus, f"cgroup v{version} /{'/'.join(parts[:depth])} quota")
+            best = (cpus, f"cgroup {where} quota")
     return best
 
 
@@ -225,10 +182,9 @@ def cpu_share(
             affinity = node or 1
     node = max(node or affinity, affinity)
     cpus, source = affinity, "affinity"
-    for version, group in _cpu_groups(base):
-        quota = _quota(base, version, group)
-        if quota is not None and math.ceil(quota[0]) < cpus:
-            cpus, source = math.ceil(quota[0]), quota[1]
+    quota = _quota(base)
+    if quota is not None and math.ceil(quota[0]) < cpus:
+        cpus, source = math.ceil(quota[0]), quota[1]
     given = environ.get(ENV_CPUS)
     if given:
         cpus, source = _positive(given, ENV_CPUS, "Set it to the CPUs the job may use."), ENV_CPUS
