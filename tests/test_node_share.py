@@ -311,15 +311,20 @@ def test_the_loaders_own_arena_is_counted_once_under_a_job_limit(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_two_torchrun_ranks_share_one_limit_and_both_finish_an_epoch(tmp_path):
-    """Two ranks in a 1 GiB limit: alone, each would take half the room beside its arena
-    for its buffer; together they split it, and both finish their epoch."""
+@pytest.mark.parametrize(
+    ("ranks", "limit", "steps"),
+    [(2, GIB, 131072), (4, 4 * GIB, 524288)],  # 512 MiB and 2 GiB of float32 x 1024
+    ids=["2-ranks-in-1GiB", "4-ranks-in-4GiB"],
+)
+def test_torchrun_ranks_share_one_limit_and_all_finish_an_epoch(tmp_path, ranks, limit, steps):
+    """N ranks in one limit: alone, each would take half the room beside its arena for
+    its buffer (N halves overcommit the limit and the kernel kills a rank, as issue 42
+    saw with 4 ranks in 4 GiB); together they split it, and every rank finishes its epoch."""
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with the gloo backend is not available")
     from .test_distributed import free_port
 
-    limit = GIB
-    store = _npy(tmp_path / "x.npy", 131072, 1024)  # 512 MiB, 16 chunks of 32 MiB
+    store = _npy(tmp_path / "x.npy", steps, 1024)  # chunks of 32 MiB
     out = tmp_path / "out"
     out.mkdir()
     group = _memory_group(limit)
@@ -328,7 +333,7 @@ def test_two_torchrun_ranks_share_one_limit_and_both_finish_an_epoch(tmp_path):
         [str(Path(cs.__file__).parents[1]), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
     )
     torchrun = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
         str(WORKER), "rank", str(store), str(out),
     ]  # fmt: skip
@@ -346,10 +351,10 @@ def test_two_torchrun_ranks_share_one_limit_and_both_finish_an_epoch(tmp_path):
     finally:
         _remove(group)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
-    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     for report in reports:
         assert report["batches"] == report["expected"] > 0, report
-        assert "2 ranks on this node (LOCAL_WORLD_SIZE)" in report["memory"], report
-        assert "under the job's limit of 1 GiB" in report["memory"], report
-        assert report["group_ranks"] == [2, "process group ranks on this host"], report
+        assert f"{ranks} ranks on this node (LOCAL_WORLD_SIZE)" in report["memory"], report
+        assert f"under the job's limit of {limit // GIB} GiB" in report["memory"], report
+        assert report["group_ranks"] == [ranks, "process group ranks on this host"], report
     assert peak <= limit
