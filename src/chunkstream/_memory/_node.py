@@ -308,8 +308,15 @@ def read_node_share(
 
 
 #: What the thread budget depends on beside the cgroup files: read at every call (cheap).
-_BUDGET_ENV = (ENV_CPUS, ENV_RANKS, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
-               "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_CPUS_PER_TASK")  # fmt: skip
+_BUDGET_ENV = (
+    ENV_CPUS,
+    ENV_RANKS,
+    "LOCAL_WORLD_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NODEID",
+    "SLURM_CPUS_PER_TASK",
+)
 _budgets: dict[tuple, int] = {}
 
 
