@@ -7,7 +7,7 @@ import json
 import sys
 
 from ._checks import float_above, int_at_least, naming_options, new_file, note, refuse, unused
-from ._plan import add_data_arguments, add_recordings_arguments
+from ._plan import add_data_arguments, add_recordings_arguments, open_runs
 
 __all__ = ["register"]
 
@@ -222,16 +222,7 @@ def run(args: argparse.Namespace) -> int:
             f"--gpu-prefetch {args.gpu_prefetch} changes nothing on the CPU (no device copies)",
         )
     if isinstance(args.path, list):  # several runs: one dataset
-        from ..tools import open_recordings, parse_weights
-
-        source = open_recordings(
-            args.path,
-            args.fields,
-            flyvis=args.flyvis,
-            column=args.column,
-            stim_dims=args.stim_dims,
-            weights=parse_weights(args.weights, len(args.path)),
-        )
+        source = open_runs(args)
         where = " + ".join(map(str, args.path))
     else:
         source = open_bench_source(

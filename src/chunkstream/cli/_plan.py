@@ -73,6 +73,21 @@ def add_recordings_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def open_runs(args: argparse.Namespace):
+    """The several runs of ``args.path`` as one :class:`~chunkstream.Recordings`, opened
+    with the data options and ``--weights`` (shared by ``plan`` and ``bench``)."""
+    from ..tools import open_recordings, parse_weights
+
+    return open_recordings(
+        args.path,
+        args.fields,
+        flyvis=args.flyvis,
+        column=args.column,
+        stim_dims=args.stim_dims,
+        weights=parse_weights(args.weights, len(args.path)),
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -400,9 +415,7 @@ def run(args: argparse.Namespace) -> int:
         RecordingShare,
         format_bytes,
         format_shares,
-        open_recordings,
         parse_bytes,
-        parse_weights,
         plan_memory,
         plan_share,
         recordings_layout,
@@ -414,14 +427,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.path) > 1:
         if args.shape is not None:
             raise ConfigError("give either store PATHs or --shape, not both.")
-        recs = open_recordings(
-            args.path,
-            args.fields,
-            flyvis=args.flyvis,
-            column=args.column,
-            stim_dims=args.stim_dims,
-            weights=parse_weights(args.weights, len(args.path)),
-        )
+        recs = open_runs(args)
         layout = recordings_layout(recs)
     else:
         if args.weights is not None:
