@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,8 @@ from chunkstream._memory import (
 )
 from chunkstream.consumer._defaults import host_fit
 
+from . import cgroups
+
 GIB = 2**30
 AVAILABLE = 21 * GIB
 UNLIMITED_V1 = 9223372036854771712
@@ -29,16 +30,7 @@ UNLIMITED_V1 = 9223372036854771712
 
 def fake_tree(root: Path, cgroup: str, files: dict[str, object]) -> Path:
     """``/proc/meminfo`` (21 GiB available), ``/proc/self/cgroup`` and cgroup files."""
-    (root / "proc/self").mkdir(parents=True)
-    (root / "proc/meminfo").write_text(
-        f"MemTotal: {64 * GIB // 1024} kB\nMemFree: 1 kB\nMemAvailable: {AVAILABLE // 1024} kB\n"
-    )
-    (root / "proc/self/cgroup").write_text(cgroup)
-    for name, value in files.items():
-        path = root / "sys/fs/cgroup" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{value}\n")
-    return root
+    return cgroups.fake_tree(root, cgroup, files, available=AVAILABLE)
 
 
 def test_no_cgroup_limit_is_memavailable(tmp_path):
@@ -186,31 +178,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def _own_v1_group() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            group = Path("/sys/fs/cgroup/memory") / path.strip("/")
-            return group if group.is_dir() else Path("/sys/fs/cgroup/memory")
-    return None
-
-
-def _remove(group: Path) -> None:
-    """Remove the (empty: its one process has exited) cgroup; its page-cache charge is
-    moved to the parent by ``force_empty`` where rmdir refuses."""
-    try:
-        group.rmdir()
-    except OSError:
-        (group / "memory.force_empty").write_text("0")
-        group.rmdir()
-
-
 def test_mix_auto_inside_a_cgroup_limit_smaller_than_the_store_runs_an_epoch(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root")
-    parent = _own_v1_group() if Path("/proc/self/cgroup").is_file() else None
-    if parent is None or not (parent / "memory.limit_in_bytes").is_file():
-        pytest.skip("no cgroup v1 memory controller to make a child group in")
     limit = 768 * 2**20
     store = tmp_path / "store.npy"  # 1.2 GB: larger than the limit
     data = np.lib.format.open_memmap(store, mode="w+", dtype=np.float32, shape=(300_000, 1000))
@@ -218,12 +186,7 @@ def test_mix_auto_inside_a_cgroup_limit_smaller_than_the_store_runs_an_epoch(tmp
         data[start : start + 50_000] = np.arange(start, start + 50_000)[:, None]
     data.flush()
     del data
-    group = parent / f"chunkstream-test-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit))
-    except OSError as exc:
-        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    group = cgroups.memory_group(limit)
     try:
         script = tmp_path / "child.py"
         script.write_text(CHILD)
@@ -235,7 +198,7 @@ def test_mix_auto_inside_a_cgroup_limit_smaller_than_the_store_runs_an_epoch(tmp
             env={k: v for k, v in os.environ.items() if k != ENV_HOST_MEMORY},
         )
     finally:
-        _remove(group)
+        cgroups.remove_group(group)
     assert proc.returncode == 0, f"exit {proc.returncode} (137: killed)\n{proc.stderr[-3000:]}"
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert "under the job's limit of 0.75 GiB" in lines["MEMORY"]

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -28,22 +27,15 @@ from chunkstream._memory import (
     read_node_share,
 )
 
-GIB = 2**30
+from . import cgroups
+from .cgroups import GIB
+
 WORKER = Path(__file__).with_name("node_worker.py")
 
 
 def fake_tree(root: Path, cgroup: str, files: dict[str, object], online: str = "0-63") -> Path:
     """``/proc/self/cgroup``, 16 GiB ``MemAvailable``, CPUs online and cgroup files."""
-    (root / "proc/self").mkdir(parents=True)
-    (root / "proc/meminfo").write_text(f"MemAvailable: {16 * GIB // 1024} kB\n")
-    (root / "proc/self/cgroup").write_text(cgroup)
-    (root / "sys/devices/system/cpu").mkdir(parents=True)
-    (root / "sys/devices/system/cpu/online").write_text(online + "\n")
-    for name, value in files.items():
-        path = root / "sys/fs/cgroup" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{value}\n")
-    return root
+    return cgroups.fake_tree(root, cgroup, files, available=16 * GIB, online=online)
 
 
 # -- CPUs: affinity, cgroup v1 and v2 quotas, the override --------------------------------
@@ -234,39 +226,6 @@ def test_a_rank_of_two_starts_no_more_threads_than_its_share(tmp_path):
     assert 1 <= report["decode"] <= share and report["gather"] <= share, report
 
 
-def _own_v1_group() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            group = Path("/sys/fs/cgroup/memory") / path.strip("/")
-            return group if group.is_dir() else Path("/sys/fs/cgroup/memory")
-    return None
-
-
-def _memory_group(limit: int) -> Path:
-    """A fresh v1 memory cgroup of ``limit`` bytes (skips where one cannot be made)."""
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root")
-    parent = _own_v1_group() if Path("/proc/self/cgroup").is_file() else None
-    if parent is None or not (parent / "memory.limit_in_bytes").is_file():
-        pytest.skip("no cgroup v1 memory controller to make a child group in")
-    group = parent / f"chunkstream-test-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit))
-    except OSError as exc:
-        pytest.skip(f"cannot make a memory cgroup here: {exc}")
-    return group
-
-
-def _remove(group: Path) -> None:
-    try:
-        group.rmdir()
-    except OSError:
-        (group / "memory.force_empty").write_text("0")
-        group.rmdir()
-
-
 def _npy(path: Path, steps: int, width: int) -> Path:
     data = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(steps, width))
     for start in range(0, steps, 8192):
@@ -287,7 +246,7 @@ def test_the_loaders_own_arena_is_counted_once_under_a_job_limit(tmp_path):
     arena a second time and BatchStream refused; now the epoch streams on the host tier."""
     limit = 768 * 2**20
     store = _npy(tmp_path / "x.npy", 8 * 15360, 1024)  # 8 chunks of 15360 x 4 KiB = 60 MiB
-    group = _memory_group(limit)
+    group = cgroups.memory_group(limit)
     try:
         done = subprocess.run(
             [sys.executable, str(WORKER), "refusal", str(group), str(store)],
@@ -298,7 +257,7 @@ def test_the_loaders_own_arena_is_counted_once_under_a_job_limit(tmp_path):
         )
         peak = int((group / "memory.max_usage_in_bytes").read_text())
     finally:
-        _remove(group)
+        cgroups.remove_group(group)
     assert done.returncode == 0, f"exit {done.returncode} (137: killed)\n{done.stderr[-3000:]}"
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert "under the job's limit of 0.75 GiB" in lines["MEMORY"], lines
@@ -327,7 +286,7 @@ def test_torchrun_ranks_share_one_limit_and_all_finish_an_epoch(tmp_path, ranks,
     store = _npy(tmp_path / "x.npy", steps, 1024)  # chunks of 32 MiB
     out = tmp_path / "out"
     out.mkdir()
-    group = _memory_group(limit)
+    group = cgroups.memory_group(limit)
     env = {**_clean_env(), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(cs.__file__).parents[1]), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
@@ -349,7 +308,7 @@ def test_torchrun_ranks_share_one_limit_and_all_finish_an_epoch(tmp_path, ranks,
         )
         peak = int((group / "memory.max_usage_in_bytes").read_text())
     finally:
-        _remove(group)
+        cgroups.remove_group(group)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     for report in reports:
