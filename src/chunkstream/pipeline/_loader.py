@@ -142,7 +142,7 @@ class ChunkLoader:
         **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
-        check_moved("ChunkLoader", LoaderOptions, moved)
+        options = check_moved("ChunkLoader", LoaderOptions, moved, options)
         self.options = o = check_options(options, LoaderOptions, "stall_timeout=60")
         self.source = check_source(source)
         # Everything close() releases; a loader collected unclosed releases it through a
