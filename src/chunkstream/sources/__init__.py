@@ -29,6 +29,8 @@ from ._remote import is_url as is_url  # isort: skip
 from ._recordings import MASK_SUFFIX as MASK_SUFFIX  # isort: skip
 from ._recordings import RECORDING_FIELD as RECORDING_FIELD  # isort: skip
 from ._open import open_zarr_array as open_zarr_array  # isort: skip
+from ._open import open_zarr_node as open_zarr_node  # isort: skip
+from ._remote import OPTIONS_KEY as OPTIONS_KEY  # isort: skip
 
 __all__ = [
     "CallableSource",
