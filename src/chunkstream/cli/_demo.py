@@ -492,6 +492,18 @@ def format_table(result) -> str:
             f"{lat['step_mean_ms']:.2f} ms",
             f"mean of {int(lat['num_batches'])} timed batches",
         ),
+        *(  # remote data read through the node cache: every recording's counters, summed
+            [
+                (
+                    "node cache hits",
+                    f"{int(lat['cache_hits'])}/{int(lat['cache_hits'] + lat['cache_misses'])}",
+                    f"{lat['cache_fetched_bytes'] / 1e6:.1f} MB fetched, "
+                    f"{lat['cache_evicted_bytes'] / 1e6:.1f} MB evicted (all recordings)",
+                )
+            ]
+            if "cache_hits" in lat
+            else []
+        ),
     ]
     rows[1:1] = [
         (f"  {name}", f"{loss:.5f}", _held_out_words(name))

@@ -17,6 +17,7 @@ from ._base import HandsOver as HandsOver  # isort: skip
 from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
+from ._base import source_caches as source_caches  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
 from ._read import call_with_retries as call_with_retries  # isort: skip
 from ._read import read_owned_window as read_owned_window  # isort: skip
