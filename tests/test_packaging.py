@@ -16,10 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -52,7 +52,7 @@ def test_torch_has_a_floor_and_no_upper_bound():
 def test_python_is_3_11_or_newer():
     assert PROJECT["requires-python"] == ">=3.11"
     ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
-    assert ruff["target-version"] in {"py310", "py311"}  # py311 once the code is lint-clean
+    assert ruff["target-version"] == "py311"
 
 
 def _third_party_imports() -> set[str]:
