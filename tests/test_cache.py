@@ -468,3 +468,23 @@ def test_over_s3_the_metadata_is_revalidated_by_its_etag(served, tmp_path):
                 validators = dict(source.array.store._validators)
         assert source.cache.counters.hits == T // ZCHUNK and source.cache.counters.misses == 0
         assert validators and all(v.startswith("etag:") for v in validators.values())
+
+
+def test_a_recordings_remote_caches_are_summed_in_the_loaders_stats(server, served, tmp_path):
+    """A ``cs.Recordings`` of remote ZarrSources, each with its cache: the loader's
+    summary (and so the demo's table) counts every recording's hits and misses."""
+    url = f"{server.url}/x.zarr"
+    parts = {n: cs.ZarrSource(url, cache=tmp_path / n, storage_options=OPTIONS) for n in "ab"}
+    source = cs.Recordings(parts)
+    with cs.ChunkLoader(source, 100, device="cpu", sampling="sequential", workers=1) as loader:
+        list(loader.epoch(2 * T // 100))
+        first = loader.stats.summary()
+        list(loader.epoch(2 * T // 100))
+        second = loader.stats.summary()
+        table = loader.stats.format_summary()
+    for part in parts.values():
+        part.close()
+    assert first["cache_misses"] == 2 * T // ZCHUNK and first["cache_hits"] == 0
+    assert first["cache_fetched_bytes"] == 2 * T * F * 4
+    assert second["cache_hits"] == 2 * T // ZCHUNK
+    assert "cache: 40 hits, 40 misses" in table

@@ -171,3 +171,17 @@ def test_event_timed_batches_and_transfers_on_cuda():
     s = stats.summary()
     assert s["transfer_mean_ms"] > 0
     assert all(c.transfer_s is not None and c.transfer_end is not None for c in stats.chunks)
+
+
+def test_plot_timeline_leaves_the_users_backend_alone(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    before = matplotlib.rcParams["backend"]
+    matplotlib.use("svg")
+    try:
+        with ChunkLoader(NumpySource({"x": np.zeros((100, 2), np.float32)}), 10) as loader:
+            list(loader.epoch(2))
+        plot_timeline(loader.stats, tmp_path / "timeline.png")
+        assert matplotlib.get_backend() == "svg"
+        assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    finally:
+        matplotlib.rcParams["backend"] = before

@@ -7,64 +7,15 @@ pinned slots, the transfer stream, :class:`ChunkLoader`) -> ``consumer``
 ``tools`` hold the command line.
 """
 
-from . import compat, flyvis, plans
-from ._errors import (
-    CacheWarning,
-    ChunkLoadError,
-    ChunkstreamError,
-    ConfigError,
-    CorruptChunkError,
-    FieldDtypeError,
-    FieldLengthError,
-    FieldSelectionError,
-    LoaderClosedError,
-    LoaderStalledError,
-    MissingChunkError,
-    NonFiniteError,
-    NotZarrError,
-    ReadAmplificationWarning,
-    RemotePermissionError,
-    RemoteStoreError,
-    SourceError,
-    SourceNotFoundError,
-)
-from .consumer import (
-    BatchStream,
-    ChunkMixer,
-    StreamOptions,
-    WindowSampler,
-    gather_windows,
-    neighbour_union,
-    sample_windows,
-    zero_neurons_with_neighbours,
-)
-from .pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions
-from .plans import (
-    EpochPlan,
-    Piece,
-    PiecePlan,
-    RandomPlan,
-    Segments,
-    SequentialPlan,
-    ShuffledPlan,
-    WindowPlan,
-    make_plan,
-    plan_epoch,
-    split_segments,
-)
-from .sources import (
-    CallableSource,
-    FieldSpec,
-    JoinSource,
-    NumpySource,
-    Recordings,
-    RemoteOptions,
-    Source,
-    TensorStoreSource,
-    ZarrGroupSource,
-    ZarrSource,
-)
-from .stats import BatchTimer, LatencyStats, plot_timeline
+# ruff: noqa: F405
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_names
+
+if TYPE_CHECKING:  # what tools that read the code see; at run time, __getattr__ below
+    from ._public import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -128,3 +79,6 @@ __all__ = [
     "split_segments",
     "zero_neurons_with_neighbours",
 ]
+
+
+__getattr__, __dir__ = lazy_names(__name__, __all__)

@@ -1,17 +1,22 @@
-"""What every options object shares: the default for ``None``, and the error for a
-keyword that moved into one (the less common settings of ``ChunkLoader`` and
-``BatchStream`` live in ``LoaderOptions`` and ``StreamOptions``)."""
+"""What every options object shares: the default for ``None``, and the keywords that
+moved into one (the less common settings of ``ChunkLoader`` and ``BatchStream`` live
+in ``LoaderOptions`` and ``StreamOptions`` since 0.1; the old keywords still run, with
+a ``FutureWarning``, until :data:`MOVED_REMOVED_IN`)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import warnings
+from dataclasses import fields, replace
 from typing import TypeVar
 
 from ._errors import ConfigError
 
-__all__ = ["check_moved", "check_options"]
+__all__ = ["MOVED_REMOVED_IN", "check_moved", "check_options"]
 
 T = TypeVar("T")
+
+#: The release that removes the old keyword spellings (``ChunkLoader(segments=...)``).
+MOVED_REMOVED_IN = "0.3"
 
 
 def check_options(options: object, kind: type[T], example: str) -> T:
@@ -29,18 +34,47 @@ def check_options(options: object, kind: type[T], example: str) -> T:
     return options
 
 
-def check_moved(owner: str, kind: type, moved: dict[str, object]) -> None:
-    """Refuse the keywords ``owner`` does not take: one that is a field of the options
-    object ``kind`` is a :class:`ConfigError` that says to pass it there; any other is
-    an unknown keyword, a ``TypeError`` as Python would raise."""
+def check_moved(owner: str, kind: type[T], moved: dict[str, object], options: object) -> object:
+    """``options`` with the keywords that moved into ``kind`` merged in.
+
+    Each such keyword (a field of ``kind``) warns with a ``FutureWarning`` naming the
+    new spelling and is merged into ``options`` (``kind()`` for ``None``); one that
+    ``options`` also sets (to other than its default) is a :class:`ConfigError`, as
+    the two would disagree. Any other keyword is unknown: a ``TypeError`` as Python
+    would raise. With no moved keyword ``options`` is returned as given (checked by
+    :func:`check_options` after)."""
     if not moved:
-        return
-    name, value = next(iter(moved.items()))
-    if name in {f.name for f in fields(kind)}:
-        raise ConfigError.bad(
-            name,
-            value,
-            f"a setting of cs.{kind.__name__}, not a keyword of {owner}()",
-            f"Pass options=cs.{kind.__name__}({name}={value!r}).",
+        return options
+    known = {f.name for f in fields(kind)}  # type: ignore[arg-type]
+    for name in moved:
+        if name not in known:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+    given = check_options(options, kind, "...")
+    defaults = kind()
+    for name, value in moved.items():
+        new = f"options=cs.{kind.__name__}({name}=...)"
+        if getattr(given, name) is not getattr(defaults, name) and not _same(
+            getattr(given, name), getattr(defaults, name)
+        ):
+            raise ConfigError.bad(
+                name,
+                value,
+                f"one value, not {owner}({name}=...) and {new} (which holds "
+                f"{getattr(given, name)!r}) together",
+                f"Drop the keyword and keep {new}.",
+            )
+        warnings.warn(
+            f"{owner}({name}=...) is deprecated and will be removed in {MOVED_REMOVED_IN}; "
+            f"pass {new}",
+            FutureWarning,
+            stacklevel=3,
         )
-    raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+    return replace(given, **moved)  # type: ignore[type-var]
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether an option's value equals its default (an array's ``==`` is not a bool)."""
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False

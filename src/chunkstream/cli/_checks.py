@@ -47,8 +47,21 @@ _TYPE_ERROR = re.compile(
 )
 
 
+# reST markup the help texts borrow from docstrings: ``code``, :func:`name`.
+_MARKUP = re.compile(r"``([^`]+)``|:\w+:`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` without reST markup, as a terminal shows it."""
+    return _MARKUP.sub(lambda m: m[1] or m[2], text)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line, with the help to read."""
+    """An ``ArgumentParser`` whose usage errors are one line, with the help to read,
+    and whose help is plain text (the descriptions are docstrings, in reST)."""
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
 
     def error(self, message: str) -> NoReturn:
         # argparse writes "argument --seed/-s: '-1' is invalid: ..."; the run's refusals

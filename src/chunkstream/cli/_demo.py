@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from .._errors import ConfigError
-from .._memory import node_share
 from ._checks import int_at_least, naming_options, note, refuse, writable_dir
 
 __all__ = ["register"]
@@ -425,6 +424,9 @@ def _held_out_words(name: str) -> str:
 
 def format_table(result) -> str:
     """The demo's final table (see docs: what the numbers mean)."""
+    from .._memory import node_share  # torch: imported by a run, not by --help
+
+    share = node_share()
     m, lat = result.memory, result.latency
     held_device = m["device_peak"] if m["device_peak"] is not None else None
     loader = m["loader_host"] + m["loader_device"]
@@ -462,7 +464,7 @@ def format_table(result) -> str:
             _share(loader, m.get("mixer"), m["train_split"]),
         ),
         ("host peak RSS", _mb(m["host_peak_rss"]), "whole process"),
-        ("threads (this rank)", str(node_share().threads), node_share().describe()),
+        ("threads (this rank)", str(share.threads), share.describe()),
         *(
             [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
             if getattr(result.buffer, "memory", "")
@@ -489,6 +491,18 @@ def format_table(result) -> str:
             f"{lat['forward_mean_ms']:.2f}/{lat['backward_mean_ms']:.2f}/"
             f"{lat['step_mean_ms']:.2f} ms",
             f"mean of {int(lat['num_batches'])} timed batches",
+        ),
+        *(  # remote data read through the node cache: every recording's counters, summed
+            [
+                (
+                    "node cache hits",
+                    f"{int(lat['cache_hits'])}/{int(lat['cache_hits'] + lat['cache_misses'])}",
+                    f"{lat['cache_fetched_bytes'] / 1e6:.1f} MB fetched, "
+                    f"{lat['cache_evicted_bytes'] / 1e6:.1f} MB evicted (all recordings)",
+                )
+            ]
+            if "cache_hits" in lat
+            else []
         ),
     ]
     rows[1:1] = [

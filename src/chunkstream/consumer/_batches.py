@@ -160,7 +160,7 @@ class BatchStream:
         options: StreamOptions | None = None,
         **moved: object,
     ) -> None:
-        check_moved("BatchStream", StreamOptions, moved)
+        options = check_moved("BatchStream", StreamOptions, moved, options)
         self.options = o = check_options(options, StreamOptions, "batches_per_epoch=100")
         chunks_per_epoch, batches_per_epoch = o.chunks_per_epoch, o.batches_per_epoch
         seed, dtype, align = o.seed, o.dtype, o.align

@@ -41,6 +41,7 @@ from ..sources import (
     Source,
     check_source,
     describe_source,
+    source_caches,
     stored_time_chunk,
     window_nbytes,
 )
@@ -142,7 +143,7 @@ class ChunkLoader:
         **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
-        check_moved("ChunkLoader", LoaderOptions, moved)
+        options = check_moved("ChunkLoader", LoaderOptions, moved, options)
         self.options = o = check_options(options, LoaderOptions, "stall_timeout=60")
         self.source = check_source(source)
         # Everything close() releases; a loader collected unclosed releases it through a
@@ -175,9 +176,9 @@ class ChunkLoader:
             recordings=getattr(source, "strata", None),  # a cs.Recordings: its weights
         )
         self.stats = o.stats if o.stats is not None else LatencyStats()
-        cache = getattr(source, "cache", None)  # a remote ZarrSource's node-local cache
-        if cache is not None:
-            self.stats.watch_cache(cache.counters)
+        caches = source_caches(source)  # remote ZarrSources' node-local caches
+        if caches:
+            self.stats.watch_cache(*(cache.counters for cache in caches))
         self._cursor = EpochCursor(self.plan, rank=self.rank, world_size=self.world_size)
         # Serialises what changes the cursor and the run (epoch()'s publication, a resume),
         # for a few steps at a time, never across long work; see _publishing.

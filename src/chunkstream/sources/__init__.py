@@ -17,6 +17,7 @@ from ._base import HandsOver as HandsOver  # isort: skip
 from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
+from ._base import source_caches as source_caches  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip
 from ._read import call_with_retries as call_with_retries  # isort: skip
 from ._read import read_owned_window as read_owned_window  # isort: skip
@@ -29,6 +30,8 @@ from ._remote import is_url as is_url  # isort: skip
 from ._recordings import MASK_SUFFIX as MASK_SUFFIX  # isort: skip
 from ._recordings import RECORDING_FIELD as RECORDING_FIELD  # isort: skip
 from ._open import open_zarr_array as open_zarr_array  # isort: skip
+from ._open import open_zarr_node as open_zarr_node  # isort: skip
+from ._remote import OPTIONS_KEY as OPTIONS_KEY  # isort: skip
 
 __all__ = [
     "CallableSource",

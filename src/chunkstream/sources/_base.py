@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -50,6 +50,7 @@ __all__ = [
     "field_context",
     "field_of",
     "settle",
+    "source_caches",
     "stored_time_chunk",
     "tag_field",
     "window_nbytes",
@@ -169,6 +170,15 @@ class LearnsFields(Protocol):
     def learn(self, start: int, stop: int) -> None: ...
 
     def forget(self, start: int, stop: int) -> None: ...
+
+
+def source_caches(source: object) -> list[Any]:
+    """The node-local caches ``source`` reads through: a remote ``ZarrSource``'s
+    ``cache``, and those of every recording of a ``cs.Recordings`` (each once)."""
+    found = [] if getattr(source, "cache", None) is None else [source.cache]
+    for member in getattr(source, "recordings", {}).values():
+        found += [c for c in source_caches(member) if all(c is not f for f in found)]
+    return found
 
 
 def stored_time_chunk(source: object) -> int:

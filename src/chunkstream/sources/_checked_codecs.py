@@ -38,6 +38,7 @@ which the loader retries. An index whose codecs are not bytes (+ crc32c), which
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import struct
 from typing import Any
@@ -65,12 +66,14 @@ from ._shards import (
 )
 
 __all__ = [
+    "OVERRIDDEN",
     "CheckedBloscCodec",
     "CheckedCodec",
     "CheckedShardReads",
     "CheckedShardingCodec",
     "FrameError",
     "blosc_frame_error",
+    "changed_internals",
     "with_checked_codecs",
 ]
 
@@ -327,9 +330,37 @@ def _checked_v3(codecs: tuple) -> tuple:
     return tuple(out)
 
 
+#: zarr's private methods the checked codecs override, with the parameters they call
+#: them with (tests/test_zarr_internals.py; pyproject.toml caps zarr at a minor that has them).
+OVERRIDDEN = {
+    (BloscCodec, "_decode_sync"): ("self", "chunk_bytes", "chunk_spec"),
+    (ShardingCodec, "_decode_partial_single"): ("self", "byte_getter", "selection", "shard_spec"),
+}
+
+
+def changed_internals() -> list[str]:
+    """The overridden zarr methods this zarr no longer has as called (empty: all there)."""
+    changed = []
+    for (cls, name), params in OVERRIDDEN.items():
+        method = getattr(cls, name, None)
+        if method is None or tuple(inspect.signature(method).parameters) != params:
+            changed.append(f"{cls.__name__}.{name}{params}")
+    return changed
+
+
 def with_checked_codecs(arr: zarr.Array) -> zarr.Array:
-    """``arr`` re-opened over the same store with checked codecs (see the module docs)."""
+    """``arr`` re-opened over the same store with checked codecs (see the module docs).
+
+    Refused (``RuntimeError``) under a zarr that renamed or changed a method the checks
+    override, where they would be skipped in silence."""
     from zarr.core.array import AsyncArray
+
+    if changed := changed_internals():
+        raise RuntimeError(
+            f"zarr {zarr.__version__} changed {', '.join(changed)}, which chunkstream's "
+            "integrity checks override: they would be skipped. Install the zarr "
+            "pyproject.toml asks for (pip install 'zarr>=3.1,<3.2')."
+        )
 
     meta = arr.metadata
     checked = copy.copy(meta)

@@ -30,7 +30,7 @@ from ._remote import (
     store_errors,
 )
 
-__all__ = ["open_zarr_array"]
+__all__ = ["open_zarr_array", "open_zarr_node"]
 
 
 def open_zarr_array(
@@ -52,10 +52,28 @@ def open_zarr_array(
     store reads through (:mod:`._cached_store`; ``cache=None`` takes
     ``$CHUNKSTREAM_CACHE`` for a remote URL).
     """
+    node = open_zarr_node(path, storage_options, cache=cache, cache_bytes=cache_bytes)
+    try:
+        return _select_array(node, array, str(path))
+    except BaseException:
+        if is_url(str(path)):
+            close_store(node.store)
+        raise
+
+
+def open_zarr_node(
+    path: str | Path,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
+) -> zarr.Array | zarr.Group:
+    """The zarr array or group at ``path``, read-only, opened as :func:`open_zarr_array`
+    opens it (the tools open groups and directories of stores through this)."""
     text = str(path)
     root = cache_folder(text, cache, cache_bytes)
     if not is_url(text):
-        return _select_array(_open_local(text), array, text)
+        return _open_local(text)
     store = open_remote_store(text, storage_options)
     try:
         if root is not None:
@@ -65,13 +83,12 @@ def open_zarr_array(
             store = cached_store(store, text, root, cache_bytes, wait_s)
         try:
             with store_errors(text, "the zarr metadata"):
-                node = zarr.open(store, mode="r")
+                return zarr.open(store, mode="r")
         except FileNotFoundError as exc:
             raise SourceNotFoundError(
                 f"no zarr array or group at {text!r}. Check the URL and credentials "
                 "(storage_options)."
             ) from exc
-        return _select_array(node, array, text)
     except BaseException:
         close_store(store)
         raise

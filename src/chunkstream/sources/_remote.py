@@ -266,6 +266,11 @@ def own_store(owner: object, store: Any) -> weakref.finalize:
     # our own exit hook (below) closes it, while zarr's event loop still runs
     finalizer.atexit = False
     _owned[key] = finalizer
+    # atexit runs hooks last-registered first; zarr's (which stops its loop) is registered
+    # when the store was opened, whatever order the modules were imported in: ours again
+    # now, so it runs before zarr's
+    atexit.unregister(_close_owned_at_exit)
+    atexit.register(_close_owned_at_exit)
     return finalizer
 
 

@@ -26,13 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from google_crc32c import value as crc32c  # what zarr checks a shard index with
 
 from .._errors import CorruptChunkError
-
-try:
-    from google_crc32c import value as crc32c  # what zarr >= 3.1.4 checks the index with
-except ImportError:  # older zarr used the crc32c package
-    from crc32c import crc32c
 
 __all__ = [
     "EMPTY",

@@ -156,8 +156,9 @@ class LatencyStats:
         self._epoch_begin: float | None = None
         self._elapsed = 0.0  # seconds inside epochs, closed spans only
         self._pending_batches: list[tuple[float, tuple]] = []  # CUDA events not yet read
-        self._cache: Any = None  # a source cache's CacheCounters, and their values at reset
-        self._cache_base: Any = None
+        # the sources' caches' CacheCounters, and their summed values at reset
+        self._cache: tuple[Any, ...] = ()
+        self._cache_base: dict[str, int] = {}
 
     # -- recording -----------------------------------------------------------------
 
@@ -222,17 +223,17 @@ class LatencyStats:
             if self.chunks and self.chunks[-1].compute_end is None:
                 self.chunks[-1].compute_end = now
 
-    def watch_cache(self, counters: Any) -> None:
-        """Report a node-local cache's ``CacheCounters`` (hits, misses, bytes fetched
-        and evicted) from now on, in :meth:`summary`, the table and TensorBoard."""
+    def watch_cache(self, *counters: Any) -> None:
+        """Report node-local caches' ``CacheCounters`` (hits, misses, bytes fetched and
+        evicted), summed (one per remote recording of a ``cs.Recordings``), from now
+        on, in :meth:`summary`, the table and TensorBoard."""
         with self._lock:
-            self._cache, self._cache_base = counters, counters.snapshot()
+            self._cache, self._cache_base = counters, _summed(counters)
 
     def reset(self) -> None:
         """Forget every record and the elapsed time."""
         with self._lock:
-            if self._cache is not None:
-                self._cache_base = self._cache.snapshot()
+            self._cache_base = _summed(self._cache)
             self.chunks.clear()
             self.batches.clear()
             self._pending_batches.clear()
@@ -331,10 +332,10 @@ class LatencyStats:
         out["queue_empty_count"] = float(sum(1 for c in chunks if c.queue_depth == 0))
         with self._lock:
             cache, base = self._cache, self._cache_base
-        if cache is not None:
-            now = cache.snapshot()
+        if cache:
+            now = _summed(cache)
             for name in _CACHE_COUNTERS:
-                out[f"cache_{name}"] = float(getattr(now, name) - getattr(base, name))
+                out[f"cache_{name}"] = float(now[name] - base[name])
         return out
 
     # -- reporting -----------------------------------------------------------------
@@ -402,6 +403,14 @@ _TABLE_ROWS = (
     ("step", "step"),
 )
 _CACHE_COUNTERS = ("hits", "misses", "fetched_bytes", "evicted_bytes")
+
+
+def _summed(counters: tuple[Any, ...]) -> dict[str, int]:
+    """The caches' counters added up (each read once, under its own lock)."""
+    snapshots = [c.snapshot() for c in counters]
+    return {name: sum(getattr(s, name) for s in snapshots) for name in _CACHE_COUNTERS}
+
+
 _LOGGED = (
     "wait_mean_ms",
     "wait_p95_ms",

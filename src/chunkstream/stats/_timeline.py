@@ -26,13 +26,11 @@ def plot_timeline(
 ) -> Path:
     """Draw ``stats``' chunk records to an image at ``path`` (PNG by suffix); returns the path.
 
-    Needs matplotlib (``pip install chunkstream[plot]``); it is imported here,
-    with the non-interactive Agg backend, so it works on a headless machine.
+    Needs matplotlib (``pip install chunkstream[plot]``); it is imported here. The
+    plot is a ``matplotlib.figure.Figure`` saved by itself, without pyplot, so it
+    works on a headless machine and leaves the user's backend as it was.
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise ImportError("plot_timeline needs matplotlib: pip install chunkstream[plot]") from exc

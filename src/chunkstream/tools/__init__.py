@@ -5,45 +5,15 @@ only parse arguments, call these and print. ``tools.synth``, ``tools.inspect``
 and ``tools.convert`` name the modules.
 """
 
-from . import _bench as bench
-from . import _convert as convert
-from . import _inspect as inspect
-from . import _plan as plan
-from . import _synth as synth
-from ._bench import BenchChunk, BenchReport, SettingResult, open_bench_source, plot_bench, run_bench
-from ._convert import ConvertReport, FieldResult, convert_store, flyvis_fields
-from ._fieldspec import FieldRequest, parse_field, parse_fields, parse_index
-from ._inspect import ArrayReport, FieldReport, StoreReport, inspect_store, read_amplification
-from ._plan import (
-    BudgetFit,
-    DataLayout,
-    MemoryRow,
-    PlanReport,
-    fit_budget,
-    format_bytes,
-    layout_from_shape,
-    layout_from_store,
-    parse_bytes,
-    plan_memory,
-)
-from ._synth import SynthInfo, default_chunks, ensure_synthetic, write_synthetic
+# ruff: noqa: F405
+from __future__ import annotations
 
-# The package's internal face for the CLI (not public API).
-from ._bench import compare_cache as compare_cache  # isort: skip
-from ._bench import compare_local as compare_local  # isort: skip
-from ._codecs import CODECS as CODECS  # isort: skip
-from ._plan import plan_share as plan_share  # isort: skip
-from ._convert import OUT_DTYPES as OUT_DTYPES  # isort: skip
-from ._layout import check_flyvis_stim_dims as check_flyvis_stim_dims  # isort: skip
-from ._recordings import RecordingShare as RecordingShare  # isort: skip
-from ._recordings import format_shares as format_shares  # isort: skip
-from ._recordings import open_recordings as open_recordings  # isort: skip
-from ._recordings import parse_weights as parse_weights  # isort: skip
-from ._recordings import pass_shares as pass_shares  # isort: skip
-from ._recordings import recording_names as recording_names  # isort: skip
-from ._recordings import recordings_layout as recordings_layout  # isort: skip
-from ._stores import is_remote as is_remote  # isort: skip
-from ._stores import open_arrays as open_arrays  # isort: skip
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:  # what tools that read the code see; at run time, lazy_names below
+    from ._public import *  # noqa: F403
 
 __all__ = [
     "ArrayReport",
@@ -85,3 +55,8 @@ __all__ = [
     "synth",
     "write_synthetic",
 ]
+
+# What the command line's parsers need, without the tools' imports of torch and zarr
+__getattr__, __dir__ = lazy_names(
+    __name__, __all__, light={"CODECS": "._codecs", "OUT_DTYPES": "._codecs"}
+)

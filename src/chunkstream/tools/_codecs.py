@@ -12,9 +12,12 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["CODECS", "compressors_for", "describe_codecs"]
+__all__ = ["CODECS", "OUT_DTYPES", "compressors_for", "describe_codecs"]
 
 CODECS = ("none", "blosc-zstd", "blosc-lz4", "zstd")
+
+# Output dtypes convert's ``dtype=`` accepts: storage precisions a loader streams as they are.
+OUT_DTYPES = ("float16", "float32", "float64")
 
 
 def compressors_for(codec: str, zarr_format: int) -> Any:

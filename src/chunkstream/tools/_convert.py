@@ -56,7 +56,7 @@ import numpy as np
 from .._errors import ConfigError, CorruptChunkError, check_int
 from .._memory import thread_budget
 from ..sources import check_lengths
-from ._codecs import compressors_for
+from ._codecs import OUT_DTYPES, compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
 from ._slabs import (
     FieldPlan,
@@ -136,10 +136,6 @@ def flyvis_fields(column: str | int = "voltage", stim_dims: int = 1736) -> list[
     if name == "stimulus":
         return [stim]
     return [f"{name}=timeseries[:,{_FLYVIS_COLUMNS[name]}]", stim]
-
-
-# Output dtypes ``dtype=`` accepts: storage precisions a loader streams as they are.
-OUT_DTYPES = ("float16", "float32", "float64")
 
 
 def _save_progress(path: Path, state: dict[str, Any]) -> None:

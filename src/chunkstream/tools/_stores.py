@@ -8,30 +8,66 @@ their stem (``run/timeseries.zarr`` -> ``timeseries``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
 from ._fieldspec import FieldRequest, Index, validate_index
 
-__all__ = ["is_remote", "local_root", "open_arrays", "resolve_field"]
+__all__ = [
+    "REMOTE_ENV",
+    "is_remote",
+    "local_root",
+    "open_arrays",
+    "remote_options",
+    "resolve_field",
+]
 
 
 def is_remote(path: str | os.PathLike) -> bool:
     """True for a URL other than ``file://``."""
-    text = str(path)
-    return "://" in text and not text.startswith("file://")
+    from ..sources import is_url
+
+    return is_url(str(path))
 
 
-def _open_node(path: str) -> Any:
-    """The zarr array or group at ``path``, or None when there is none."""
-    import zarr
-    from zarr.errors import NodeNotFoundError
+#: The environment the tools read a remote store's bounds from (RemoteOptions' fields).
+REMOTE_ENV = {"timeout": "CHUNKSTREAM_REMOTE_TIMEOUT", "retries": "CHUNKSTREAM_REMOTE_RETRIES"}
 
+
+def remote_options(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The storage options the tools open a URL with: the library's ``RemoteOptions``,
+    its ``timeout``/``retries`` from ``$CHUNKSTREAM_REMOTE_TIMEOUT``/``_RETRIES`` when
+    set (a bad value is refused, naming the variable)."""
+    from ..sources import OPTIONS_KEY, RemoteOptions
+
+    given = {}
+    for field, name in REMOTE_ENV.items():
+        text = environ.get(name)
+        if text:
+            try:
+                given[field] = float(text) if field == "timeout" else int(text)
+            except ValueError:
+                raise ConfigError.bad(name, text, f"a number ({field})") from None
     try:
-        return zarr.open(path, mode="r")
-    except NodeNotFoundError:
+        return {OPTIONS_KEY: RemoteOptions(**given)}
+    except ConfigError as exc:
+        raise ConfigError(f"${' / $'.join(REMOTE_ENV.values())}: {exc}") from None
+
+
+def _open_node(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """The zarr array or group at ``path``, or None for a local folder that is none,
+    opened by the library's opener (``sources._open``): a URL with its timeouts,
+    retries, ``RemoteStoreError`` and node cache."""
+    from ..sources import open_zarr_node
+
+    if is_remote(path):
+        return open_zarr_node(path, storage_options or remote_options())
+    local = Path(path.removeprefix("file://")).expanduser()
+    if not any((local / name).exists() for name in ("zarr.json", ".zarray", ".zgroup")):
         return None
+    return open_zarr_node(path)
 
 
 def _members(node: Any, prefix: str) -> dict[str, Any]:
@@ -46,18 +82,22 @@ def _members(node: Any, prefix: str) -> dict[str, Any]:
     return found
 
 
-def open_arrays(path: str | os.PathLike) -> dict[str, Any]:
+def open_arrays(
+    path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Every zarr array under ``path``, opened read-only, by name (module docs).
 
     Raises ``SourceNotFoundError`` for a missing local path and ``NotZarrError``
-    when nothing under it is zarr.
+    when nothing under it is zarr; a URL fails as the library's sources do
+    (``RemoteStoreError`` naming it, within :func:`remote_options`' bounds), and
+    ``storage_options`` go to its store (default: :func:`remote_options`).
     """
     text = str(path)
     if not is_remote(text) and not Path(text.removeprefix("file://")).exists():
         raise SourceNotFoundError(
             f"path {text!r} does not exist: pass an existing zarr store, group or directory."
         )
-    node = _open_node(text)
+    node = _open_node(text, storage_options)
     if node is not None:
         import zarr
 
