@@ -75,7 +75,7 @@ from .._errors import CacheWarning
 from .._executor import POLL_S
 from ._cache_entry import OLD_FORMAT, TRAILER_SIZE, entry_problem, read_all, trailer
 from ._cache_room import FIRST_POLL, Room, default_budget, same_file
-from ._cache_trust import Trust
+from ._cache_trust import Trust, open_folder
 
 __all__ = ["CacheCounters", "NodeCache"]
 
@@ -138,49 +138,12 @@ class NodeCache:
         self._room = Room(-1, self._entries, self._partial)
         self.budget = budget or 1
         try:
-            problem = self._prepare()
+            problem, self._room.fd, self._folders = open_folder(self.trust, root)
         except OSError as exc:
             self._through(exc)
         else:
             if problem is not None:
                 self._distrust(problem)
-
-    def _prepare(self) -> str | None:
-        """Make (or check) ``DIR``, its levels and the ledger; what makes ``DIR``
-        untrusted (module docs of :mod:`._cache_trust`), or ``None``."""
-        trust, root = self.trust, self.root
-        root.parent.mkdir(parents=True, exist_ok=True)  # not the cache's: umask's modes
-        trust.make_folder(root)
-        problem = trust.folder_problem(root, follow=True) or trust.parent_problem(root)
-        if problem is not None:
-            return f"{str(root)!r} {problem}"
-        for level in (self._partial, self._entries):
-            trust.make_folder(level)
-            if (problem := trust.folder_problem(level)) is not None:
-                return f"{str(level)!r} {problem}"
-        with os.scandir(self._entries) as folders:
-            for folder in folders:
-                if (problem := trust.folder_problem(folder.path)) is not None:
-                    return f"{folder.path!r} {problem}"
-                self._folders.add(folder.path)
-        ledger = root / "ledger"
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-        self._room.fd = os.open(ledger, flags, trust.file_mode)
-        self._own_mode(self._room.fd)
-        if (problem := trust.owner_problem(os.fstat(self._room.fd))) is not None:
-            return f"{str(ledger)!r} {problem}"
-        probe = self._partial / f".probe-{os.getpid()}"
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, trust.file_mode))
-        probe.unlink()
-        return None
-
-    def _own_mode(self, fd: int) -> None:
-        """Give a file this process made the trust's mode: in a shared folder the group
-        writes it too (``partial`` files are taken over, the ledger counted up)."""
-        if self.trust.gid is not None:
-            with contextlib.suppress(OSError):  # another member's file: theirs to set
-                if os.fstat(fd).st_uid == self.trust.uid:
-                    os.fchmod(fd, self.trust.file_mode)
 
     def open(self, budget: int | None) -> None:
         """Sweep dead writers' files, count the entries, and evict down to the budget
@@ -366,7 +329,7 @@ class NodeCache:
                 os.close(fd)
                 return None
             if same_file(fd, path):
-                self._own_mode(fd)
+                self.trust.own(fd)
                 return fd
             os.close(fd)
         return None

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .._errors import ConfigError
 
-__all__ = ["CACHE_GROUP_ENV", "Trust", "cache_trust"]
+__all__ = ["CACHE_GROUP_ENV", "Trust", "cache_trust", "open_folder"]
 
 #: The environment variable that names the group a ``$CHUNKSTREAM_CACHE`` folder is shared with.
 CACHE_GROUP_ENV = "CHUNKSTREAM_CACHE_GROUP"
@@ -137,6 +137,15 @@ class Trust:
         os.chmod(path, self.folder_mode)
         return True
 
+    def own(self, fd: int) -> None:
+        """Give a file this process made :attr:`file_mode` (whatever the umask): in a
+        shared folder the group writes it too (``partial`` files are taken over, the
+        ledger counted up)."""
+        if self.gid is not None:
+            with contextlib.suppress(OSError):  # another member's file: theirs to set
+                if os.fstat(fd).st_uid == self.uid:
+                    os.fchmod(fd, self.file_mode)
+
     def fix(self, root: Path) -> str:
         """How to make the folder ``root`` trusted."""
         where = str(root)
@@ -157,6 +166,43 @@ class Trust:
             return user.pw_gid == self.gid or user.pw_name in grp.getgrgid(self.gid).gr_mem
         except KeyError:
             return False
+
+
+def open_folder(trust: Trust, root: Path) -> tuple[str | None, int, set[str]]:
+    """Make (or check) cache folder ``root``, its levels and its ledger: ``(what makes
+    it untrusted or None, the ledger open read-write or -1, the entries/<ab> folders
+    found)``. An ``OSError`` (the folder cannot be written) leaves nothing open."""
+    for parent in reversed(root.parents):  # not the cache's: 755 (umask permitting)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent, 0o755)
+    trust.make_folder(root)
+    problem = trust.folder_problem(root, follow=True) or trust.parent_problem(root)
+    if problem is not None:
+        return f"{str(root)!r} {problem}", -1, set()
+    entries, partial = root / "entries", root / "partial"
+    for level in (partial, entries):
+        trust.make_folder(level)
+        if (problem := trust.folder_problem(level)) is not None:
+            return f"{str(level)!r} {problem}", -1, set()
+    folders = set()
+    with os.scandir(entries) as found:
+        for folder in found:
+            if (problem := trust.folder_problem(folder.path)) is not None:
+                return f"{folder.path!r} {problem}", -1, set()
+            folders.add(folder.path)
+    flags = os.O_CREAT | os.O_NOFOLLOW
+    ledger = os.open(root / "ledger", flags | os.O_RDWR, trust.file_mode)
+    try:
+        trust.own(ledger)
+        if (problem := trust.owner_problem(os.fstat(ledger))) is not None:
+            return f"{str(root / 'ledger')!r} {problem}", ledger, folders
+        probe = partial / f".probe-{os.getpid()}"
+        os.close(os.open(probe, flags | os.O_WRONLY, trust.file_mode))
+        probe.unlink()
+    except OSError:
+        os.close(ledger)
+        raise
+    return None, ledger, folders
 
 
 def cache_trust(cache_group: object, from_env: bool) -> Trust:
