@@ -31,6 +31,7 @@ A folder that fails is not an error: the cache reads through, with one
 from __future__ import annotations
 
 import contextlib
+import functools
 import grp
 import os
 import pwd
@@ -58,6 +59,16 @@ def _group(gid: int) -> str:
         return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
     except KeyError:
         return f"gid {gid}"
+
+
+@functools.lru_cache(maxsize=256)  # asked on every hit of another member's entry
+def _member(uid: int, gid: int) -> bool:
+    """Whether user ``uid`` is in group ``gid`` (its primary group, or listed in it)."""
+    try:
+        user = pwd.getpwuid(uid)
+        return user.pw_gid == gid or user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ class Trust:
             return f"may be written by anyone (mode {stat.filemode(mode)})"
         if st.st_gid != self.gid and (st.st_uid != self.uid or mode & stat.S_IWGRP):
             return f"belongs to group {_group(st.st_gid)}, not {_group(self.gid)}"
-        if st.st_uid not in (self.uid, 0) and not self._member(st.st_uid):
+        if st.st_uid not in (self.uid, 0) and not _member(st.st_uid, self.gid):
             return f"is owned by {_user(st.st_uid)}, who is not in group {self.group!r}"
         return None
 
@@ -160,21 +171,15 @@ class Trust:
             f"{where} && find {where} -type d -exec chmod 2770 {{}} +` (never world-writable)."
         )
 
-    def _member(self, uid: int) -> bool:
-        try:
-            user = pwd.getpwuid(uid)
-            return user.pw_gid == self.gid or user.pw_name in grp.getgrgid(self.gid).gr_mem
-        except KeyError:
-            return False
-
 
 def open_folder(trust: Trust, root: Path) -> tuple[str | None, int, set[str]]:
     """Make (or check) cache folder ``root``, its levels and its ledger: ``(what makes
     it untrusted or None, the ledger open read-write or -1, the entries/<ab> folders
     found)``. An ``OSError`` (the folder cannot be written) leaves nothing open."""
     for parent in reversed(root.parents):  # not the cache's: 755 (umask permitting)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(parent, 0o755)
+        if not os.path.isdir(parent):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parent, 0o755)
     trust.make_folder(root)
     problem = trust.folder_problem(root, follow=True) or trust.parent_problem(root)
     if problem is not None:
