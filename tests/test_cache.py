@@ -71,8 +71,8 @@ def held_bytes(folder: Path) -> int:
 
 
 def chunk_entries(folder: Path) -> list[Path]:
-    """The entries that hold a chunk (its bytes and the 16-byte trailer), not metadata."""
-    return [p for p in entries(folder) if p.stat().st_size == CHUNK_NBYTES + 16]
+    """The entries that hold a chunk (its bytes and the 36-byte trailer), not metadata."""
+    return [p for p in entries(folder) if p.stat().st_size == CHUNK_NBYTES + 36]
 
 
 def start_worker(url: str, folder: Path, out: Path | str, *args: str, budget="none"):
@@ -145,7 +145,7 @@ def test_a_process_killed_mid_epoch_leaves_nothing_that_is_served(server, served
 def test_the_budget_is_never_exceeded(server, served, tmp_path):
     server.faults.set("/x.zarr/c/", "slow", times=None)
     url, folder = f"{server.url}/x.zarr", tmp_path / "cache"
-    budget = 5 * CHUNK_NBYTES + 100  # five entries (each its bytes and a 16-byte trailer)
+    budget = 5 * CHUNK_NBYTES + 100  # five entries (each its bytes and a 36-byte trailer)
     workers = [start_worker(url, folder, tmp_path / f"{i}.npy", *(["--reverse"] * i),
                             budget=budget) for i in range(2)]  # fmt: skip
     largest = 0
@@ -226,9 +226,10 @@ def test_an_unwritable_folder_degrades_to_reading_through_with_one_warning(
     folder.chmod(0o555)
     args = ["--nobody"] if os.geteuid() == 0 else []  # root writes anywhere
     try:
-        if args:
+        if args:  # the worker's own folder, trusted, yet not writable
             out.touch()
             os.chown(out, 65534, 65534)
+            os.chown(folder, 65534, 65534)
         counters = finish(start_worker(url, folder, str(out), *args))
         np.testing.assert_array_equal(np.load(out), served[2])
     finally:

@@ -359,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
                 f"misses, {cached.fetched_bytes[i] / 1e6:.1f} MB fetched"
             )
         print(f"  epoch 2 / epoch 1 = {cached.speedup:.2f}x")
+        for said in cached.warnings:
+            print(f"  cache warning: {said}")
     if plotted:
         print(f"timeline written to {plotted}")
     return 0

@@ -6,8 +6,8 @@ least recently used first. :mod:`._cached_store` puts it under zarr.
 
 Layout of ``DIR``:
 
-* ``entries/<ab>/<name>``: one object or byte range, followed by a 16-byte trailer
-  (magic, the crc32c of the bytes, their length). ``<name>`` is a digest of what
+* ``entries/<ab>/<name>``: one object or byte range, followed by a trailer that
+  binds it to ``<name>`` (:mod:`._cache_entry`). ``<name>`` is a digest of what
   was asked (the store's URL and generation, the key, the byte range);
 * ``partial/<name>``: the entry being fetched. Its writer holds an exclusive
   ``flock`` on it from creation until the ``os.replace`` that makes it the entry,
@@ -17,15 +17,23 @@ Layout of ``DIR``:
   exclusive ``flock`` on it, which every insert and every eviction takes (the ledger,
   scans and eviction: :mod:`._cache_room`).
 
-The rules, each held by a test in ``tests/test_cache.py``:
+The rules, each held by a test in ``tests/test_cache.py`` (``tests/test_cache_trust.py``
+for the first):
+
+* The cache uses ``DIR`` only if nobody but the user (or, shared on purpose, the
+  members of one group) may write it and the folders it makes in it
+  (:mod:`._cache_trust`); else it reads through, with one ``CacheWarning`` saying why
+  and how to fix it. An entry file that is not the user's (or the group's) is dropped,
+  never served.
 
 * An entry appears only by renaming a complete file, so no process ever reads a
   half-written one; a writer killed mid-write leaves a ``partial`` file no reader
   opens, which the next fetch of that object takes over, or a sweep (when a cache
   opens, and at each eviction) removes once its lock is free.
-* A reader checks the size and crc32c; an entry that fails is dropped with a
-  :class:`~chunkstream.CacheWarning` and fetched again. The checksum also covers an
-  entry whose bytes never reached the disk before a crash.
+* A reader checks the size, the crc32c and the key in the trailer; an entry that
+  fails is dropped with a :class:`~chunkstream.CacheWarning` and fetched again. The
+  checksum also covers an entry whose bytes never reached the disk before a crash; the
+  key, an entry moved or copied under another name.
 * A reader holds a shared ``flock`` on the entry while it reads; eviction takes an
   exclusive one without blocking and skips an entry it cannot lock, so it never
   removes an entry another process is reading.
@@ -56,7 +64,6 @@ import errno
 import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 import warnings
@@ -64,18 +71,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .._errors import CacheWarning
 from .._executor import POLL_S
+from ._cache_entry import OLD_FORMAT, TRAILER_SIZE, entry_problem, read_all, trailer
 from ._cache_room import FIRST_POLL, Room, default_budget, same_file
-from ._shards import crc32c
+from ._cache_trust import Trust, open_folder
 
 __all__ = ["CacheCounters", "NodeCache"]
 
 _log = logging.getLogger("chunkstream.sources.cache")
-_TRAILER = struct.Struct("<4sIQ")  # magic, crc32c of the bytes, their length
-_MAGIC = b"CSC1"
 _TOUCH_NS = 1_000_000_000  # a hit moves an entry's mtime when it is older than this
 _BUSY = object()  # an entry another process holds exclusively for an instant
 _THROUGH = -1  # claim result: the cache cannot write, fetch without it
@@ -110,26 +114,23 @@ class CacheCounters:
             return CacheCounters(self.hits, self.misses, self.fetched_bytes, self.evicted_bytes)
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    raw = os.pread(fd, size, 0)
-    while len(raw) < size:  # a read larger than the kernel returns at once
-        more = os.pread(fd, size - len(raw), len(raw))
-        if not more:
-            break
-        raw += more
-    return raw
-
-
 class NodeCache:
     """The cache in folder ``root`` (module docs), budget ``budget`` bytes (``None``:
     :func:`default_budget`). ``wait_s``: how long to wait for another process's fetch
-    of an object before fetching it too. ``counters`` counts this process's work."""
+    of an object before fetching it too. ``trust``: who may write the folder (default:
+    this user alone). ``counters`` counts this process's work; ``warnings`` holds the
+    text of every ``CacheWarning`` it gave (a tool reports them)."""
 
-    def __init__(self, root: Path, budget: int | None, *, wait_s: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, budget: int | None, *, wait_s: float = 60.0, trust: Trust | None = None
+    ) -> None:
         self.root = root
         self.wait_s = wait_s
+        self.trust = trust or Trust(os.geteuid())
         self.counters = CacheCounters()
-        self.active = True  # False: read-through (DIR unwritable, or the disk is full)
+        self.warnings: list[str] = []
+        self.active = True  # False: read-through (DIR untrusted or unwritable, or disk full)
+        self._old_seen = False  # an entry of the format without a key was dropped
         self._entries, self._partial = root / "entries", root / "partial"
         self._entries_text = str(self._entries)
         self._folders: set[str] = set()  # entries/<ab> folders known to exist
@@ -137,14 +138,12 @@ class NodeCache:
         self._room = Room(-1, self._entries, self._partial)
         self.budget = budget or 1
         try:
-            self._partial.mkdir(parents=True, exist_ok=True)
-            self._entries.mkdir(exist_ok=True)
-            self._room.fd = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
-            probe = self._partial / f".probe-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
+            problem, self._room.fd, self._folders = open_folder(self.trust, root)
         except OSError as exc:
             self._through(exc)
+        else:
+            if problem is not None:
+                self._distrust(problem)
 
     def open(self, budget: int | None) -> None:
         """Sweep dead writers' files, count the entries, and evict down to the budget
@@ -242,7 +241,7 @@ class NodeCache:
         ``_BUSY`` for an instant while its writer or an evictor holds it."""
         path = self.entry_path(name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return None
         try:
@@ -251,15 +250,11 @@ class NodeCache:
             except BlockingIOError:
                 return _BUSY
             st = os.fstat(fd)
-            raw = _read_all(fd, st.st_size)
-            problem = _problem(raw)
+            problem = self.trust.owner_problem(st)
+            raw = read_all(fd, st.st_size) if problem is None else b""
+            problem = problem or entry_problem(raw, name)
             if problem is not None:
-                warnings.warn(
-                    f"chunkstream cache: entry {path} {problem}; dropped and fetched again "
-                    "(a damaged disk, or a file changed outside chunkstream).",
-                    CacheWarning,
-                    stacklevel=2,
-                )
+                self._dropped(path, problem)
                 if same_file(fd, path):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)  # the ledger stays high until the next scan: safe
@@ -267,7 +262,7 @@ class NodeCache:
             if time.time_ns() - st.st_mtime_ns > _TOUCH_NS:
                 with contextlib.suppress(OSError):
                     os.utime(fd)  # recency for eviction, to the second
-            return memoryview(raw)[: len(raw) - _TRAILER.size]
+            return memoryview(raw)[: len(raw) - TRAILER_SIZE]
         finally:
             os.close(fd)
 
@@ -321,9 +316,10 @@ class NodeCache:
         """The locked ``partial`` file of ``name`` (this process will fetch it); ``None``
         if another process holds it; ``_THROUGH`` if the cache cannot write."""
         path = self._partial / name
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
         for _ in range(3):  # the file may be renamed or swept between open and lock
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, flags, self.trust.file_mode)
             except OSError as exc:
                 self._through(exc)
                 return _THROUGH
@@ -333,6 +329,7 @@ class NodeCache:
                 os.close(fd)
                 return None
             if same_file(fd, path):
+                self.trust.own(fd)
                 return fd
             os.close(fd)
         return None
@@ -347,13 +344,13 @@ class NodeCache:
 
     async def _commit(self, claim: int, name: str, data: bytes) -> None:
         """Write ``data`` into the claimed file and rename it into place, within the budget."""
-        trailer = _TRAILER.pack(_MAGIC, crc32c(data), len(data))
-        size = len(data) + len(trailer)
+        seal = trailer(name, data)
+        size = len(data) + len(seal)
         if size > self.budget:
             return
         try:
             os.ftruncate(claim, 0)
-            written = os.pwritev(claim, [data, trailer], 0)
+            written = os.pwritev(claim, [data, seal], 0)
             if written != size:
                 raise OSError(errno.ENOSPC, f"wrote {written} of {size} bytes")
         except OSError as exc:
@@ -374,7 +371,7 @@ class NodeCache:
             target = self.entry_path(name)
             folder = os.path.dirname(target)
             if folder not in self._folders:
-                os.makedirs(folder, exist_ok=True)
+                self.trust.make_folder(folder)  # made by a trusted process if it exists
                 self._folders.add(folder)
             os.replace(self._partial / name, target)
         except OSError as exc:
@@ -385,25 +382,43 @@ class NodeCache:
     def _through(self, exc: OSError) -> None:
         """Turn the cache into a read-through, with one warning."""
         if self.active:
-            self.active = False
             why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
-            warnings.warn(
+            self._off(
                 f"chunkstream cache {str(self.root)!r} cannot write ({why}); this source "
                 "reads straight from the store from now on. Free space, or pass another "
-                "cache= folder.",
-                CacheWarning,
-                stacklevel=3,
+                "cache= folder."
             )
 
+    def _distrust(self, problem: str) -> None:
+        """Read through a folder others may write, with one warning saying how to fix it."""
+        self._off(
+            f"chunkstream cache {str(self.root)!r} is not trusted: {problem}. Whoever may "
+            "write a cache folder can change what this run reads, so this source reads "
+            f"straight from the store. {self.trust.fix(self.root)}"
+        )
 
-def _problem(raw: bytes) -> str | None:
-    """What is wrong with an entry file's bytes ``raw``, or ``None``."""
-    if len(raw) < _TRAILER.size:
-        return f"holds {len(raw)} bytes, fewer than its trailer"
-    magic, crc, length = _TRAILER.unpack_from(raw, len(raw) - _TRAILER.size)
-    if magic != _MAGIC or length != len(raw) - _TRAILER.size:
-        return f"holds {len(raw)} bytes, its trailer says {length} + {_TRAILER.size}"
-    # a read-only array, not a slice: the checksum takes no copy of the bytes
-    if crc32c(np.frombuffer(raw, dtype=np.uint8, count=length)) != crc:
-        return "fails its crc32c"
-    return None
+    def _off(self, message: str) -> None:
+        self.active = False
+        self._warn(message, stacklevel=5)
+
+    def _dropped(self, path: str, problem: str) -> None:
+        """Warn of an entry dropped as ``problem`` (entries of the format without a key:
+        once per cache, as a cache written by an older version holds many)."""
+        if problem == OLD_FORMAT:
+            if self._old_seen:
+                return
+            self._old_seen = True
+            message = (
+                f"chunkstream cache {str(self.root)!r}: entry {path} {problem}; its entries "
+                "of that format are dropped and fetched again as they are read."
+            )
+        else:
+            message = (
+                f"chunkstream cache: entry {path} {problem}; dropped and fetched again "
+                "(a damaged disk, or a file changed outside chunkstream)."
+            )
+        self._warn(message, stacklevel=4)
+
+    def _warn(self, message: str, stacklevel: int) -> None:
+        self.warnings.append(message)
+        warnings.warn(message, CacheWarning, stacklevel=stacklevel)

@@ -46,10 +46,12 @@ from zarr.storage import ObjectStore
 
 from .._errors import ConfigError, check_int
 from ._cache import NodeCache
+from ._cache_trust import CACHE_GROUP_ENV, Trust, cache_trust
 from ._remote import OBSTORE_SCHEMES, is_url, store_errors
 
 __all__ = [
     "CACHE_ENV",
+    "CACHE_GROUP_ENV",
     "METADATA_KEYS",
     "CachedObjectStore",
     "cache_folder",
@@ -189,9 +191,13 @@ def _split(entry: memoryview) -> tuple[str, memoryview | None]:
 CACHE_ENV = "CHUNKSTREAM_CACHE"
 
 
-def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
+def cache_folder(
+    path: str, cache: object, cache_bytes: object, cache_group: object = None
+) -> tuple[Path, Trust] | None:
     """The cache folder for a source at ``path`` (``cache``, else ``$CHUNKSTREAM_CACHE``
-    for a remote URL), or ``None``; :class:`ConfigError` for values that cannot work."""
+    for a remote URL) and who it trusts (private, or shared with ``cache_group``, else
+    ``$CHUNKSTREAM_CACHE_GROUP`` beside ``$CHUNKSTREAM_CACHE``), or ``None``;
+    :class:`ConfigError` for values that cannot work."""
     if cache_bytes is not None:
         check_int(
             "cache_bytes",
@@ -203,13 +209,14 @@ def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
     explicit = cache is not None
     folder = cache if explicit else (os.environ.get(CACHE_ENV) or None)
     if folder is None:
-        if cache_bytes is not None:
-            raise ConfigError.bad(
-                "cache_bytes",
-                cache_bytes,
-                "None when there is no cache",
-                f"Pass cache=DIR (or set {CACHE_ENV}) to cache a remote store on this node.",
-            )
+        for name, value in (("cache_bytes", cache_bytes), ("cache_group", cache_group)):
+            if value is not None:
+                raise ConfigError.bad(
+                    name,
+                    value,
+                    "None when there is no cache",
+                    f"Pass cache=DIR (or set {CACHE_ENV}) to cache a remote store on this node.",
+                )
         return None
     what = "cache" if explicit else CACHE_ENV
     if not isinstance(folder, (str, os.PathLike)) or not str(folder):
@@ -239,14 +246,15 @@ def cache_folder(path: str, cache: object, cache_bytes: object) -> Path | None:
             f"{str(root)!r} is a file. Pass a folder (created if absent) on a local disk "
             "with room for the cache.",
         )
-    return root
+    return root, cache_trust(cache_group, from_env=not explicit)
 
 
 def cached_store(
-    store: ObjectStore, url: str, root: Path, budget: int | None, wait_s: float
+    store: ObjectStore, url: str, root: Path, budget: int | None, wait_s: float, trust: Trust
 ) -> CachedObjectStore:
-    """``store`` (zarr's ``ObjectStore`` for ``url``) reading through the cache in ``root``."""
-    cache = NodeCache(root, budget, wait_s=wait_s)
+    """``store`` (zarr's ``ObjectStore`` for ``url``) reading through the cache in ``root``,
+    which trusts ``trust``."""
+    cache = NodeCache(root, budget, wait_s=wait_s, trust=trust)
     cache.open(budget)
     return CachedObjectStore(store.store, cache=cache, url=url)
 

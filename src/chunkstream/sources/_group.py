@@ -37,7 +37,7 @@ class ZarrGroupSource(SourceBase):
     ``(array_name, index)`` with an index on the non-time axes as in
     ``ZarrSource``; ``None`` makes one field per array, named like it. Other
     keyword arguments (``check_missing``, ``read_threads``, ``storage_options``,
-    ``cache``, ``cache_bytes``) go to each array's ``ZarrSource``; :attr:`cache` is
+    ``cache``, ``cache_bytes``, ``cache_group``) go to each array's ``ZarrSource``; :attr:`cache` is
     the node-local cache the arrays of a remote group read through (their counters
     summed, so a loader reports the group's hits and misses), or ``None``.
     """

@@ -40,6 +40,7 @@ def open_zarr_array(
     *,
     cache: str | os.PathLike | None = None,
     cache_bytes: int | None = None,
+    cache_group: str | int | None = None,
 ) -> zarr.Array:
     """Open the zarr array at ``path`` (or member ``array`` of the group there), read-only.
 
@@ -48,8 +49,8 @@ def open_zarr_array(
     object stores and HTTP). This is the one place a store is opened, so retries
     and timeouts for remote stores belong here. A URL's store belongs to the
     caller, who closes it with ``_remote.close_store(array.store)``; when opening
-    fails it is closed here. ``cache``/``cache_bytes``: the node-local cache the
-    store reads through (:mod:`._cached_store`; ``cache=None`` takes
+    fails it is closed here. ``cache``/``cache_bytes``/``cache_group``: the node-local
+    cache the store reads through (:mod:`._cached_store`; ``cache=None`` takes
     ``$CHUNKSTREAM_CACHE`` for a remote URL).
     """
     node = open_zarr_node(path, storage_options, cache=cache, cache_bytes=cache_bytes)
@@ -71,16 +72,17 @@ def open_zarr_node(
     """The zarr array or group at ``path``, read-only, opened as :func:`open_zarr_array`
     opens it (the tools open groups and directories of stores through this)."""
     text = str(path)
-    root = cache_folder(text, cache, cache_bytes)
+    folder = cache_folder(text, cache, cache_bytes, cache_group)
     if not is_url(text):
         return _open_local(text)
     store = open_remote_store(text, storage_options)
     try:
-        if root is not None:
+        if folder is not None:
             opts = (storage_options or {}).get(OPTIONS_KEY) or RemoteOptions()
             # wait for another process's fetch as long as a fetch of our own may take
             wait_s = (opts.retries + 1) * (opts.timeout + opts.max_backoff)
-            store = cached_store(store, text, root, cache_bytes, wait_s)
+            root, trust = folder
+            store = cached_store(store, text, root, cache_bytes, wait_s, trust)
         try:
             with store_errors(text, "the zarr metadata"):
                 return zarr.open(store, mode="r")

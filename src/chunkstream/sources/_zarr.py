@@ -133,7 +133,10 @@ class ZarrSource(SourceBase):
 
     ``cache``: a folder for the node-local cache of a remote URL's stored bytes
     (:mod:`._cache`; default ``$CHUNKSTREAM_CACHE``), shared by every process on the
-    node; ``cache_bytes`` its budget (default: half the free space of its disk).
+    node; ``cache_bytes`` its budget (default: half the free space of its disk). The
+    folder is used only if nobody else may write it; ``cache_group`` (a group name or
+    id; default ``$CHUNKSTREAM_CACHE_GROUP`` for ``$CHUNKSTREAM_CACHE``) shares it with
+    that group's members instead (:mod:`._cache_trust`).
     :attr:`cache` is the cache in use, with its counters, or ``None``.
     """
 
@@ -149,6 +152,7 @@ class ZarrSource(SourceBase):
         engine: Literal["auto", "chunkstream", "zarrs", "zarr"] = "auto",
         cache: str | os.PathLike | None = None,
         cache_bytes: int | None = None,
+        cache_group: str | int | None = None,
     ) -> None:
         if check_missing not in (True, False, "auto", "open"):
             raise ConfigError.bad("check_missing", check_missing, '"auto", "open", True or False')
@@ -162,10 +166,11 @@ class ZarrSource(SourceBase):
         #: a caller's array's store is the caller's.
         self._close_store: Callable[[], Any] | None = None
         if isinstance(path_or_array, zarr.Array):
-            if cache is not None or cache_bytes is not None:
+            given = {"cache": cache, "cache_bytes": cache_bytes, "cache_group": cache_group}
+            given = {k: v for k, v in given.items() if v is not None}
+            if given:
                 raise ConfigError.bad(
-                    "cache" if cache is not None else "cache_bytes",
-                    cache if cache is not None else cache_bytes,
+                    *next(iter(given.items())),
                     "None for an opened zarr.Array",
                     "Pass the store's URL instead, so the source opens it through the cache.",
                 )
@@ -173,7 +178,12 @@ class ZarrSource(SourceBase):
             self.path = str(path_or_array.store_path)
         else:
             self.array = open_zarr_array(
-                path_or_array, array, storage_options, cache=cache, cache_bytes=cache_bytes
+                path_or_array,
+                array,
+                storage_options,
+                cache=cache,
+                cache_bytes=cache_bytes,
+                cache_group=cache_group,
             )
             self.path = str(path_or_array) if array is None else f"{path_or_array}/{array}"
             if is_url(str(path_or_array)):

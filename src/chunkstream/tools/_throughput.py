@@ -104,7 +104,8 @@ def compare_throughput(
 @dataclass(frozen=True, kw_only=True)
 class CacheEpochsReport:
     """The same windows of a URL streamed twice through the cache in ``cache``: seconds,
-    and the cache's hits, misses and bytes fetched, per epoch."""
+    and the cache's hits, misses and bytes fetched, per epoch; ``warnings``, the cache's
+    own (a folder it does not trust, a full disk, dropped entries)."""
 
     url: str
     cache: str
@@ -114,6 +115,7 @@ class CacheEpochsReport:
     hits: tuple[int, int]
     misses: tuple[int, int]
     fetched_bytes: tuple[int, int]
+    warnings: tuple[str, ...] = ()
 
     @property
     def gbps(self) -> tuple[float, float]:
@@ -158,6 +160,7 @@ def cache_epochs(
             hits.append(counters.hits - before.hits)
             misses.append(counters.misses - before.misses)
             fetched.append(counters.fetched_bytes - before.fetched_bytes)
+        said = tuple(source.cache.warnings)
     return CacheEpochsReport(
         url=url,
         cache=str(cache),
@@ -167,4 +170,5 @@ def cache_epochs(
         hits=(hits[0], hits[1]),
         misses=(misses[0], misses[1]),
         fetched_bytes=(fetched[0], fetched[1]),
+        warnings=said,
     )
