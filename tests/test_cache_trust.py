@@ -89,12 +89,17 @@ def read_here(url: str, folder: Path, **kwargs) -> tuple[np.ndarray, cs.ZarrSour
     return out["data"], source
 
 
-def second_user() -> None:
-    """Skip unless this process can run commands as ``nobody`` that import chunkstream."""
+def second_user(*, python: bool = True) -> None:
+    """Skip unless this process can run commands as ``nobody``; with ``python``, commands
+    that import chunkstream (``nobody`` cannot where the interpreter lies in a folder only
+    root may enter, such as ``/root/.pyenv``: the tests where ``nobody`` only runs shell
+    commands need no more than ``runuser``)."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to act as a second user (nobody) with runuser")
     if shutil.which("runuser") is None:
         pytest.skip("runuser is missing: no second user to act as")
+    if not python:
+        return
     probe = as_user(["nobody"], [sys.executable, "-c", "import chunkstream, tests.faults"])
     if probe.returncode != 0:
         pytest.skip(f"nobody cannot import chunkstream from {ROOT}: {probe.stderr[-300:]}")
@@ -137,7 +142,7 @@ def test_a_folder_another_user_made_is_read_through_never_swapped(server, served
     3. nobody plants entries under the victim's very names, each a valid entry (trailer,
     key) holding another chunk's bytes, with ``cp B A.x; mv -f A.x A``; 4. the victim's
     next epoch. Both epochs are the store's bytes, read through with one warning each."""
-    second_user()
+    second_user(python=False)
     url, data = f"{server.url}/x.zarr", served[1]
     script = ("d=$(mktemp -d /tmp/pcache.XXXX) && mkdir -m 777 $d/entries $d/partial && "
               "for i in $(seq 0 255); do mkdir -m 777 $d/entries/$(printf %02x $i); done && "
@@ -179,7 +184,7 @@ def test_a_folder_another_user_made_is_read_through_never_swapped(server, served
 
 
 def test_a_level_another_user_made_in_a_trusted_folder_is_refused(server, served, shared_tmp):
-    second_user()
+    second_user(python=False)
     url, folder = f"{server.url}/x.zarr", shared_tmp / "cache"
     read_here(url, folder)
     made = as_user(["nobody"], ["mkdir", "-m", "777", str(folder / "entries" / "zz")])
@@ -195,7 +200,7 @@ def test_a_level_another_user_made_in_a_trusted_folder_is_refused(server, served
 def test_an_entry_file_another_user_owns_is_dropped_not_served(server, served, shared_tmp):
     """A valid-looking entry (its trailer and key right, another chunk's bytes) that
     nobody owns, left in a folder that passes: dropped and fetched again."""
-    second_user()
+    second_user(python=False)
     url, folder = f"{server.url}/x.zarr", shared_tmp / "cache"
     read_here(url, folder)
     a, b = chunk_entries(folder)[:2]

@@ -53,7 +53,9 @@ def open_zarr_array(
     cache the store reads through (:mod:`._cached_store`; ``cache=None`` takes
     ``$CHUNKSTREAM_CACHE`` for a remote URL).
     """
-    node = open_zarr_node(path, storage_options, cache=cache, cache_bytes=cache_bytes)
+    node = open_zarr_node(
+        path, storage_options, cache=cache, cache_bytes=cache_bytes, cache_group=cache_group
+    )
     try:
         return _select_array(node, array, str(path))
     except BaseException:
@@ -68,6 +70,7 @@ def open_zarr_node(
     *,
     cache: str | os.PathLike | None = None,
     cache_bytes: int | None = None,
+    cache_group: str | int | None = None,
 ) -> zarr.Array | zarr.Group:
     """The zarr array or group at ``path``, read-only, opened as :func:`open_zarr_array`
     opens it (the tools open groups and directories of stores through this)."""
