@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._text import format_bytes, format_table
 from ._checks import int_at_least, refuse, unused
 
 __all__ = ["register"]
@@ -46,10 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
-
-
-def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,10 +136,10 @@ def _one(args: argparse.Namespace, path: str) -> int:
         "chunks",
         "grid",
         "codecs",
-        "MB",
-        "stored MB",
+        "decoded",
+        "stored",
         "ratio",
-        "MB/chunk",
+        "chunk",
         "missing",
     )
     rows = [header]
@@ -155,16 +152,15 @@ def _one(args: argparse.Namespace, path: str) -> int:
                 "x".join(map(str, a.chunks)),
                 "x".join(map(str, a.grid)),
                 ",".join(a.codecs) or "none",
-                _mb(a.decoded_bytes),
-                _mb(a.stored_bytes),
+                format_bytes(a.decoded_bytes),
+                format_bytes(a.stored_bytes),
                 "-" if a.ratio is None else f"{a.ratio:.2f}",
-                _mb(a.chunk_bytes),
+                format_bytes(a.chunk_bytes),
                 "not checked" if a.missing_chunks is None else str(a.missing_chunks),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in format_table(rows, align="<<<<<<>>>>>"):
+        print(line)
     if report.fields:
         print("fields:")
         for f in report.fields:
