@@ -68,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if "error" in together:
         print(f"  these runs cannot stream together: {together['error']}")
         return 1
-    width = max(len(r["name"]) for r in together["runs"])
-    for r in together["runs"]:
-        print(
-            f"  {r['name']:<{width}}  {r['timesteps']} timesteps from {r['offset']}, "
-            f"{r['share']:.1%} of every epoch by length"
+    runs = [
+        (
+            r["name"],
+            f"{r['timesteps']} timesteps from {r['offset']}, "
+            f"{r['share']:.1%} of every epoch by length",
         )
+        for r in together["runs"]
+    ]
+    for line in format_table(runs):
+        print(line)
     print(f"  T={together['timesteps']}, aligned to the stored time chunk {together['time_chunk']}")
     for name, spec in together["fields"].items():
         print(f"  field {name}: per step {tuple(spec['shape'])} {spec['dtype']}")
