@@ -359,7 +359,7 @@ def test_the_loader_reports_cache_hits_and_misses(server, served, tmp_path):
                 assert summary["cache_fetched_bytes"] == T * F * 4
         assert summary["cache_hits"] == T // ZCHUNK  # counted over both epochs
         table = loader.stats.format_summary()
-        assert "cache: 20 hits, 20 misses (50% hits); 0.1 MB fetched, 0.0 MB evicted" in table
+        assert "cache: 20 hits, 20 misses (50% hits); 102 kB fetched, 0 B evicted" in table
         stats = loader.stats
     source.close()
     pytest.importorskip("tensorboard")

@@ -201,7 +201,7 @@ def test_mix_auto_inside_a_cgroup_limit_smaller_than_the_store_runs_an_epoch(tmp
         cgroups.remove_group(group)
     assert proc.returncode == 0, f"exit {proc.returncode} (137: killed)\n{proc.stderr[-3000:]}"
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    assert "under the job's limit of 0.75 GiB" in lines["MEMORY"]
+    assert "under the job's limit of 768 MiB" in lines["MEMORY"]
     mix, chunks = map(int, lines["MIX"].split())
     assert 1 <= mix < chunks  # sized from the limit, not from the machine's 20+ GiB
     done, total = map(int, lines["BATCHES"].split())

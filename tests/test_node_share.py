@@ -178,7 +178,7 @@ def test_the_plan_checks_the_job_memory_for_the_ranks_per_node(capsys, monkeypat
     assert "8 ranks on this node (--ranks-per-node)" in out
     # 4 pinned slots of 3.9 GB cannot fit 3 GiB: said without --host-mem
     assert "this rank's share of the job's host memory" in out and "does NOT fit" in out
-    assert "device tier" in out and "MB on cuda" in out  # the tier's device is the run's
+    assert "device tier" in out and "4.06 GB on cuda" in out  # the tier's device is the run's
     assert "on cpu" not in out
     assert main([*argv, "--ranks-per-node", "0"]) != 0
 
@@ -260,7 +260,7 @@ def test_the_loaders_own_arena_is_counted_once_under_a_job_limit(tmp_path):
         cgroups.remove_group(group)
     assert done.returncode == 0, f"exit {done.returncode} (137: killed)\n{done.stderr[-3000:]}"
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert "under the job's limit of 0.75 GiB" in lines["MEMORY"], lines
+    assert "under the job's limit of 768 MiB" in lines["MEMORY"], lines
     mix, tier = lines["MIX"].split()
     assert tier == "host" and int(mix) >= 1
     done_batches, total = map(int, lines["BATCHES"].split())

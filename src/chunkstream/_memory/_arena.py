@@ -44,6 +44,7 @@ import torch
 from .._device import device_binder
 from .._executor import POLL_S as _POLL_S
 from .._executor import Executor
+from .._text import format_bytes
 
 
 class FieldSpec(Protocol):
@@ -311,9 +312,9 @@ class PinnedSlotPool:
             arena = self._torch_arena.numpy()
             self.registered, self.nbytes = False, _power_of_two_ceil(offset)
             warnings.warn(
-                f"chunkstream: cudaHostRegister of the {size / 1e9:.2f} GB pinned arena failed "
+                f"chunkstream: cudaHostRegister of the {format_bytes(size)} pinned arena failed "
                 f"({error}); pinned it with torch instead, which rounds it up to "
-                f"{self.nbytes / 1e9:.2f} GB. Lower host_slots or chunk_size if that is too much.",
+                f"{format_bytes(self.nbytes)}. Lower host_slots or chunk_size if that is too much.",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -430,7 +431,7 @@ class PinnedSlotPool:
             self._keep((torch_arena, self._mmap))
             if problem is not None:
                 warnings.warn(
-                    f"chunkstream: the {self.nbytes / 1e9:.2f} GB pinned arena on {self.device} "
+                    f"chunkstream: the {format_bytes(self.nbytes)} pinned arena on {self.device} "
                     f"stays pinned until the process exits: {problem}. Nothing to do unless "
                     "the process keeps running and creating loaders; then restart it.",
                     RuntimeWarning,

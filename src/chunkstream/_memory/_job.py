@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import ConfigError
+from .._text import format_bytes
 
 __all__ = ["ENV_HOST_MEMORY", "JobMemory", "job_memory", "parse_bytes", "parse_memory"]
 
@@ -60,10 +61,6 @@ _UNITS = {
 }
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g} GiB"
-
-
 @dataclass(frozen=True)
 class JobMemory:
     """Host memory the job may still use, and what bounds it.
@@ -83,13 +80,15 @@ class JobMemory:
 
     def describe(self) -> str:
         """One line, e.g. ``host memory: 2.6 GiB left under the job's limit of 3 GiB (...)``."""
+        available = format_bytes(self.available, binary=True)
         if self.source == ENV_HOST_MEMORY:
-            return f"host memory: {_gib(self.available)}, capped by {ENV_HOST_MEMORY}"
+            return f"host memory: {available}, capped by {ENV_HOST_MEMORY}"
         if self.limit is None:
-            return f"host memory: {_gib(self.available)} available (MemAvailable)"
+            return f"host memory: {available} available (MemAvailable)"
         return (
-            f"host memory: {_gib(self.available)} left under the job's limit of "
-            f"{_gib(self.limit)} ({self.source}; the machine has {_gib(self.machine)} available)"
+            f"host memory: {available} left under the job's limit of "
+            f"{format_bytes(self.limit, binary=True)} ({self.source}; the machine has "
+            f"{format_bytes(self.machine, binary=True)} available)"
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .._errors import ConfigError
+from .._text import format_bytes
 from ._node import NodeShare, node_share
 
 __all__ = [
@@ -61,7 +62,7 @@ def check_arena_fits(nbytes: int, share: NodeShare) -> None:
     if nbytes <= share.host_bytes:
         return
     raise ConfigError(
-        f"the loader's host buffers ({nbytes / 2**30:.3g} GiB) do not fit this rank's share "
+        f"the loader's host buffers ({format_bytes(nbytes, binary=True)}) do not fit this rank's share "
         f"of the memory this job may use: {share.describe()}. Lower chunk_size, prefetch or "
         "workers (or pass host_memory= to size the depths from a budget), or run the job with "
         f"a larger memory limit or fewer ranks per node."
@@ -112,7 +113,7 @@ def budget_depths(
             raise ConfigError.bad(
                 "host_memory",
                 host_memory,
-                f"room for at least {least} chunks of {chunk_bytes / 1e6:.1f} MB "
+                f"room for at least {least} chunks of {format_bytes(chunk_bytes)} "
                 f"(workers={workers}, prefetch >= 1"
                 + ("" if on_cuda else ", 2 held by the loop")
                 + ")",
@@ -127,7 +128,7 @@ def budget_depths(
             raise ConfigError.bad(
                 "device_memory",
                 device_memory,
-                f"room for at least two chunks of {chunk_bytes / 1e6:.1f} MB (one delivered, one in flight)",
+                f"room for at least two chunks of {format_bytes(chunk_bytes)} (one delivered, one in flight)",
                 "Raise the budget or lower chunk_size.",
             )
         derived["gpu_prefetch"] = fit - 1
@@ -148,7 +149,8 @@ def _budget(
         return None, "device_memory"
     free, total = torch.cuda.mem_get_info(device)
     margin = max(CUDA_MARGIN_MIN, int(CUDA_MARGIN_FRACTION * total))
-    return max(0, free - margin), f"free memory of {device} minus a {margin / 2**30:.1f} GiB margin"
+    why = f"free memory of {device} minus a {format_bytes(margin, binary=True)} margin"
+    return max(0, free - margin), why
 
 
 def resident_decision(
@@ -179,19 +181,19 @@ def resident_decision(
     if resident is False:
         return False, "streaming: resident=False"
     budget, what = _budget(device, device_memory, host_memory)
-    need = f"{rows} timesteps ({nbytes / 1e9:.3g} GB)"
+    need = f"{rows} timesteps ({format_bytes(nbytes)})"
     if budget is not None and nbytes > budget:
         if resident is True:
             raise ConfigError.bad(
                 "resident",
                 True,
-                f"data that fits the budget: {need} exceed {what} ({budget / 1e9:.3g} GB)",
+                f"data that fits the budget: {need} exceed {what} ({format_bytes(budget)})",
                 "Raise device_memory (host_memory on the CPU), cut the data with segments, or "
                 "pass resident='auto' to stream when it does not fit.",
             )
-        return False, f"streaming: {need} exceed {what} ({budget / 1e9:.3g} GB)"
+        return False, f"streaming: {need} exceed {what} ({format_bytes(budget)})"
     if budget is None:
         if resident is True:
             return True, f"resident: resident=True ({need}, no budget given)"
         return False, f"streaming: no {what} budget to hold {need} on {device.type}"
-    return True, f"resident: {need} fit {what} ({budget / 1e9:.3g} GB)"
+    return True, f"resident: {need} fit {what} ({format_bytes(budget)})"

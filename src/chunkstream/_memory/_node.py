@@ -49,6 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .._errors import ConfigError
+from .._text import format_bytes
 from ._job import JobMemory, _read, cgroup_levels, job_memory
 
 __all__ = [
@@ -69,10 +70,6 @@ ENV_CPUS = "CHUNKSTREAM_CPUS"
 ENV_RANKS = "CHUNKSTREAM_RANKS_PER_NODE"
 #: How long the process-group count waits for the other ranks' host names.
 RANKS_WAIT_S = 10.0
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g} GiB"
 
 
 def _plural(n: int, word: str) -> str:
@@ -120,8 +117,8 @@ class NodeShare:
         if self.ranks == 1:
             return f"host memory: {memory}, {ranks}; {cpus}, {threads}"
         return (
-            f"host memory: {_gib(self.host_bytes)} for this rank: {memory}, {ranks}; "
-            f"{cpus}, {threads}"
+            f"host memory: {format_bytes(self.host_bytes, binary=True)} for this rank: "
+            f"{memory}, {ranks}; {cpus}, {threads}"
         )
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from .._text import format_bytes, format_table
 from ._checks import float_above, int_at_least, naming_options, new_file, note, refuse, unused
 from ._plan import add_data_arguments, add_recordings_arguments, open_runs
 
@@ -124,7 +124,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PREFETCH,WORKERS",
         help="plot this setting instead of the worst",
     )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bars (shown on a terminal only, on stderr)",
+    )
     p.add_argument(
         "--local",
         default=None,
@@ -249,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
             train_steps=args.train_steps,
             device=args.device,
             seed=args.seed,
-            progress=not args.no_progress and sys.stderr.isatty(),
+            progress=not args.no_progress,
             path=where,
         )
     finally:
@@ -267,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
             windows=args.chunks,
             workers=max(args.workers),
             seed=args.seed,
+            progress=not args.no_progress,
         )
     cached = None
     if args.cache is not None:
@@ -281,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
             windows=args.chunks,
             workers=max(args.workers),
             seed=args.seed,
+            progress=not args.no_progress,
         )
     plotted = None
     if args.plot is not None:
@@ -296,8 +302,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(
-        f"{report.path}: chunk {report.chunk_size} timesteps ({report.chunk_bytes / 1e6:.1f} "
-        f"MB), {report.num_chunks} chunks per setting, train {report.train}, {report.device}"
+        f"{report.path}: chunk {report.chunk_size} timesteps ({format_bytes(report.chunk_bytes)}), "
+        f"{report.num_chunks} chunks per setting, train {report.train}, {report.device}"
     )
     header = (
         "prefetch",
@@ -333,9 +339,8 @@ def run(args: argparse.Namespace) -> int:
                 "ok" if s.keeping_up else "STALLS",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        print("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    for line in format_table(rows, align=">" * (len(header) - 1)):
+        print(line)
     print("  (wait: mean after the first chunk; empty/full: queue when the consumer asked)")
     if any(s.overlap < 1 for s in report.settings):
         print(
@@ -347,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"recommendation: {report.recommendation}")
     if remote is not None:
         print(
-            f"remote vs local copy ({remote.windows} windows, {remote.nbytes / 1e6:.1f} MB): "
+            f"remote vs local copy ({remote.windows} windows, {format_bytes(remote.nbytes)}): "
             f"{remote.remote_gbps:.3f} GB/s from {remote.url}, {remote.local_gbps:.3f} GB/s "
             f"from {remote.local}; remote/local = {remote.ratio:.2f}"
         )
@@ -356,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"through the cache {cached.cache}, epoch {i + 1}: {cached.epoch_s[i]:.2f} s, "
                 f"{cached.gbps[i]:.3f} GB/s; {cached.hits[i]} hits, {cached.misses[i]} "
-                f"misses, {cached.fetched_bytes[i] / 1e6:.1f} MB fetched"
+                f"misses, {format_bytes(cached.fetched_bytes[i])} fetched"
             )
         print(f"  epoch 2 / epoch 1 = {cached.speedup:.2f}x")
         for said in cached.warnings:

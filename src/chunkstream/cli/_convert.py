@@ -6,6 +6,7 @@ import argparse
 import json
 
 from .._errors import ConfigError
+from .._text import format_bytes, format_table
 from ._checks import float_above, int_at_least, naming_options, unused, writable_dir
 
 __all__ = ["register"]
@@ -90,7 +91,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="delete an existing OUT first")
     p.add_argument("--no-verify", action="store_true", help="skip the final checksum pass")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bars (shown on a terminal only, on stderr)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -146,20 +151,28 @@ def run(args: argparse.Namespace) -> int:
         f"converted {report.source} -> {report.out} ({report.codec}) in {report.seconds:.1f} s: "
         f"{report.slabs_written} slabs written, {report.slabs_skipped} already done"
     )
-    for f in report.fields:
-        status = "verified" if f.checksum_out == f.checksum_in else "not verified"
-        print(
-            f"  {f.name:<12} <- {f.source:<24} {f.shape!s:<18} chunks {f.chunks!s:<16} "
-            f"checksum {f.checksum_in} {status}"
+    rows = [
+        (
+            f.name,
+            f"<- {f.source}",
+            str(f.shape),
+            f"chunks {f.chunks}",
+            f"checksum {f.checksum_in} "
+            + ("verified" if f.checksum_out == f.checksum_in else "not verified"),
         )
+        for f in report.fields
+    ]
+    for line in format_table(rows):
+        print(line)
+    for f in report.fields:
         if f.max_abs_error is not None:
             print(
-                f"  {'':<12}    {f.dtype}: max abs rounding error {f.max_abs_error:.3g} "
+                f"  {f.name} as {f.dtype}: max abs rounding error {f.max_abs_error:.3g} "
                 "on a sample of slabs"
             )
     ratio = report.decoded_bytes / report.stored_bytes if report.stored_bytes else 0.0
     print(
-        f"  {report.decoded_bytes / 1e6:.1f} MB decoded, {report.stored_bytes / 1e6:.1f} MB "
+        f"  {format_bytes(report.decoded_bytes)} decoded, {format_bytes(report.stored_bytes)} "
         f"stored (ratio {ratio:.2f})"
     )
     return 0 if report.verified or args.no_verify else 1

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .._errors import ConfigError
+from .._text import format_bytes, format_table
 from ._checks import int_at_least, naming_options, note, refuse, writable_dir
 
 __all__ = ["register"]
@@ -160,7 +161,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bars (shown on a terminal only, on stderr)",
+    )
     p.add_argument("--json", action="store_true", help="also write OUT/result.json")
     p.set_defaults(func=run)
 
@@ -198,10 +203,6 @@ def _open_runs(runs: list[str], stim_dims: int | None):
     from ..tools import recording_names
 
     return Recordings([_open(Path(r), stim_dims) for r in runs], names=recording_names(runs))
-
-
-def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:,.1f} MB"
 
 
 def check(args: argparse.Namespace) -> None:
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"  {info.timesteps} timesteps x {info.neurons} neurons x 4 columns, "
-            f"{info.nbytes / 1e6:.1f} MB"
+            f"{format_bytes(info.nbytes)}"
         )
         source = _open(data, args.stim_dims)
     else:
@@ -349,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     timeline = plot_timeline(trainer.loader.stats, out / "timeline.png")
     trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
     print()
-    print(format_table(result))
+    print(result_table(result))
     from ..consumer import quality_note
 
     quality = quality_note(_buffer_share(result.memory)) if result.memory.get("mixer") else ""
@@ -422,7 +423,7 @@ def _held_out_words(name: str) -> str:
     return "validation loss of the model on this held-out segment"
 
 
-def format_table(result) -> str:
+def result_table(result) -> str:
     """The demo's final table (see docs: what the numbers mean)."""
     from .._memory import node_share  # torch: imported by a run, not by --help
 
@@ -442,28 +443,40 @@ def format_table(result) -> str:
             f"{result.baseline_train:.5f}",
             "mean per-neuron variance, from running moments",
         ),
-        ("loader host buffers", _mb(m["loader_host"]), "fixed; does not grow with the data"),
+        (
+            "loader host buffers",
+            format_bytes(m["loader_host"]),
+            "fixed; does not grow with the data",
+        ),
         (
             "loader device chunks",
-            _mb(m["loader_device"]) if m["loader_device"] else "-",
+            format_bytes(m["loader_device"]) if m["loader_device"] else "-",
             "chunks on the GPU at once"
             if m["loader_device"]
             else "(CPU run: chunks are host buffers)",
         ),
         (
             "chunk shuffle buffer",
-            _mb(m.get("mixer")) if m.get("mixer") else "-",
+            format_bytes(m.get("mixer")) if m.get("mixer") else "-",
             f"{_tier(result)}: --mix chunks held by the BatchStream, {_buffer_share(m):.1%} of "
             "the training split; batches drawn over them",
         ),
-        ("device peak (allocator)", _mb(held_device), "model, optimizer, chunks, validation"),
-        ("validation on device", _mb(m["validation"]), "held-out range, kept on the device"),
+        (
+            "device peak (allocator)",
+            format_bytes(held_device),
+            "model, optimizer, chunks, validation",
+        ),
+        (
+            "validation on device",
+            format_bytes(m["validation"]),
+            "held-out range, kept on the device",
+        ),
         (
             "whole training split",
-            _mb(m["train_split"]),
+            format_bytes(m["train_split"]),
             _share(loader, m.get("mixer"), m["train_split"]),
         ),
-        ("host peak RSS", _mb(m["host_peak_rss"]), "whole process"),
+        ("host peak RSS", format_bytes(m["host_peak_rss"]), "whole process"),
         ("threads (this rank)", str(share.threads), share.describe()),
         *(
             [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
@@ -484,7 +497,7 @@ def format_table(result) -> str:
         (
             "GB/s delivered",
             f"{lat['gb_per_s']:.3f}",
-            f"{lat['bytes'] / 1e6:.1f} MB in {lat['elapsed_s']:.1f} s of epochs",
+            f"{format_bytes(lat['bytes'])} in {lat['elapsed_s']:.1f} s of epochs",
         ),
         (
             "batch fwd/bwd/step",
@@ -497,8 +510,8 @@ def format_table(result) -> str:
                 (
                     "node cache hits",
                     f"{int(lat['cache_hits'])}/{int(lat['cache_hits'] + lat['cache_misses'])}",
-                    f"{lat['cache_fetched_bytes'] / 1e6:.1f} MB fetched, "
-                    f"{lat['cache_evicted_bytes'] / 1e6:.1f} MB evicted (all recordings)",
+                    f"{format_bytes(lat['cache_fetched_bytes'])} fetched, "
+                    f"{format_bytes(lat['cache_evicted_bytes'])} evicted (all recordings)",
                 )
             ]
             if "cache_hits" in lat
@@ -510,8 +523,5 @@ def format_table(result) -> str:
         for name, loss in result.val_segments.items()
         if len(result.val_segments) > 1 or name != "val"
     ]
-    width = max(len(r[0]) for r in rows)
-    value_width = max(len(r[1]) for r in rows)
-    lines = [f"chunkstream demo on {result.device}, {result.seconds:.1f} s"]
-    lines += [f"  {a:<{width}}  {b:>{value_width}}  {c}" for a, b, c in rows]
-    return "\n".join(lines)
+    title = f"chunkstream demo on {result.device}, {result.seconds:.1f} s"
+    return "\n".join([title, *format_table(rows, align="<>")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._text import format_bytes, format_table
 from ._checks import int_at_least, refuse, unused
 
 __all__ = ["register"]
@@ -48,10 +49,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f}"
-
-
 def run(args: argparse.Namespace) -> int:
     if args.window is not None and not args.fields:
         raise unused("--window", args.window, "--fields", "it sizes the fields' windows")
@@ -71,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if "error" in together:
         print(f"  these runs cannot stream together: {together['error']}")
         return 1
-    width = max(len(r["name"]) for r in together["runs"])
-    for r in together["runs"]:
-        print(
-            f"  {r['name']:<{width}}  {r['timesteps']} timesteps from {r['offset']}, "
-            f"{r['share']:.1%} of every epoch by length"
+    runs = [
+        (
+            r["name"],
+            f"{r['timesteps']} timesteps from {r['offset']}, "
+            f"{r['share']:.1%} of every epoch by length",
         )
+        for r in together["runs"]
+    ]
+    for line in format_table(runs):
+        print(line)
     print(f"  T={together['timesteps']}, aligned to the stored time chunk {together['time_chunk']}")
     for name, spec in together["fields"].items():
         print(f"  field {name}: per step {tuple(spec['shape'])} {spec['dtype']}")
@@ -139,10 +140,10 @@ def _one(args: argparse.Namespace, path: str) -> int:
         "chunks",
         "grid",
         "codecs",
-        "MB",
-        "stored MB",
+        "decoded",
+        "stored",
         "ratio",
-        "MB/chunk",
+        "chunk",
         "missing",
     )
     rows = [header]
@@ -155,16 +156,15 @@ def _one(args: argparse.Namespace, path: str) -> int:
                 "x".join(map(str, a.chunks)),
                 "x".join(map(str, a.grid)),
                 ",".join(a.codecs) or "none",
-                _mb(a.decoded_bytes),
-                _mb(a.stored_bytes),
+                format_bytes(a.decoded_bytes),
+                format_bytes(a.stored_bytes),
                 "-" if a.ratio is None else f"{a.ratio:.2f}",
-                _mb(a.chunk_bytes),
+                format_bytes(a.chunk_bytes),
                 "not checked" if a.missing_chunks is None else str(a.missing_chunks),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in format_table(rows, align="<<<<<<>>>>>"):
+        print(line)
     if report.fields:
         print("fields:")
         for f in report.fields:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from .._errors import ConfigError
+from .._text import format_bytes, format_table
 from ._checks import float_above, int_at_least, naming_options, note, refuse, unused
 
 __all__ = ["register"]
@@ -413,7 +414,6 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..tools import (
         RecordingShare,
-        format_bytes,
         format_shares,
         parse_bytes,
         plan_memory,
@@ -501,9 +501,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{pieces['time_chunk']} decode up to {pieces['read_amplification']:.2f}x "
                 "the bytes they use: pick pieces so chunk_size // pieces is a multiple of it"
             )
-        name_width = max(len(n) for n in pieces["valid_starts"])
-        for name, count in pieces["valid_starts"].items():
-            print(f"  {name:<{name_width}}  {count} valid piece starts")
+        starts = [(n, f"{c} valid piece starts") for n, c in pieces["valid_starts"].items()]
+        for line in format_table(starts):
+            print(line)
         if pieces["recordings"] is not None:
             shares = [RecordingShare(**r) for r in pieces["recordings"]]
             title = f"recordings (one pass: {pieces['chunks_per_pass'] or 1000} chunks):"
@@ -525,11 +525,8 @@ def run(args: argparse.Namespace) -> int:
                 row.note,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
-        )
+    for line in format_table(rows, align="<>>>"):
+        print(line)
     if report.device == "cuda":
         print(f"  {saving_words(report.saving)}")
     print(f"this rank's share of the node: {report.node}")

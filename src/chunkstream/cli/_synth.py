@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._text import format_bytes, format_table
 from ._checks import int_at_least, refuse, writable_dir
 
 __all__ = ["register"]
@@ -79,7 +80,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "time), listed in OUT/regimes.csv for --segments (default 1: none)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bar (shown on a terminal only, on stderr)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -153,9 +158,12 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {info.out} ({info.layout}, zarr v{info.zarr_format}, codec {info.codec}) "
         f"in {info.seconds:.1f} s"
     )
-    for name, path in info.arrays.items():
-        print(f"  {name:<12} {info.shapes[name]!s:<22} {info.dtype}  {path}")
-    print(f"  {info.nbytes / 1e6:.1f} MB decoded; connectivity in {info.out}/connectivity.npz")
+    rows = [
+        (name, str(info.shapes[name]), str(info.dtype), path) for name, path in info.arrays.items()
+    ]
+    for line in format_table(rows):
+        print(line)
+    print(f"  {format_bytes(info.nbytes)} decoded; connectivity in {info.out}/connectivity.npz")
     if info.regimes > 1:
         print(f"  {info.regimes} stimulus regimes, blocks in {info.out}/regimes.csv (--segments)")
     return 0

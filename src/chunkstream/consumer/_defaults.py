@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .._memory import NodeShare, node_share
+from .._text import format_bytes
 
 __all__ = [
     "DEVICE_MIX",
@@ -73,20 +74,20 @@ def host_fit(
     """
     if host_memory is not None:
         budget = int(host_memory)
-        where, line = f"host_memory={host_memory / 1e9:.3g} GB", ""
+        where, line = f"host_memory={format_bytes(host_memory)}", ""
     else:
         share = node_share() if share is None else share
         line = share.describe()
         room = max(0, share.host_bytes - loader_nbytes)
         budget = int(room * HOST_SHARE)
         where = (
-            f"{HOST_SHARE:.0%} of the {room / 2**30:.3g} GiB this rank's "
-            f"{share.host_bytes / 2**30:.3g} GiB leave beside the loader's "
-            f"{loader_nbytes / 2**30:.3g} GiB"
+            f"{HOST_SHARE:.0%} of the {format_bytes(room, binary=True)} this rank's "
+            f"{format_bytes(share.host_bytes, binary=True)} leave beside the loader's "
+            f"{format_bytes(loader_nbytes, binary=True)}"
         )
     fit = max(1, min(pass_chunks, budget // max(1, chunk_nbytes)))
     why = (
-        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB in host memory '
+        f'mix="auto": {fit} chunks of {format_bytes(chunk_nbytes)} in host memory '
         f"({where}; at most the {pass_chunks} chunks of one pass)"
     )
     return fit, why, line
@@ -100,7 +101,7 @@ def device_fit(
     bound = int(total * DEVICE_SHARE)
     fit = max(1, min(DEVICE_MIX, pass_chunks, bound // max(1, chunk_nbytes)))
     why = (
-        f'mix="auto": {fit} chunks of {chunk_nbytes / 1e6:.3g} MB on {device} (at most '
+        f'mix="auto": {fit} chunks of {format_bytes(chunk_nbytes)} on {device} (at most '
         f"{DEVICE_MIX}, within {DEVICE_SHARE:.3g} of its memory)"
     )
     return fit, why

@@ -37,6 +37,7 @@ import torch
 
 from .._errors import ConfigError
 from .._memory import NodeShare
+from .._text import format_bytes
 from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit
 from ._mixing import check_mix
 
@@ -124,7 +125,7 @@ class BufferInfo:
         """One line: tier, size, share of the split, pieces per batch."""
         return (
             f"shuffle buffer: {self.tier} tier, mix={self.mix} chunks, "
-            f"{self.nbytes / 1e9:.3g} GB, {self.split_share:.1%} of the split, "
+            f"{format_bytes(self.nbytes)}, {self.split_share:.1%} of the split, "
             f"each batch over {self.pieces} pieces ({self.reason})"
             + (f"; {self.memory}" if self.memory else "")
         )

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._text import format_bytes, format_table
 from ._timer import BatchTimer
 from ._trace import READ, profiled, write_trace
 
@@ -343,12 +344,13 @@ class LatencyStats:
     def format_summary(self) -> str:
         """The summary as a readable table (what :meth:`print_summary` prints)."""
         s = self.summary()
-        rows = [f"{'':<18}{'mean':>10}{'p50':>10}{'p95':>10}{'max':>10}   (ms)"]
+        table = [("", "mean", "p50", "p95", "max", "(ms)")]
         for name, label in _TABLE_ROWS:
             if name in ("transfer",) and not any(c.transfer_s is not None for c in self.chunks):
                 continue
-            values = [s[f"{name}_{k}_ms"] for k in ("mean", "p50", "p95", "max")]
-            rows.append(f"{label:<18}" + "".join(f"{v:>10.2f}" for v in values))
+            stats = ("mean", "p50", "p95", "max")
+            table.append((label, *(f"{s[f'{name}_{k}_ms']:.2f}" for k in stats)))
+        rows = format_table(table, align="<>>>>", indent="")
         rows.append(
             f"chunks {int(s['num_chunks'])}, batches timed {int(s['num_batches'])}, "
             f"{s['elapsed_s']:.2f} s in epochs; stall {100 * s['stall_fraction']:.1f}% "
@@ -361,8 +363,8 @@ class LatencyStats:
             rate = 100 * hits / (hits + misses) if hits + misses else 0.0
             rows.append(
                 f"cache: {hits} hits, {misses} misses ({rate:.0f}% hits); "
-                f"{s['cache_fetched_bytes'] / 1e6:.1f} MB fetched, "
-                f"{s['cache_evicted_bytes'] / 1e6:.1f} MB evicted"
+                f"{format_bytes(s['cache_fetched_bytes'])} fetched, "
+                f"{format_bytes(s['cache_evicted_bytes'])} evicted"
             )
         return "\n".join(rows)
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._text import format_table
+
 __all__ = ["ChunkLatencyStats"]
 
 
@@ -53,8 +55,8 @@ class ChunkLatencyStats:
     def print_summary(self) -> None:
         """Print the summary as a small table (this API prints by contract)."""
         summary = self.get_summary()
-        width = max(len(k) for k in summary)
-        print("chunk latency summary")
-        for key, value in summary.items():
-            text = f"{value:.3f}" if key.endswith("_ms") else str(int(value))
-            print(f"  {key:<{width}}  {text}")
+        rows = [
+            (key, f"{value:.3f}" if key.endswith("_ms") else str(int(value)))
+            for key, value in summary.items()
+        ]
+        print("\n".join(["chunk latency summary", *format_table(rows)]))

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError, check_int
+from .._progress import progress_bar
 from ..pipeline import ChunkLoader, LoaderOptions, resolve_device
 from ..sources import Source, window_nbytes
 from ..stats import LatencyStats
@@ -118,11 +119,13 @@ def compare_local(
     windows: int = 8,
     workers: int = 4,
     seed: int = 0,
+    progress: bool = False,
 ) -> Any:
     """Throughput of ``path`` (a URL) against ``local``, a local copy of the same store.
 
     The fields are chosen as for :func:`open_bench_source`; both copies stream
-    the same ``windows`` shuffled windows of ``chunk_size`` timesteps. Returns a
+    the same ``windows`` shuffled windows of ``chunk_size`` timesteps, each counted on
+    a progress bar where ``progress``. Returns a
     :class:`~chunkstream.tools._throughput.ThroughputReport`.
     """
     from ._throughput import compare_throughput
@@ -140,6 +143,7 @@ def compare_local(
         windows=windows,
         workers=workers,
         seed=seed,
+        progress=progress,
     )
 
 
@@ -155,9 +159,11 @@ def compare_cache(
     windows: int = 8,
     workers: int = 4,
     seed: int = 0,
+    progress: bool = False,
 ) -> Any:
     """Epoch 1 against epoch 2 of ``path`` (a URL) through the node-local cache in
-    ``cache``: the same ``windows`` windows twice. Returns a
+    ``cache``: the same ``windows`` windows twice (a progress bar per epoch where
+    ``progress``). Returns a
     :class:`~chunkstream.tools._throughput.CacheEpochsReport`."""
     from ._throughput import cache_epochs
 
@@ -173,6 +179,7 @@ def compare_cache(
         windows=windows,
         workers=workers,
         seed=seed,
+        progress=progress,
     )
 
 
@@ -355,10 +362,8 @@ def run_bench(
     array = getattr(source, "array", None)
     compressed = bool(getattr(array, "compressors", None)) if array is not None else False
     grid = [(p, w) for w in workers for p in prefetch]
-    from tqdm.auto import tqdm
-
     results = []
-    with tqdm(grid, desc="bench", unit="setting", disable=not progress) as bar:
+    with progress_bar(grid, desc="bench", unit="setting", enabled=progress) as bar:
         for p, w in bar:
             bar.set_postfix_str(f"prefetch={p} workers={w}")
             results.append(

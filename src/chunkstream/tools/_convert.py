@@ -55,6 +55,7 @@ import numpy as np
 
 from .._errors import ConfigError, CorruptChunkError, check_int
 from .._memory import thread_budget
+from .._progress import progress_bar
 from ..sources import check_lengths
 from ._codecs import OUT_DTYPES, compressors_for
 from ._fieldspec import format_index, parse_fields, selected_shape
@@ -387,7 +388,6 @@ def convert_store(
     Raises ``CorruptChunkError`` when verification fails.
     """
     import zarr
-    from tqdm.auto import tqdm
 
     begin = time.perf_counter()
     workers = _check_workers(chunk_mb, workers)
@@ -417,27 +417,29 @@ def convert_store(
         if on_slab is not None:
             on_slab(n)
 
-    with (
-        cf.ThreadPoolExecutor(workers, thread_name_prefix="chunkstream-convert") as pool,
-        tqdm(
+    checks: dict[tuple[str, int], cf.Future] = {}
+    with cf.ThreadPoolExecutor(workers, thread_name_prefix="chunkstream-convert") as pool:
+        with progress_bar(
+            desc="convert",
+            unit="slab",
             total=len(slabs),
             initial=len(slabs) - len(pending),
-            unit="slab",
-            desc="convert",
-            disable=None if progress else True,
-        ) as bar,
-    ):
-        copy = functools.partial(copy_slab, targets=targets, out_dtype=out_dtype)
-        written = copy_slabs(pool, pending, copy, workers, record)
-        # Streamed: each task reads one output slab back and keeps only its digest.
-        checks = (
-            {
-                (s.name, s.i): pool.submit(lambda s=s: digest(targets[s.name][s.t0 : s.t1]))
-                for s in slabs
-            }
-            if verify
-            else {}
-        )
+            enabled=progress,
+        ) as bar:
+            copy = functools.partial(copy_slab, targets=targets, out_dtype=out_dtype)
+            written = copy_slabs(pool, pending, copy, workers, record)
+        if verify:
+            # Streamed: each task reads one output slab back and keeps only its digest.
+            with progress_bar(
+                desc="verify", unit="slab", total=len(slabs), enabled=progress
+            ) as checked:
+                checks = {
+                    (s.name, s.i): pool.submit(lambda s=s: digest(targets[s.name][s.t0 : s.t1]))
+                    for s in slabs
+                }
+                for future in checks.values():  # in order: the bar moves as reads end
+                    future.result()
+                    checked.update(1)
     results = [
         _field_result(
             f,

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._memory import parse_bytes
+from .._text import format_bytes
 from ..sources import FieldSpec, check_lengths, window_nbytes
 from ._fieldspec import FieldRequest, parse_fields, selected_shape, validate_index
 from ._stores import open_arrays, resolve_field
@@ -29,16 +30,6 @@ __all__ = [
     "layout_from_store",
     "parse_bytes",
 ]
-
-
-def format_bytes(n: float | None) -> str:
-    """Decimal units with three significant figures: ``59.9 GB``, ``512 kB``."""
-    if n is None:
-        return "-"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass(frozen=True, kw_only=True)

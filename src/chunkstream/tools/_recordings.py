@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._errors import ConfigError
+from .._text import format_table
 from ..sources import Recordings
 from ._bench import open_bench_source
 from ._layout import DataLayout
@@ -158,10 +159,4 @@ def format_shares(shares: Sequence[RecordingShare], title: str) -> list[str]:
                 f"{s.drawn:.1%}",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [title]
-    for row in rows:
-        lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        )
-    return lines
+    return [title, *format_table(rows, align="<>>>>>")]

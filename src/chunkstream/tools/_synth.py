@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, check_int
+from .._progress import progress_bar
 from ._codecs import compressors_for
 
 __all__ = [
@@ -355,8 +356,6 @@ def write_synthetic(
     on a terminal, and never when ``progress`` is False. ``regimes`` > 1 cuts
     the recording into that many stimulus regimes (module docs).
     """
-    from tqdm.auto import tqdm
-
     dt, chunks = _validate(layout, timesteps, neurons, stim_dims, dtype, chunks)
     check_int(
         "regimes",
@@ -382,9 +381,7 @@ def write_synthetic(
     net = _Network(neurons, stim_dims, seed, regimes=regimes, timesteps=timesteps)
     np.savez(out / "connectivity.npz", **net.csr())
     _write_regimes(out, timesteps, regimes)
-    with tqdm(
-        total=timesteps, unit="step", desc="synth", disable=None if progress else True
-    ) as bar:
+    with progress_bar(desc="synth", unit="step", total=timesteps, enabled=progress) as bar:
         for t0 in range(0, timesteps, slab):
             t1 = min(timesteps, t0 + slab)
             _write_slab(arrays, t0, t1, net.run(t0, t1), dt, stim_dims)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from .._progress import progress_bar
 from ..pipeline import ChunkLoader
 from ..sources import ZarrSource
 
@@ -48,14 +49,26 @@ class ThroughputReport:
 
 
 def timed_epoch(
-    source: ZarrSource, chunk_size: int, windows: int, *, workers: int, seed: int
+    source: ZarrSource,
+    chunk_size: int,
+    windows: int,
+    *,
+    workers: int,
+    seed: int,
+    desc: str = "epoch",
+    progress: bool = False,
 ) -> tuple[float, int]:
     """``(seconds, bytes)`` of one epoch of ``windows`` windows of ``source`` through a new
-    CPU :class:`ChunkLoader` (the same ``seed``: the same windows in the same order)."""
-    with ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as loader:
+    CPU :class:`ChunkLoader` (the same ``seed``: the same windows in the same order),
+    counted on a progress bar named ``desc`` where ``progress``."""
+    with (
+        ChunkLoader(source, chunk_size, device="cpu", workers=workers, seed=seed) as loader,
+        progress_bar(desc=desc, unit="window", total=windows, enabled=progress) as bar,
+    ):
         begin, nbytes = time.perf_counter(), 0
         for chunk in loader.epoch(windows):
             nbytes += sum(t.numel() * t.element_size() for t in chunk.values())
+            bar.update(1)
         return time.perf_counter() - begin, nbytes
 
 
@@ -70,21 +83,30 @@ def compare_throughput(
     workers: int = 4,
     seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
+    progress: bool = False,
 ) -> ThroughputReport:
     """Stream the same ``windows`` shuffled windows through a CPU :class:`ChunkLoader`
     from ``url`` and from ``local`` (a copy of the same array), timing each.
 
     The local copy is read first, so it runs on a warm page cache only if it
     was read before; run it twice for a cached baseline. Both sources are
-    closed before returning.
+    closed before returning. ``progress``: a bar per copy (``local``, ``remote``).
     """
 
-    def run(path: str | Path, options: Mapping[str, Any] | None) -> tuple[float, int]:
+    def run(path: str | Path, options: Mapping[str, Any] | None, desc: str) -> tuple[float, int]:
         with ZarrSource(path, fields, array=array, storage_options=options) as source:
-            return timed_epoch(source, chunk_size, windows, workers=workers, seed=seed)
+            return timed_epoch(
+                source,
+                chunk_size,
+                windows,
+                workers=workers,
+                seed=seed,
+                desc=desc,
+                progress=progress,
+            )
 
-    local_s, nbytes = run(local, None)
-    remote_s, remote_bytes = run(url, storage_options)
+    local_s, nbytes = run(local, None, "local")
+    remote_s, remote_bytes = run(url, storage_options, "remote")
     if remote_bytes != nbytes:
         raise ConfigError.bad(
             "local",
@@ -143,19 +165,29 @@ def cache_epochs(
     workers: int = 4,
     seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
+    progress: bool = False,
 ) -> CacheEpochsReport:
     """Stream the same ``windows`` windows of ``url`` twice through a CPU
     :class:`ChunkLoader` over one ``ZarrSource(url, cache=cache)``: epoch 1 fills the
-    cache (or finds it filled by an earlier run), epoch 2 reads it."""
+    cache (or finds it filled by an earlier run), epoch 2 reads it. ``progress``: a bar
+    per epoch."""
     seconds, hits, misses, fetched, nbytes = [], [], [], [], 0
     with ZarrSource(
         url, fields, array=array, storage_options=storage_options, cache=cache
     ) as source:
         counters = source.cache.counters
-        for _ in range(2):
+        for epoch in (1, 2):
             before = counters.snapshot()
             # a new loader with the same seed: the same windows in the same order
-            took, nbytes = timed_epoch(source, chunk_size, windows, workers=workers, seed=seed)
+            took, nbytes = timed_epoch(
+                source,
+                chunk_size,
+                windows,
+                workers=workers,
+                seed=seed,
+                desc=f"cache epoch {epoch}",
+                progress=progress,
+            )
             seconds.append(took)
             hits.append(counters.hits - before.hits)
             misses.append(counters.misses - before.misses)

@@ -57,6 +57,7 @@ from torch import nn
 
 from .._errors import ConfigError
 from .._memory import arena_bytes
+from .._progress import progress_bar
 from .._resume import check_checkpoint_config
 from ..consumer import BatchStream, StreamOptions, default_buffer
 from ..distributed import is_distributed, resolve_rank
@@ -447,11 +448,9 @@ class Trainer:
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
-    # disable=None: a bar on a terminal, nothing when output goes to a log file. A
-    # disabled bar is returned as None, so nothing computes its text (a host sync).
-    bar = tqdm(total=total, desc=desc, unit="chunk", leave=False, disable=None)
+    # Off the terminal the bar is disabled; it is returned as None then, so nothing
+    # computes its text (a host sync).
+    bar = progress_bar(desc=desc, unit="chunk", total=total, leave=False)
     if bar.disable:
         bar.close()
         return None
