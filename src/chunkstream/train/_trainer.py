@@ -81,7 +81,8 @@ class Trainer:
     """Train :class:`LatentDynamics` on ``source`` by streaming (module docs).
 
     ``on_batch(trainer, batch)`` runs after each batch's step (``batch``: the
-    stream's dict of the data and stimulus fields); ``on_epoch(trainer,
+    stream's dict of the data and stimulus fields, with each window's ``"start"``
+    and, for a ``Recordings``, ``"recording"``); ``on_epoch(trainer,
     record)`` after each epoch. ``out_dir`` receives checkpoints and TensorBoard
     logs (``None``: neither).
     """
