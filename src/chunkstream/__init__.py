@@ -77,6 +77,7 @@ __all__ = [
     "plot_timeline",
     "sample_windows",
     "split_segments",
+    "staggered_observations",
     "zero_neurons_with_neighbours",
 ]
 

@@ -32,6 +32,7 @@ from .consumer import (
     gather_windows,
     neighbour_union,
     sample_windows,
+    staggered_observations,
     zero_neurons_with_neighbours,
 )
 from .pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from .._memory import HostBufferPool
-from ..pipeline import Delivery, receive
+from ..pipeline import Delivery, receive, times_to
 from ..sources import FieldSpec
 from ._gather import GatherPool, Watch, gather_pool, host_copy_rows
 from ._sampling import _compute_dtype, gather_windows
@@ -41,11 +41,14 @@ __all__ = ["BufferTier", "DeviceTier", "HostTier", "Request"]
 
 
 class Request(NamedTuple):
-    """One batch to make: its window starts (rows of the buffer's storage) and the
-    stream state that resumes right after it."""
+    """One batch to make: its window starts (rows of the buffer's storage), the
+    stream state that resumes right after it, and the windows' times (``"start"``,
+    maybe ``"recording"``: :mod:`chunkstream.pipeline._times`, on the starts'
+    device), which the batch carries beside its fields on the batch's device."""
 
     starts: torch.Tensor
     state: Any
+    times: Mapping[str, torch.Tensor] | None = None
 
 
 class BufferTier(Protocol):
@@ -107,11 +110,12 @@ class DeviceTier:
     def batches(
         self, storage: Mapping[str, torch.Tensor], requests: Iterable[Request]
     ) -> Iterator[tuple[dict[str, torch.Tensor], Any]]:
-        for starts, state in requests:
+        for starts, state, times in requests:
             batch = {
                 n: gather_windows(storage[n], starts, self.window, dtype=self.dtype)
                 for n in self.fields
             }
+            batch.update(times or {})  # made on the starts' device: the batch's
             yield batch, state
 
 
@@ -177,7 +181,7 @@ class HostTier:
                 while len(ahead) <= self.depth and (request := next(pending, None)) is not None:
                     starts = request.starts.tolist()
                     gather = self.slots.submit(storage, self.fields, starts, targets)
-                    ahead.append(_Ahead(gather, request.state))
+                    ahead.append(_Ahead(gather, request.state, request.times))
                 if not ahead:
                     return
                 for item in ahead:  # the copies of the gathers done, in batch order
@@ -191,9 +195,10 @@ class HostTier:
                     item.delivery = self.slots.deliver(item.gather)
                 item = ahead.popleft()
                 tensors, _ = receive(item.delivery, self.device)  # type: ignore[arg-type]
-                state = item.state
+                state, times = item.state, times_to(dict(item.times or {}), self.device)
                 del item
-                yield {n: t.to(targets[n]) for n, t in tensors.items()}, state
+                batch = {n: t.to(targets[n]) for n, t in tensors.items()}
+                yield batch | times, state
         finally:
             for item in ahead:  # a taken one's slot is back behind its copy already
                 if not item.taken:
@@ -203,11 +208,13 @@ class HostTier:
 class _Ahead:
     """A batch in the tier's deque: its gather, whether its slot was handed to
     :meth:`~._slots.BatchSlots.deliver` (``taken``), its delivery once made (on CUDA:
-    its copy queued), and the stream state after it."""
+    its copy queued), the stream state after it and the batch's times (host tensors)."""
 
-    __slots__ = ("delivery", "gather", "state", "taken")
+    __slots__ = ("delivery", "gather", "state", "taken", "times")
 
-    def __init__(self, gather: Gather, state: Any) -> None:
-        self.gather, self.state = gather, state
+    def __init__(
+        self, gather: Gather, state: Any, times: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        self.gather, self.state, self.times = gather, state, times
         self.taken = False
         self.delivery: Delivery | None = None

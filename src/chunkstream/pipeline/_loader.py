@@ -53,6 +53,7 @@ from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
+from ._times import recording_offsets
 
 __all__ = ["ChunkLoader", "host_pool"]
 
@@ -176,6 +177,7 @@ class ChunkLoader:
             recordings=getattr(source, "strata", None),  # a cs.Recordings: its weights
         )
         self.stats = o.stats if o.stats is not None else LatencyStats()
+        self._offsets = recording_offsets(self.source)  # each chunk's origins (Chunk.origins)
         caches = source_caches(source)  # remote ZarrSources' node-local caches
         if caches:
             self.stats.watch_cache(*(cache.counters for cache in caches))
@@ -419,6 +421,7 @@ class ChunkLoader:
             index=span.received,
             ready=ready,
             pieces=delivery.pieces,
+            offsets=self._offsets,
         )
         record = ChunkRecord(
             epoch=span.epoch,

@@ -14,10 +14,14 @@ the host tier each batch is gathered on the host into pinned slots and copied
 by the loader's copy on its transfer stream). The trainer keeps the model, the
 loss, validation and reporting: it trains on each batch, and merges the rows
 of the first epoch's batches into the per-neuron running moments (the constant
-baseline: the mean of the training rows the model saw). Per epoch it evaluates
-on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
-model, optimizer, the stream's state (:meth:`BatchStream.state_dict`), moments
-and history.
+baseline: the mean of the training rows the model saw). On a
+:class:`~chunkstream.Recordings` of different widths the losses, the moments and
+the validation metrics count only the neurons each window's recording has (the
+data's ``<field>_mask``), so the zero padding trains and scores nothing. Per
+epoch it evaluates on the held-out range, logs to TensorBoard, and writes
+``checkpoint.pt``: model, optimizer, the stream's state
+(:meth:`BatchStream.state_dict`), moments (per-neuron counts; a checkpoint whose
+moments counted the padding is refused on a masked source) and history.
 
 **Under DDP** (``torchrun``; the process group initialised before the
 ``Trainer`` is built) the model is wrapped in ``DistributedDataParallel``, the
@@ -67,7 +71,7 @@ from ..sources import stored_time_chunk
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, recordings_config, split_source
-from ._metrics import LossMeter, RunningMoments, all_reduce_moments
+from ._metrics import LossMeter, RunningMoments, all_reduce_moments, masked_field, masked_mse
 from ._model import LatentDynamics
 from ._report import log_epoch, open_writer
 from ._setup import field_sizes, fit_pieces, trainer_device
@@ -82,7 +86,8 @@ class Trainer:
     """Train :class:`LatentDynamics` on ``source`` by streaming (module docs).
 
     ``on_batch(trainer, batch)`` runs after each batch's step (``batch``: the
-    stream's dict of the data and stimulus fields); ``on_epoch(trainer,
+    stream's dict of the data and stimulus fields, with each window's ``"start"``
+    and, for a ``Recordings``, ``"recording"``); ``on_epoch(trainer,
     record)`` after each epoch. ``out_dir`` receives checkpoints and TensorBoard
     logs (``None``: neither).
     """
@@ -116,7 +121,14 @@ class Trainer:
         #: least a stored time chunk), fewer where a piece would not hold a window
         #: (:func:`fit_pieces`).
         self.pieces, self._align = fit_pieces(c, self.chunk_size, stored_time_chunk(source))
-        self._mixed_fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
+        #: The data field's mask (a ``Recordings`` of different widths pads the data with
+        #: zeros and says where values are real): losses and metrics count only those.
+        self.mask_field = masked_field(source, c.data_field)
+        self._mixed_fields = (
+            [c.data_field]
+            + ([c.stim_field] if c.stim_field else [])
+            + ([self.mask_field] if self.mask_field else [])
+        )
         # With segments an epoch is the chunks a pass reads (plan_epoch's segments rule).
         self.plan = plan_epoch(
             total_timesteps=self.train_len if self.train_segments is None else len(source),
@@ -175,13 +187,18 @@ class Trainer:
 
     # -- losses ---------------------------------------------------------------------
 
-    def _losses(self, x: torch.Tensor, s: torch.Tensor | None, warm: bool) -> dict:
+    def _losses(
+        self, x: torch.Tensor, s: torch.Tensor | None, warm: bool, mask: torch.Tensor | None = None
+    ) -> dict:
+        """The step's losses; with ``mask`` (the data's, padded recordings) only the
+        neurons a window's recording has count (:func:`masked_mse`)."""
         c = self.config
         recon_x, pred = self.net(x, s, c.evolve_multiple_steps, c.time_units, rollout=not warm)
-        recon = nn.functional.mse_loss(recon_x, x)
+        recon = masked_mse(recon_x, x, mask)
         if warm:
             return {"loss": recon, "recon": recon}
-        rollout = nn.functional.mse_loss(pred, x[:, c.time_units :: c.time_units])
+        step = slice(c.time_units, None, c.time_units)
+        rollout = masked_mse(pred, x[:, step], None if mask is None else mask[:, step])
         return {"loss": rollout + c.recon_weight * recon, "recon": recon, "rollout": rollout}
 
     def validate(self) -> tuple[float, float]:
@@ -193,7 +210,12 @@ class Trainer:
         sums are all-reduced, so every rank returns the mean over all of them.
         """
         per_part = evaluate(
-            self.model, self.val_parts, self.moments.mean, self.config, self.neurons
+            self.model,
+            self.val_parts,
+            self.moments.mean,
+            self.config,
+            self.neurons,
+            self.mask_field,
         )
         overall = per_part.sum(0)
         self.val_segments = {
@@ -254,6 +276,16 @@ class Trainer:
                 f"{path} holds no 'stream' state: it was written by a trainer before "
                 "chunkstream's trainer drew its batches from a BatchStream. Start afresh "
                 "(resume=False, or another out_dir)."
+            )
+        if self.mask_field is not None and "counts" not in state["moments"]:
+            # Exact to convert where every value is real (RunningMoments.load_state_dict);
+            # here the saved baseline counted the padded zeros as data.
+            raise ConfigError(
+                f"{path} holds moments without per-neuron counts: it was written by a "
+                "trainer whose baseline counted the zero padding of narrower recordings "
+                f"as data (before it read {self.mask_field!r}). Its baseline and metrics "
+                "cannot be corrected from the checkpoint: start afresh (resume=False, or "
+                "another out_dir)."
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -365,10 +397,14 @@ class Trainer:
                 due = None
             x = batch[c.data_field]
             s = batch[c.stim_field] if c.stim_field else None
-            if epoch == 0:
-                self._pending.update(x.reshape(-1, x.shape[-1]))
+            mask = batch[self.mask_field] if self.mask_field else None
+            if epoch == 0:  # the baseline's moments, over the neurons each recording has
+                n = x.shape[-1]
+                self._pending.update(
+                    x.reshape(-1, n), None if mask is None else mask.reshape(-1, n)
+                )
             with timer.batch() as timed:
-                losses = self._losses(x, s, warm)
+                losses = self._losses(x, s, warm, mask)
                 timed.mark("forward")
                 self.optimizer.zero_grad(set_to_none=True)
                 losses["loss"].backward()
@@ -388,7 +424,7 @@ class Trainer:
             if self.on_batch is not None:
                 self.on_batch(self, batch)
             # Dropped before asking for the next batch, so that its slot can be refilled.
-            del batch, x, s
+            del batch, x, s, mask
         if bar is not None:
             bar.close()
         self.sync_moments()
