@@ -243,6 +243,8 @@ class ZarrSource(SourceBase):
             self._pool = decode_pool(read_threads)
             # A source collected unclosed gives its decode threads back as well.
             self._release_pool = weakref.finalize(self, self._pool.release)
+            # At exit the threads end with the process: no wait on one hung in a read.
+            self._release_pool.atexit = False
             pool = self._pool.pool
             self._fast = FastChunkReader(
                 arr,
