@@ -30,9 +30,7 @@ from ._errors import (
 )
 from .consumer import (
     BatchStream,
-    ChunkMixer,
     StreamOptions,
-    WindowSampler,
     gather_windows,
     neighbour_union,
     sample_windows,
@@ -76,7 +74,6 @@ __all__ = [
     "Chunk",
     "ChunkLoadError",
     "ChunkLoader",
-    "ChunkMixer",
     "ChunkstreamError",
     "ConfigError",
     "CorruptChunkError",
@@ -112,7 +109,6 @@ __all__ = [
     "StreamOptions",
     "TensorStoreSource",
     "WindowPlan",
-    "WindowSampler",
     "ZarrGroupSource",
     "ZarrSource",
     "__version__",
@@ -128,3 +124,13 @@ __all__ = [
     "split_segments",
     "zero_neurons_with_neighbours",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``cs.ChunkMixer`` and ``cs.WindowSampler``: private now, found for one release with
+    a ``FutureWarning`` naming their replacement."""
+    from .consumer import _MOVED, moved
+
+    if name in _MOVED:
+        return moved(name, "chunkstream")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,6 +38,7 @@ __all__ = [
     "DEVICE_MIX",
     "DEVICE_SHARE",
     "HOST_SHARE",
+    "batch_sets_nbytes",
     "device_fit",
     "device_total_memory",
     "host_fit",
@@ -99,6 +100,12 @@ def host_fit(
         f"({where}; at most the {pass_chunks} chunks of one pass)"
     )
     return fit, why, line
+
+
+def batch_sets_nbytes(batch_nbytes: int, batch_prefetch: int) -> int:
+    """Bytes of a host tier's batch sets: ``batch_prefetch`` gathered ahead, the one
+    handed out and one the user still holds, each ``batch_nbytes`` (a ``held`` term)."""
+    return (int(batch_prefetch) + 2) * int(batch_nbytes)
 
 
 def host_terms(

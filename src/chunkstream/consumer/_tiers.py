@@ -185,6 +185,7 @@ def choose_tier(
     host_memory: int | None = None,
     device_memory: int | None = None,
     share: NodeShare | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> tuple[str, str]:
     """``(tier, why)``: where the shuffle buffer lives for batches on ``device``; the one
     place the tier is chosen (``BatchStream``, the trainer, ``chunkstream plan``).
@@ -212,6 +213,7 @@ def choose_tier(
         loader_nbytes=loader_nbytes,
         host_memory=host_memory,
         share=share,
+        held=held,
     )
     on_device, _ = device_fit(
         chunk_nbytes=chunk_nbytes,
@@ -352,12 +354,14 @@ def default_buffer(
     device_memory: int | None = None,
     share: NodeShare | None = None,
     tier: str = "auto",
+    held: Mapping[str, int] | None = None,
 ) -> BufferInfo:
     """The :class:`BufferInfo` a consumer that builds its own loader (the reference
     trainer) holds for batches on ``device``: the tier :func:`choose_tier` picks (``tier``,
     ``"host"`` or ``"device"`` as ``BatchStream(buffer=)``, overrides it), ``mix``
     (``"auto"`` sized) on it. ``loader_nbytes``: the loader's arena
-    (:func:`chunkstream._memory.arena_bytes`)."""
+    (:func:`chunkstream._memory.arena_bytes`); ``held``: what else the rank allocates
+    (:func:`plan_buffer`)."""
     tier, why = choose_tier(
         tier,
         device,
@@ -368,6 +372,7 @@ def default_buffer(
         host_memory=host_memory,
         device_memory=device_memory,
         share=share,
+        held=held,
     )
     return plan_buffer(
         mix,
@@ -381,6 +386,7 @@ def default_buffer(
         device_memory=device_memory,
         why=why,
         share=share,
+        held=held,
     )
 
 

@@ -53,6 +53,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -88,9 +89,10 @@ RELEASE_S = 5.0
 READ_BUFFER = 1 << 20
 
 _numbers = itertools.count()  # decode threads of several pools keep distinct names
+_numbers_lock = threading.Lock()
 _shared_lock = threading.Lock()
 _shared: Executor | None = None
-_users = 0  # sources holding the shared pool
+_users = 0  # sources holding the shared pool (in this process: see DecodePool._pid)
 
 
 def _forget_shared() -> None:
@@ -101,9 +103,6 @@ def _forget_shared() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_shared)
-
-
-_numbers_lock = threading.Lock()
 
 
 def _executor(threads: int) -> Executor:
@@ -129,25 +128,10 @@ def _close(pool: Executor) -> None:
         )
 
 
-def _release_shared(pool: Executor) -> None:
-    """One source is done with the shared pool; the last one ends its threads (idempotent
-    per source: :class:`DecodePool` calls it once)."""
-    global _shared, _users
-    with _shared_lock:
-        if pool is not _shared:
-            return  # a pool from before a fork
-        _users -= 1
-        if _users > 0:
-            return
-        _shared = None
-    # No source submits to it any more: its threads end now (a finalizer of a source
-    # collected in one of them does not join that thread itself: Executor.close).
-    _close(pool)
-
-
 class DecodePool:
     """A source's handle on its decode threads (``pool``, an :class:`~chunkstream._executor.
-    Executor` of ``chunkstream-decode-<n>`` daemon threads); :meth:`release` once done.
+    Executor` of ``chunkstream-decode-<n>`` daemon threads, started at the first
+    :meth:`submit`); :meth:`release` once done.
 
     ``threads=None``: the process's one decode pool, shared by every source and every
     array of a group, as many threads as the process's thread budget
@@ -155,32 +139,64 @@ class DecodePool:
     it lives while a source holds it (the last :meth:`release` ends its threads, and a
     source collected unclosed releases it through a finalizer). An int: a pool of that
     many threads for this source alone, stopped by :meth:`release`. Daemon threads, so a
-    decode stuck on a read that never returns does not keep the process from exiting.
+    decode stuck on a read that never returns does not keep the process from exiting;
+    started on demand, so a source that never reads (one refused, one only inspected)
+    holds none.
     """
 
     def __init__(self, threads: int | None) -> None:
-        global _shared, _users
+        global _users
+        self._threads = threads
+        self._own: Executor | None = None
+        self._lock = threading.Lock()
         self._released = False
+        self._pid = os.getpid()  # a handle inherited by a forked child counts in its parent
         self.shared = threads is None
-        if not self.shared:
-            self.pool = _executor(threads)
-            return
-        with _shared_lock:
-            if _shared is None:
-                _shared = _executor(thread_budget())
-            _users += 1
-            self.pool = _shared
+        if self.shared:
+            with _shared_lock:
+                _users += 1
+
+    @property
+    def pool(self) -> Executor:
+        """The executor, its threads started at the first use."""
+        global _shared
+        if self.shared:
+            with _shared_lock:
+                if _shared is None:
+                    _shared = _executor(thread_budget())
+                return _shared
+        with self._lock:
+            if self._own is None:
+                self._own = _executor(self._threads or 1)
+            return self._own
+
+    def submit(self, fn: Callable[[], None], what: str) -> Future:
+        """Run ``fn`` on a decode thread; its error travels in the future."""
+        return self.pool.submit(fn, what=what)
 
     def release(self) -> None:
-        """Done with the threads: the own pool stopped, the shared one given back (each
-        waits up to :data:`RELEASE_S` for its threads). Idempotent."""
+        """Done with the threads: the own pool stopped, the shared one given back (the last
+        holder stops it); each waits up to :data:`RELEASE_S` for its threads. Idempotent."""
+        global _shared, _users
         if self._released:
             return
         self._released = True
-        if self.shared:
-            _release_shared(self.pool)
-        else:
-            _close(self.pool)
+        if not self.shared:
+            with self._lock:
+                own, self._own = self._own, None
+            if own is not None:
+                _close(own)
+            return
+        if self._pid != os.getpid():
+            return  # a handle from before a fork: the parent's pool, not this process's
+        with _shared_lock:
+            _users -= 1
+            if _users > 0 or _shared is None:
+                return
+            pool, _shared = _shared, None
+        # No source submits to it any more: its threads end now (a finalizer of a source
+        # collected in one of them does not join that thread itself: Executor.close).
+        _close(pool)
 
 
 def decode_pool(threads: int | None) -> DecodePool:
@@ -297,7 +313,7 @@ class FastChunkReader:
         selections: Mapping[str, Selection],
         *,
         fill_missing: bool,
-        pool: Executor,
+        pool: DecodePool,
         shards: ShardLayout | None = None,
         fetch: Fetch | None = None,
         where: str = "",
@@ -331,7 +347,7 @@ class FastChunkReader:
         if len(tasks) == 1:
             tasks[0]()
             return
-        futures = [self._pool.submit(task, what=f"decode [{start}, {stop})") for task in tasks]
+        futures = [self._pool.submit(task, f"decode [{start}, {stop})") for task in tasks]
         settle(future.result for future in futures)  # none may write after we return
 
     def _plan(

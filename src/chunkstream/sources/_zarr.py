@@ -245,13 +245,12 @@ class ZarrSource(SourceBase):
             self._release_pool = weakref.finalize(self, self._pool.release)
             # At exit the threads end with the process: no wait on one hung in a read.
             self._release_pool.atexit = False
-            pool = self._pool.pool
             self._fast = FastChunkReader(
                 arr,
                 chosen.decoder[0],
                 self._selections,
                 fill_missing=mode is False,
-                pool=pool,
+                pool=self._pool,
                 shards=chosen.decoder[1],
                 # a remote store through the cache: chunk bytes fetched, not read from files
                 fetch=None if local is not None else chunk_fetcher(arr, self.path),
