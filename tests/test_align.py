@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkstream as cs
-from chunkstream.consumer import ChunkMixer
-from chunkstream.consumer._sampling import piece_starts
+from chunkstream.consumer._mixing import ChunkMixer
+from chunkstream.consumer._sampling import WindowSampler, piece_starts
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array, random_data
 
@@ -77,7 +77,7 @@ def test_aligned_starts_are_exactly_the_valid_ones_and_a_pass_reaches_each_once(
         return
     assert piece_starts(pieces, window, align=align).tolist() == sorted(expected)
     gen = torch.Generator().manual_seed(seed)
-    sampler = cs.WindowSampler(length, window, 7, gen, pieces=pieces, align=align)
+    sampler = WindowSampler(length, window, 7, gen, pieces=pieces, align=align)
     drawn = torch.cat(list(sampler)).tolist()
     assert sorted(drawn) == sorted(expected)  # without replacement: each start once per pass
     chunk = cs.Chunk({"x": torch.zeros(length, 1)}, start=pieces[0].start,
@@ -98,9 +98,9 @@ def test_align_one_draws_exactly_what_was_drawn_before_align_existed():
     assert cs.sample_windows(100, 8, 6, gen()).tolist() == [51, 68, 92, 12, 40, 15, 80, 65]
     assert cs.sample_windows(100, 8, 6, gen(), replacement=False).tolist() == [
         51, 49, 18, 82, 4, 35, 74, 76]  # fmt: skip
-    assert [b.tolist() for b in cs.WindowSampler(33, 6, 7, gen(), pieces=pieces)] == [
+    assert [b.tolist() for b in WindowSampler(33, 6, 7, gen(), pieces=pieces)] == [
         [14, 20, 3, 15, 1, 13, 16], [17, 2, 25, 22, 19, 21, 27], [18, 4, 23, 0, 26, 24]]  # fmt: skip
-    assert [b.tolist() for b in cs.WindowSampler(20, 6, 7, gen(), replacement=True)] == [
+    assert [b.tolist() for b in WindowSampler(20, 6, 7, gen(), replacement=True)] == [
         [1, 8, 7, 12, 10, 0, 0], [5, 1, 4, 4, 6, 5, 14], [6, 4, 0, 9, 5, 14, 6]]  # fmt: skip
     src = cs.NumpySource({"t": np.arange(400, dtype=np.int64)})
     expected = {

@@ -18,6 +18,7 @@ import zarr
 
 import chunkstream as cs
 from chunkstream import compat, flyvis
+from chunkstream.consumer._sampling import WindowSampler
 from chunkstream.sources._base import FieldSpec
 from chunkstream.tools import layout_from_shape, plan_memory
 from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
@@ -594,9 +595,9 @@ CASES = [
      cs.ConfigError, ValueError, ["align=2.0", "an integer >= 1"]),
     ("sample_windows.align", lambda t: cs.sample_windows(_unaligned_chunk(), 2, 4, align=16),
      cs.ConfigError, ValueError, ["align=16", "window=4", "Lower align", "ChunkLoader(align"]),
-    ("WindowSampler.align", lambda t: cs.WindowSampler(20, 4, 2, align=0),
+    ("WindowSampler.align", lambda t: WindowSampler(20, 4, 2, align=0),
      cs.ConfigError, ValueError, ["align=0", "an integer >= 1"]),
-    ("WindowSampler.align", lambda t: cs.WindowSampler(
+    ("WindowSampler.align", lambda t: WindowSampler(
         8, 4, 2, pieces=_unaligned_chunk().pieces, align=16),
      cs.ConfigError, ValueError, ["align=16", "pieces of up to 8 timesteps", "Lower align"]),
     ("TrainConfig.pieces", lambda t: _train_config(pieces=0),

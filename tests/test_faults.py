@@ -340,7 +340,7 @@ def test_a_read_error_does_not_leak_buffers_or_threads_over_many_loaders(store):
                 del chunk  # the user holds nothing: buffers must be reused
         assert loader._pool.allocated <= loader.config.reader_capacity + 2
         loader.close()
-    assert len(chunkstream_threads()) <= baseline + len(source.source._pool.pool._threads)
+    assert len(chunkstream_threads()) <= baseline + len(source.source._pool.pool.threads)
     source.close()
 
 

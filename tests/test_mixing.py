@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import chunkstream as cs
+from chunkstream.consumer._mixing import ChunkMixer
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array
 
@@ -77,7 +78,7 @@ def test_mixed_windows_stay_inside_one_piece_of_a_held_chunk_and_mix_chunks(
 def test_draws_are_uniform_over_every_valid_start_of_the_held_chunks(store):
     segments = cs.Segments([(0, 100), (300, 1000), (1200, 1230)])  # one piece shorter than 64
     with _loader(store, pieces=4, segments=segments, sampling="random") as loader:
-        mixer = cs.ChunkMixer(3, window=WINDOW, rows=loader.rows, fields=["data"])
+        mixer = ChunkMixer(3, window=WINDOW, rows=loader.rows, fields=["data"])
         chunks = loader.epoch(3)
         for chunk in chunks:
             mixer.add(chunk)

@@ -132,16 +132,25 @@ def test_the_share_splits_memory_and_threads_over_the_ranks_and_says_so(tmp_path
         },
         online="0-1",
     )
+    (root / "proc/self/status").write_text(f"RssAnon:\t{GIB // 4 // 1024} kB\n")
     share = read_node_share(root, env={"LOCAL_WORLD_SIZE": "2"}, affinity=2)
-    assert share.host_bytes == (3 * GIB - 3 * GIB // 5) // 2 and share.threads == 1
+    # The limit is split over the ranks, less what this process holds: the room left now
+    # (2.4 GiB) is not this rank's to halve, the other rank is about to take its part.
+    assert share.process_bytes == GIB // 4
+    assert share.host_bytes == 3 * GIB // 2 - GIB // 4 and share.threads == 1
     assert share.describe().startswith(
-        "host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's limit of 3 GiB"
+        "host memory: 1.25 GiB for this rank: the limit over 2 ranks, less this process's "
+        "256 MiB; 2.4 GiB left under the job's limit of 3 GiB"
     )
     assert "2 ranks on this node (LOCAL_WORLD_SIZE); 2 CPUs of 2 (affinity)" in share.describe()
     # the loader's arena is refused against this rank's share, not the whole room
     check_arena_fits(GIB, share)
     with pytest.raises(cs.ConfigError, match=r"do not fit this rank.s share.*2 ranks"):
         check_arena_fits(3 * GIB // 2, share)
+    # never more than the room left now (another process of the job took more)
+    (root / "sys/fs/cgroup/memory/job/memory.usage_in_bytes").write_text(f"{5 * GIB // 2}\n")
+    share = read_node_share(root, env={"LOCAL_WORLD_SIZE": "2"}, affinity=2)
+    assert share.host_bytes == GIB // 2
 
 
 def test_slurm_tasks_bound_to_their_own_cpus_keep_them(tmp_path):

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkstream as cs
-from chunkstream.consumer._sampling import piece_starts
+from chunkstream.consumer._sampling import WindowSampler, piece_starts
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array, random_data
 
@@ -249,7 +249,7 @@ def test_batch_stream_resumes_mid_chunk_and_draws_inside_pieces(store):
 def test_window_sampler_and_sample_windows_cover_only_piece_starts():
     pieces = (cs.Piece(0, 100, 110), cs.Piece(10, 500, 503), cs.Piece(13, 7, 27))
     valid = set(range(0, 5)) | set(range(13, 28))  # 10 - 6 + 1 and 20 - 6 + 1 starts
-    sampler = cs.WindowSampler(33, window=6, batch_size=7, pieces=pieces)
+    sampler = WindowSampler(33, window=6, batch_size=7, pieces=pieces)
     drawn = torch.cat(list(sampler)).tolist()
     assert sorted(drawn) == sorted(valid) and len(sampler) == 3
     chunk = cs.Chunk({"x": torch.zeros(33, 2)}, start=100, stop=110, epoch=0, index=0,

@@ -5,13 +5,13 @@ import inspect
 import chunkstream as cs
 
 PUBLIC = [
-    "BatchStream", "BatchTimer", "CacheWarning", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader", "ChunkMixer",
+    "BatchStream", "BatchTimer", "CacheWarning", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader",
     "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
     "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig", "LoaderOptions",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
     "Piece", "PiecePlan", "RandomPlan", "ReadAmplificationWarning", "Recordings", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "Segments", "SequentialPlan", "ShuffledPlan", "Source",
-    "SourceError", "SourceNotFoundError", "StreamOptions", "TensorStoreSource", "WindowPlan", "WindowSampler",
+    "SourceError", "SourceNotFoundError", "StreamOptions", "TensorStoreSource", "WindowPlan",
     "ZarrGroupSource", "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",
     "split_segments", "staggered_observations", "zero_neurons_with_neighbours",
@@ -58,3 +58,22 @@ def test_every_public_object_has_a_docstring():
         obj = getattr(cs, name)
         if callable(obj) or isinstance(obj, type):
             assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+def test_the_mixer_and_the_sampler_are_private_and_still_found_for_one_release():
+    """``ChunkMixer`` and ``WindowSampler`` left the public API (issue 47): the old spellings
+    resolve for one release, each with a ``FutureWarning`` naming what replaces it."""
+    import pytest
+
+    from chunkstream import consumer
+    from chunkstream.consumer._mixing import ChunkMixer
+    from chunkstream.consumer._sampling import WindowSampler
+
+    for module in (cs, consumer):
+        assert "ChunkMixer" not in module.__all__ and "WindowSampler" not in module.__all__
+        with pytest.warns(FutureWarning, match=r"ChunkMixer is no longer public.*BatchStream"):
+            assert module.ChunkMixer is ChunkMixer
+        with pytest.warns(FutureWarning, match=r"WindowSampler .*sample_windows.*gather_windows"):
+            assert module.WindowSampler is WindowSampler
+        with pytest.raises(AttributeError):
+            module.NoSuchName  # noqa: B018

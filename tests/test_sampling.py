@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from chunkstream import ConfigError
 from chunkstream.compat import sample_batch_within_chunk
 from chunkstream.consumer import (
-    WindowSampler,
     gather_windows,
     neighbour_union,
     sample_windows,
     zero_neurons_with_neighbours,
 )
+from chunkstream.consumer._sampling import WindowSampler
 from chunkstream.pipeline import Chunk
 
 sizes = st.integers(1, 300).flatmap(

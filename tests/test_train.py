@@ -250,9 +250,11 @@ def test_mix_auto_is_the_defaults_policy_sized_from_the_jobs_host_memory(
     assert result.memory["mixer"] == chunks * 512 * (24 + 6) * 4
     assert result.buffer is trainer.buffer
     # the job's memory capped: half of what it leaves beside the loader's arena (counted
-    # once), in whole chunks
+    # once) and the stream's batch sets, in whole chunks
     chunk = 512 * (24 + 6) * 4
-    monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(trainer._loader_nbytes() + 4 * chunk))
+    beside = trainer._loader_nbytes() + trainer._batch_sets_nbytes()
+    assert dict(trainer.buffer.terms)["the batch sets"] == trainer._batch_sets_nbytes() > 0
+    monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(beside + 4 * chunk))
     capped = Trainer(flyvis_source, _config(epochs=1))
     assert capped.mix == 2 and "CHUNKSTREAM_HOST_MEMORY" in capped.buffer.memory
     # an int is kept; more chunks than a pass holds too, and the buffer says so

@@ -27,7 +27,6 @@ __all__ = [
     "Chunk",
     "ChunkLoadError",
     "ChunkLoader",
-    "ChunkMixer",
     "ChunkstreamError",
     "ConfigError",
     "CorruptChunkError",
@@ -63,7 +62,6 @@ __all__ = [
     "StreamOptions",
     "TensorStoreSource",
     "WindowPlan",
-    "WindowSampler",
     "ZarrGroupSource",
     "ZarrSource",
     "__version__",
@@ -82,4 +80,14 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_names(__name__, __all__)
+_lazy_getattr, __dir__ = lazy_names(__name__, __all__)
+
+
+def __getattr__(name: str) -> object:
+    """The public names, imported on first use; ``cs.ChunkMixer`` and ``cs.WindowSampler``
+    (private now) found for one release with a ``FutureWarning`` naming their replacement."""
+    if name in ("ChunkMixer", "WindowSampler"):
+        from .consumer import moved
+
+        return moved(name, "chunkstream")
+    return _lazy_getattr(name)

@@ -108,13 +108,21 @@ def helper_stacks(prefixes: tuple[str, ...]) -> list[str]:
 
 
 class Executor:
-    """``workers`` daemon threads named ``chunkstream-<name>-<k>`` running submitted calls.
+    """``workers`` daemon threads named ``chunkstream-<name>-<k>`` running submitted calls
+    (``k`` from ``first``: pools of one stage that live together number on).
 
     ``init`` runs at the start of each thread; if it raises, that error is
     ``fatal`` and fails every later future and every one the failed thread takes.
     """
 
-    def __init__(self, name: str, workers: int, init: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        workers: int,
+        init: Callable[[], None] | None = None,
+        *,
+        first: int = 0,
+    ) -> None:
         self.name = name
         self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple, str] | None]
         self._queue = queue.SimpleQueue()
@@ -127,7 +135,7 @@ class Executor:
         self.completed = 0  # calls that returned without error, over the executor's life (_lock)
         self.threads = tuple(
             threading.Thread(target=self._work, name=f"chunkstream-{name}-{k}", daemon=True)
-            for k in range(workers)
+            for k in range(first, first + workers)
         )
         for thread in self.threads:
             thread.start()

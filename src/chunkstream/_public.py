@@ -26,9 +26,7 @@ from ._errors import (
 )
 from .consumer import (
     BatchStream,
-    ChunkMixer,
     StreamOptions,
-    WindowSampler,
     gather_windows,
     neighbour_union,
     sample_windows,

@@ -10,7 +10,11 @@ ask for the node once, not N times.
 * **memory**: :func:`~chunkstream._memory.job_memory` (the smaller of
   ``MemAvailable`` and the room under the job's cgroup limit, or
   ``CHUNKSTREAM_HOST_MEMORY``), split evenly over the ranks on the node
-  (:attr:`NodeShare.host_bytes`);
+  (:attr:`NodeShare.host_bytes`). Under a cgroup limit it is the *limit* that is
+  split, less what this process already holds (its anonymous resident memory,
+  ``RssAnon`` of ``/proc/self/status``), and never more than the room left now:
+  ranks that start together each see the others' room still free, and must not
+  each count it as theirs;
 * **CPUs**: the process's CPU affinity (``sched_getaffinity``: Slurm's
   ``--cpus-per-task``, ``taskset``, a container's cpuset), bounded by a cgroup
   CPU quota where one is set (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
@@ -61,6 +65,7 @@ __all__ = [
     "node_share",
     "ranks_on_node",
     "read_node_share",
+    "resident_bytes",
     "thread_budget",
 ]
 
@@ -95,11 +100,24 @@ class NodeShare:
     #: The CPUs are this process's alone (Slurm binds each task to its
     #: ``--cpus-per-task``), not shared by the ranks on the node.
     own_cpus: bool = False
+    #: What this process held when the share was read (its anonymous resident bytes).
+    process_bytes: int = 0
+
+    @property
+    def limit_binds(self) -> bool:
+        """Whether a cgroup limit bounds the job's memory (it is then split, not the room)."""
+        return self.memory.limit is not None and self.memory.source.startswith("cgroup")
 
     @property
     def host_bytes(self) -> int:
-        """This rank's part of the host memory the job may use: the room over the ranks."""
-        return self.memory.available // max(1, self.ranks)
+        """What this rank may still allocate: under a cgroup limit, the limit over the ranks
+        less what this process holds, at most the room left now; else the room over the
+        ranks (module docs)."""
+        ranks = max(1, self.ranks)
+        if self.limit_binds and ranks > 1:
+            part = self.memory.limit // ranks - self.process_bytes
+            return max(0, min(part, self.memory.available))
+        return self.memory.available // ranks
 
     @property
     def threads(self) -> int:
@@ -116,9 +134,16 @@ class NodeShare:
         threads = f"{_plural(self.threads, 'thread')} for this rank"
         if self.ranks == 1:
             return f"host memory: {memory}, {ranks}; {cpus}, {threads}"
+        if self.limit_binds:
+            split = (
+                f"the limit over {self.ranks} ranks, less this process's "
+                f"{format_bytes(self.process_bytes, binary=True)}; {memory}"
+            )
+        else:
+            split = memory
         return (
-            f"host memory: {format_bytes(self.host_bytes, binary=True)} for this rank: "
-            f"{memory}, {ranks}; {cpus}, {threads}"
+            f"host memory: {format_bytes(self.host_bytes, binary=True)} for this rank: {split}, "
+            f"{ranks}; {cpus}, {threads}"
         )
 
 
@@ -279,6 +304,16 @@ def ranks_on_node(env: Mapping[str, str] | None = None) -> tuple[int, str]:
 # -- the share ---------------------------------------------------------------
 
 
+def resident_bytes(root: str | os.PathLike = "/") -> int:
+    """This process's anonymous resident bytes (``RssAnon`` of ``/proc/self/status``, 0
+    where that is not there): what it holds that the kernel cannot take back."""
+    text = _read(Path(root) / "proc/self/status") or ""
+    for line in text.splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def read_node_share(
     root: str | os.PathLike = "/",
     env: Mapping[str, str] | None = None,
@@ -301,6 +336,7 @@ def read_node_share(
         ranks=ranks,
         ranks_source=ranks_source,
         own_cpus=own,
+        process_bytes=resident_bytes(root),
     )
 
 

@@ -31,14 +31,15 @@ What decides model quality is the share of the training split the buffer holds
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from .._errors import ConfigError
-from .._memory import NodeShare
+from .._memory import NodeShare, node_share
 from .._text import format_bytes
-from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit
+from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit, host_terms
 from ._mixing import check_mix
 
 __all__ = [
@@ -105,7 +106,11 @@ class BufferInfo:
     and where each figure came from (:meth:`chunkstream._memory.NodeShare.describe`,
     e.g. ``host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's limit
     of 3 GiB (...), 2 ranks on this node (LOCAL_WORLD_SIZE); 1 CPU of 2 (affinity),
-    1 thread for this rank``; '' when no host memory was read).
+    1 thread for this rank``; '' when no host memory was read); ``terms``: on the
+    host tier, every term of this rank's host memory as ``(what, bytes)``
+    (:func:`~chunkstream.consumer._defaults.host_terms`: the process when it sized,
+    the loader's arena, the batch sets and whatever else the caller counted, the
+    buffer, what is left), one line each in :meth:`describe`.
     """
 
     tier: str
@@ -115,6 +120,7 @@ class BufferInfo:
     pieces: int
     reason: str
     memory: str = ""
+    terms: tuple[tuple[str, int], ...] = ()
 
     @property
     def note(self) -> str:
@@ -122,13 +128,16 @@ class BufferInfo:
         return quality_note(self.split_share)
 
     def describe(self) -> str:
-        """One line: tier, size, share of the split, pieces per batch."""
-        return (
+        """A line with tier, size, share of the split and pieces per batch; then a line per
+        term of this rank's host memory (``terms``)."""
+        head = (
             f"shuffle buffer: {self.tier} tier, mix={self.mix} chunks, "
             f"{format_bytes(self.nbytes)}, {self.split_share:.1%} of the split, "
             f"each batch over {self.pieces} pieces ({self.reason})"
             + (f"; {self.memory}" if self.memory else "")
         )
+        lines = [f"  {what}: {format_bytes(n, binary=True)}" for what, n in self.terms]
+        return "\n".join([head, *lines])
 
 
 def resolve_mix(
@@ -142,6 +151,7 @@ def resolve_mix(
     loader_nbytes: int,
     device_memory: int | None = None,
     share: NodeShare | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> tuple[object, str, str]:
     """``(mix, why, memory line)``: an int kept, ``"auto"`` sized for ``tier`` (:mod:`._defaults`)."""
     if mix != "auto":
@@ -153,6 +163,7 @@ def resolve_mix(
             loader_nbytes=loader_nbytes,
             host_memory=host_memory,
             share=share,
+            held=held,
         )
     fit, why = device_fit(
         chunk_nbytes=chunk_nbytes,
@@ -175,6 +186,7 @@ def choose_tier(
     host_memory: int | None = None,
     device_memory: int | None = None,
     share: NodeShare | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> tuple[str, str]:
     """``(tier, why)``: where the shuffle buffer lives for batches on ``device``; the one
     place the tier is chosen (``BatchStream``, the trainer, ``chunkstream plan``).
@@ -202,6 +214,7 @@ def choose_tier(
         loader_nbytes=loader_nbytes,
         host_memory=host_memory,
         share=share,
+        held=held,
     )
     on_device, _ = device_fit(
         chunk_nbytes=chunk_nbytes,
@@ -267,13 +280,18 @@ def plan_buffer(
     device_memory: int | None = None,
     why: str = "",
     share: NodeShare | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> BufferInfo:
     """The :class:`BufferInfo` of a buffer of ``mix`` chunks (``"auto"`` sized) on ``tier``.
 
     ``chunk_nbytes``: one chunk of the buffered fields; ``pass_chunks``: the
-    chunks of one pass over the training split; ``pieces``: per chunk.
+    chunks of one pass over the training split; ``pieces``: per chunk;
+    ``held``: what else this rank allocates beside the loader's arena, by name
+    (the batch sets, decode scratch), counted before the buffer is sized.
     """
     pass_chunks = max(1, int(pass_chunks))
+    if tier == "host" and host_memory is None and share is None:
+        share = node_share()  # read once: the size and the terms from one reading
     mix, sized, memory = resolve_mix(
         mix,
         tier,
@@ -284,6 +302,7 @@ def plan_buffer(
         loader_nbytes=loader_nbytes,
         device_memory=device_memory,
         share=share,
+        held=held,
     )
     mix = check_mix(mix)
     if mix > pass_chunks:
@@ -303,14 +322,24 @@ def plan_buffer(
             chunk_nbytes * mix / 1e9,
             pass_chunks,
         )
+    nbytes = chunk_nbytes * mix if mix > 1 else 0
+    terms = ()
+    if tier == "host":
+        terms = host_terms(
+            buffer_nbytes=nbytes,
+            loader_nbytes=loader_nbytes,
+            held=held,
+            share=share if host_memory is None else None,
+        )
     return BufferInfo(
         tier=tier,
         mix=mix,
-        nbytes=chunk_nbytes * mix if mix > 1 else 0,
+        nbytes=nbytes,
         split_share=min(1.0, mix / pass_chunks),
         pieces=mix * max(1, int(pieces)),
         reason=f"{tier} tier: {why + '; ' if why else ''}{sized}",
         memory=memory,
+        terms=terms,
     )
 
 
@@ -326,12 +355,14 @@ def default_buffer(
     device_memory: int | None = None,
     share: NodeShare | None = None,
     tier: str = "auto",
+    held: Mapping[str, int] | None = None,
 ) -> BufferInfo:
     """The :class:`BufferInfo` a consumer that builds its own loader (the reference
     trainer) holds for batches on ``device``: the tier :func:`choose_tier` picks (``tier``,
     ``"host"`` or ``"device"`` as ``BatchStream(buffer=)``, overrides it), ``mix``
     (``"auto"`` sized) on it. ``loader_nbytes``: the loader's arena
-    (:func:`chunkstream._memory.arena_bytes`)."""
+    (:func:`chunkstream._memory.arena_bytes`); ``held``: what else the rank allocates
+    (:func:`plan_buffer`)."""
     tier, why = choose_tier(
         tier,
         device,
@@ -342,6 +373,7 @@ def default_buffer(
         host_memory=host_memory,
         device_memory=device_memory,
         share=share,
+        held=held,
     )
     return plan_buffer(
         mix,
@@ -355,6 +387,7 @@ def default_buffer(
         device_memory=device_memory,
         why=why,
         share=share,
+        held=held,
     )
 
 

@@ -6,10 +6,20 @@ from dataclasses import dataclass
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import LOOP_HELD, arena_bytes, budget_depths
+from .._memory import LOOP_HELD, arena_bytes, budget_depths, thread_budget
 from ..sources import Source, check_source, window_nbytes
 
-__all__ = ["LoaderConfig", "resolve_device"]
+__all__ = ["DEFAULT_WORKERS", "LoaderConfig", "default_workers", "resolve_device"]
+
+#: Reader workers a loader runs when its share of the node allows (``workers=None``).
+DEFAULT_WORKERS = 2
+
+
+def default_workers() -> int:
+    """The reader workers of ``ChunkLoader(workers=None)``: :data:`DEFAULT_WORKERS`, fewer
+    where this process's thread budget (its CPUs over the job's ranks on the node,
+    :func:`chunkstream._memory.thread_budget`) is smaller, at least 1."""
+    return max(1, min(DEFAULT_WORKERS, thread_budget()))
 
 
 @dataclass(frozen=True, kw_only=True)

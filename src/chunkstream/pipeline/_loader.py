@@ -86,7 +86,8 @@ class ChunkLoader:
       call ``torch.cuda.set_device(local_rank)`` first or pass ``f"cuda:{local_rank}"``
       (``LOCAL_RANK``); otherwise every rank streams to one GPU, and the loader warns.
     * ``prefetch``, ``gpu_prefetch``, ``workers``: read-ahead depth (default 2),
-      chunks kept ready on the device (1), reader threads (2); the options'
+      chunks kept ready on the device (1), reader threads (2, or 1 where this
+      process's thread budget is 1: its CPUs over the job's ranks on the node); the options'
       ``host_memory``/``device_memory`` byte budgets set the depths not given to
       the largest that fit.
     * ``sampling``, ``align``, ``seed``: the window plan (``"random"``, ``"shuffled"``,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
 from ..stats import LatencyStats
-from ._config import LoaderConfig
+from ._config import LoaderConfig, default_workers
 
 if TYPE_CHECKING:
     from ..plans import Segments
@@ -107,7 +107,7 @@ def loader_settings(
             chunk_size=chunk_size,
             prefetch=prefetch,
             gpu_prefetch=gpu_prefetch,
-            workers=2 if workers is None else workers,
+            workers=default_workers() if workers is None else workers,
             **{name: getattr(options, name) for name in _IN_CONFIG},
         )
     if not isinstance(config, LoaderConfig):

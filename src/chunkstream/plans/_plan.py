@@ -352,6 +352,12 @@ class Plan:
         """Chunks in one pass over the data (``None`` for a mode without passes)."""
         return self.mode.per_pass(self)
 
+    def survey_chunks(self, without_passes: int) -> int:
+        """How many chunks show what one pass draws (a survey of the recordings a pass
+        visits): the chunks of a pass, or ``without_passes`` for a mode without passes."""
+        per_pass = self.windows_per_pass
+        return int(without_passes) if per_pass is None else per_pass
+
     # -- the answers ---------------------------------------------------------------------
 
     def chunks(self, epoch: int, indices: object) -> list[tuple[Piece, ...]]:

@@ -45,12 +45,15 @@ no pool thread touches ``out`` after the call returns.
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import struct
 import sys
 import threading
+import time
+import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -61,6 +64,7 @@ import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from .._errors import CorruptChunkError, MissingChunkError
+from .._executor import Executor
 from .._memory import thread_budget
 from ._base import field_context, settle
 from ._checked_codecs import blosc_frame_error
@@ -76,16 +80,19 @@ __all__ = [
     "fast_decoder",
 ]
 
-_thread_ids = itertools.count()
+#: How long releasing a decode pool waits for its threads (a read hung on a dead mount
+#: never returns: its daemon thread is left to end with the process).
+RELEASE_S = 5.0
+#: Stored chunks up to this size are read into one reused buffer per decode thread;
+#: larger ones are mapped, so what a thread keeps is this buffer (and, where a chunk is
+#: decoded aside to copy part of it, one decoded chunk).
+READ_BUFFER = 1 << 20
 
-
-def _name_thread() -> None:
-    threading.current_thread().name = f"chunkstream-decode-{next(_thread_ids)}"
-
-
+_numbers = itertools.count()  # decode threads of several pools keep distinct names
+_numbers_lock = threading.Lock()
 _shared_lock = threading.Lock()
-_shared: ThreadPoolExecutor | None = None
-_users = 0  # sources holding the shared pool
+_shared: Executor | None = None
+_users = 0  # sources holding the shared pool (in this process: see DecodePool._pid)
 
 
 def _forget_shared() -> None:
@@ -98,56 +105,98 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_shared)
 
 
-def _release_shared(pool: ThreadPoolExecutor) -> None:
-    """One source is done with the shared pool; the last one ends its threads (idempotent
-    per source: :class:`DecodePool` calls it once)."""
-    global _shared, _users
-    with _shared_lock:
-        if pool is not _shared:
-            return  # a pool from before a fork
-        _users -= 1
-        if _users > 0:
-            return
-        _shared = None
-    # No source submits to it any more: its threads end now, joined as a source's own pool
-    # is at close, unless this runs in one of them (a finalizer of a source collected there).
-    pool.shutdown(wait=not threading.current_thread().name.startswith("chunkstream-decode-"))
+def _executor(threads: int) -> Executor:
+    """A pool of ``threads`` decode threads, numbered after every earlier pool's."""
+    with _numbers_lock:
+        first = next(_numbers)
+        for _ in range(threads - 1):
+            next(_numbers)
+    return Executor("decode", threads, first=first)
+
+
+def _close(pool: Executor) -> None:
+    """Stop ``pool``'s threads, waiting up to :data:`RELEASE_S`; a thread still inside a
+    read is a daemon, left to end with the process, and said in a warning."""
+    alive = pool.close(time.monotonic() + RELEASE_S)
+    if alive:
+        warnings.warn(
+            f"chunkstream: decode threads {alive} did not stop within {RELEASE_S} s (a read "
+            "that never returns, e.g. on a dead mount); they are daemon threads and end with "
+            "the process",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class DecodePool:
-    """A source's handle on its decode threads (``pool``); :meth:`release` once done.
+    """A source's handle on its decode threads (``pool``, an :class:`~chunkstream._executor.
+    Executor` of ``chunkstream-decode-<n>`` daemon threads, started at the first
+    :meth:`submit`); :meth:`release` once done.
 
     ``threads=None``: the process's one decode pool, shared by every source and every
     array of a group, as many threads as the process's thread budget
     (:func:`chunkstream._memory.node_share`: its CPUs over the job's ranks on the node);
-    it lives while a source holds it (the last :meth:`release` ends and joins its
-    threads, and a source collected unclosed releases it through a finalizer). An int: a pool of that
-    many threads for this source alone, shut down by :meth:`release`.
+    it lives while a source holds it (the last :meth:`release` ends its threads, and a
+    source collected unclosed releases it through a finalizer). An int: a pool of that
+    many threads for this source alone, stopped by :meth:`release`. Daemon threads, so a
+    decode stuck on a read that never returns does not keep the process from exiting;
+    started on demand, so a source that never reads (one refused, one only inspected)
+    holds none.
     """
 
     def __init__(self, threads: int | None) -> None:
-        global _shared, _users
+        global _users
+        self._threads = threads
+        self._own: Executor | None = None
+        self._lock = threading.Lock()
         self._released = False
+        self._pid = os.getpid()  # a handle inherited by a forked child counts in its parent
         self.shared = threads is None
-        if not self.shared:
-            self.pool = ThreadPoolExecutor(max_workers=threads, initializer=_name_thread)
-            return
-        with _shared_lock:
-            if _shared is None:  # threads start on demand, up to the budget read now
-                _shared = ThreadPoolExecutor(max_workers=thread_budget(), initializer=_name_thread)
-            _users += 1
-            self.pool = _shared
+        if self.shared:
+            with _shared_lock:
+                _users += 1
+
+    @property
+    def pool(self) -> Executor:
+        """The executor, its threads started at the first use."""
+        global _shared
+        if self.shared:
+            with _shared_lock:
+                if _shared is None:
+                    _shared = _executor(thread_budget())
+                return _shared
+        with self._lock:
+            if self._own is None:
+                self._own = _executor(self._threads or 1)
+            return self._own
+
+    def submit(self, fn: Callable[[], None], what: str) -> Future:
+        """Run ``fn`` on a decode thread; its error travels in the future."""
+        return self.pool.submit(fn, what=what)
 
     def release(self) -> None:
-        """Done with the threads: the own pool shut down (waiting for its threads), the
-        shared one given back. Idempotent."""
+        """Done with the threads: the own pool stopped, the shared one given back (the last
+        holder stops it); each waits up to :data:`RELEASE_S` for its threads. Idempotent."""
+        global _shared, _users
         if self._released:
             return
         self._released = True
-        if self.shared:
-            _release_shared(self.pool)
-        else:
-            self.pool.shutdown(wait=True)
+        if not self.shared:
+            with self._lock:
+                own, self._own = self._own, None
+            if own is not None:
+                _close(own)
+            return
+        if self._pid != os.getpid():
+            return  # a handle from before a fork: the parent's pool, not this process's
+        with _shared_lock:
+            _users -= 1
+            if _users > 0 or _shared is None:
+                return
+            pool, _shared = _shared, None
+        # No source submits to it any more: its threads end now (a finalizer of a source
+        # collected in one of them does not join that thread itself: Executor.close).
+        _close(pool)
 
 
 def decode_pool(threads: int | None) -> DecodePool:
@@ -264,7 +313,7 @@ class FastChunkReader:
         selections: Mapping[str, Selection],
         *,
         fill_missing: bool,
-        pool: ThreadPoolExecutor,
+        pool: DecodePool,
         shards: ShardLayout | None = None,
         fetch: Fetch | None = None,
         where: str = "",
@@ -298,7 +347,7 @@ class FastChunkReader:
         if len(tasks) == 1:
             tasks[0]()
             return
-        futures = [self._pool.submit(task) for task in tasks]
+        futures = [self._pool.submit(task, f"decode [{start}, {stop})") for task in tasks]
         settle(future.result for future in futures)  # none may write after we return
 
     def _plan(
@@ -391,8 +440,10 @@ class FastChunkReader:
         """The file's bytes, or ``None`` if it is absent.
 
         With ``into`` (a contiguous uint8 array) and a file of exactly its size, the
-        bytes are read straight into it (uncompressed chunks: no copy at all);
-        otherwise into a per-thread buffer.
+        bytes are read straight into it (uncompressed chunks: no copy at all); a file
+        of up to :data:`READ_BUFFER` bytes is read into a per-thread buffer of that
+        size; a larger one is mapped (page cache the kernel can take back, not a
+        per-thread copy of the largest chunk that every decode thread would keep).
         """
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -402,10 +453,15 @@ class FastChunkReader:
             size = os.fstat(fd).st_size
             if into is not None and into.flags.c_contiguous and into.nbytes == size:
                 view = memoryview(into).cast("B")
+            elif size > READ_BUFFER:
+                try:
+                    return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+                except OSError:  # not mappable (a special file): read as below
+                    view = memoryview(bytearray(size))
             else:
                 buf = getattr(self._local, "raw", None)
-                if buf is None or len(buf) < size:
-                    buf = self._local.raw = bytearray(max(size, 1 << 16))
+                if buf is None:
+                    buf = self._local.raw = bytearray(READ_BUFFER)
                 view = memoryview(buf)[:size]
             got = 0
             while got < size:

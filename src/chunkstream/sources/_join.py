@@ -7,8 +7,10 @@ zarr array. A :class:`JoinSource` exposes the fields of all of them as one
 source, so one window of the loader is one chunk holding every field.
 
 Reads: ``read_into`` reads every part concurrently, the first in the calling
-thread and the others on a small pool owned by the join (threads named
-``chunkstream-join-<n>``, joined by :meth:`JoinSource.close`). It returns only
+thread and the others on a small pool owned by the join (an
+:class:`~chunkstream._executor.Executor` of daemon threads named
+``chunkstream-join-<n>``, stopped by :meth:`JoinSource.close` within
+:data:`CLOSE_S`). It returns only
 after every part has finished, also when one fails, so nothing writes into
 ``out`` after it returns; the first failing part's exception (in part order)
 is raised as it is (its type decides retries and what callers catch), tagged
@@ -22,16 +24,17 @@ thread per window.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import itertools
 import math
-import threading
+import time
+import warnings
+import weakref
 from collections.abc import Mapping
 from functools import partial
 
 import numpy as np
 
 from .._errors import ConfigError, FieldLengthError, check_int
+from .._executor import Executor
 from ._base import (
     FieldSpec,
     Source,
@@ -46,11 +49,14 @@ from ._base import (
 
 __all__ = ["JoinSource"]
 
-_thread_ids = itertools.count()
+#: How long :meth:`JoinSource.close` waits for its threads (a part's read that never
+#: returns is left to its daemon thread, which ends with the process).
+CLOSE_S = 5.0
 
 
-def _name_thread() -> None:
-    threading.current_thread().name = f"chunkstream-join-{next(_thread_ids)}"
+def _stop(pool: Executor) -> None:
+    """Stop ``pool``'s threads without waiting for them (a collected join's)."""
+    pool.close(time.monotonic())
 
 
 class JoinSource(SourceBase):
@@ -147,7 +153,9 @@ class JoinSource(SourceBase):
         #: whose every point is on each part's grid, so a piece aligned to it decodes
         #: whole stored chunks of every part (a part without a grid counts as 1).
         self.time_chunk = math.lcm(*(stored_time_chunk(part) for _, part, _ in self._parts))
-        self._pool = cf.ThreadPoolExecutor(read_threads, initializer=_name_thread)
+        self._pool = Executor("join", read_threads)
+        # A join collected unclosed stops its idle threads too (they are not waited for).
+        weakref.finalize(self, _stop, self._pool).atexit = False
         self._closed = False
 
     @property
@@ -161,7 +169,11 @@ class JoinSource(SourceBase):
             (label, part, {inner: out[exposed] for exposed, inner in names.items()}, names)
             for label, part, names in self._parts
         ]
-        pending = [(job, self._pool.submit(self._read_part, job, start, stop)) for job in jobs[1:]]
+        what = f"read [{start}, {stop})"
+        pending = [
+            (job, self._pool.submit(self._read_part, job, start, stop, what=what))
+            for job in jobs[1:]
+        ]
         # The first part in this thread; then every other part's end, errors or not.
         settle([partial(self._read_part, jobs[0], start, stop), *(f.result for _, f in pending)])
 
@@ -183,11 +195,20 @@ class JoinSource(SourceBase):
             raise
 
     def close(self) -> None:
-        """Stop the pool (joining its threads) and close every part; idempotent."""
+        """Stop the pool (joining its threads up to :data:`CLOSE_S`) and close every part;
+        idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        alive = self._pool.close(time.monotonic() + CLOSE_S)
+        if alive:
+            warnings.warn(
+                f"chunkstream: JoinSource threads {alive} did not stop within {CLOSE_S} s (a "
+                "part's read that never returns); they are daemon threads and end with the "
+                "process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         for _, part, _ in self._parts:
             part.close()
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, NotZarrError, SourceNotFoundError
+from .._memory import thread_budget
 from ._base import (
     FieldSpec,
     SourceBase,
@@ -49,6 +50,19 @@ def _spec_for_path(path: Path) -> dict[str, Any]:
     return {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
 
 
+def budget_context(ts: Any) -> Any:
+    """A tensorstore context whose thread pools stay within this process's thread budget
+    (:func:`chunkstream._memory.thread_budget`: its CPUs over the job's ranks on the node):
+    tensorstore's own pools otherwise take every CPU of the machine in every rank."""
+    threads = thread_budget()
+    return ts.Context(
+        {
+            "data_copy_concurrency": {"limit": threads},
+            "file_io_concurrency": {"limit": threads},
+        }
+    )
+
+
 def _read_chunk_steps(store) -> int:
     """The read chunk's length along axis 0 (time); 1 when the driver reports no layout."""
     try:
@@ -67,6 +81,9 @@ class TensorStoreSource(SourceBase):
     tensorstore view of it. Note: like zarr, tensorstore reads absent chunks as
     the fill value; use ``ZarrSource`` where that must be detected. ``close()``
     has nothing to release beyond the handle, which tensorstore frees.
+    ``context``: a ``tensorstore.Context``; by default one whose decode and file
+    I/O pools hold as many threads as this process's thread budget
+    (:func:`budget_context`).
     """
 
     def __init__(
@@ -84,8 +101,9 @@ class TensorStoreSource(SourceBase):
         else:
             spec = _spec_for_path(Path(spec_or_path).expanduser())
             self.path = str(spec_or_path)
-        kwargs = {"read": True} if context is None else {"read": True, "context": context}
-        store = ts.open(spec, **kwargs).result()
+        if context is None:
+            context = budget_context(ts)
+        store = ts.open(spec, read=True, context=context).result()
         # A spec's transform may give a domain that does not start at 0 (e.g. time
         # [5, 7905)); fields and windows count from 0, so every axis is translated.
         if any(int(origin) != 0 for origin in store.domain.origin):

@@ -253,13 +253,14 @@ class ZarrSource(SourceBase):
             self._pool = decode_pool(read_threads)
             # A source collected unclosed gives its decode threads back as well.
             self._release_pool = weakref.finalize(self, self._pool.release)
-            pool = self._pool.pool
+            # At exit the threads end with the process: no wait on one hung in a read.
+            self._release_pool.atexit = False
             self._fast = FastChunkReader(
                 arr,
                 chosen.decoder[0],
                 self._selections,
                 fill_missing=mode is False,
-                pool=pool,
+                pool=self._pool,
                 shards=chosen.decoder[1],
                 # a remote store through the cache: chunk bytes fetched, not read from files
                 fetch=None if local is not None else chunk_fetcher(arr, self.path),

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from .._text import format_table
+from ..plans import Plan
 from ..sources import Recordings
 from ._bench import open_bench_source
 from ._layout import DataLayout
@@ -120,13 +121,13 @@ class RecordingShare:
     drawn: float
 
 
-def pass_shares(plan: object, recs: Recordings) -> list[RecordingShare]:
+def pass_shares(plan: Plan, recs: Recordings) -> list[RecordingShare]:
     """Per recording, what one pass of ``plan`` (a loader's plan over ``recs``) draws
     (random sampling: :data:`_RANDOM_CHUNKS` chunks)."""
-    n = getattr(plan, "windows_per_pass", None) or _RANDOM_CHUNKS
+    n = plan.survey_chunks(_RANDOM_CHUNKS)
     pieces = np.zeros(len(recs.names), dtype=np.int64)
     steps = np.zeros(len(recs.names), dtype=np.int64)
-    for chunk in plan.chunks(0, np.arange(n)):  # type: ignore[attr-defined]
+    for chunk in plan.chunks(0, np.arange(n)):
         for p in chunk:
             r = recs.recording_of(p.start)
             pieces[r] += 1

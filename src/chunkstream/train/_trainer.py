@@ -63,7 +63,7 @@ from .._errors import ConfigError
 from .._memory import arena_bytes
 from .._progress import progress_bar
 from .._resume import check_checkpoint_config
-from ..consumer import BatchStream, StreamOptions, default_buffer
+from ..consumer import BatchStream, StreamOptions, batch_sets_nbytes, default_buffer
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
@@ -150,6 +150,7 @@ class Trainer:
             pass_chunks=max(1, self.plan.chunks_per_epoch // c.passes_per_epoch),
             pieces=self.pieces,
             loader_nbytes=self._loader_nbytes(),
+            held={"the batch sets": self._batch_sets_nbytes()},
         )
         self.mix = self.buffer.mix
         #: Batches gathered on the host and copied to a CUDA device through pinned slots
@@ -452,6 +453,13 @@ class Trainer:
         c, fields = self.config, self.source.fields
         chunk_bytes = self.chunk_size * sum(f.step_nbytes for f in fields.values())
         return arena_bytes(chunk_bytes, on_cuda=False, prefetch=c.prefetch, workers=c.workers)
+
+    def _batch_sets_nbytes(self) -> int:
+        """Bytes of the stream's host batch sets (its default ``batch_prefetch``)."""
+        fields = self.source.fields
+        batch = self.config.batch_size * self.config.window
+        nbytes = batch * sum(fields[n].step_nbytes for n in self._mixed_fields)
+        return batch_sets_nbytes(nbytes, StreamOptions().batch_prefetch)
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
