@@ -49,11 +49,11 @@ from .._resume import check_stream_state
 from ..pipeline import Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
 from ..sources import LearnsFields
-from ._gather import Watch, check_gather_threads, gather_pool
+from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._sampling import _compute_dtype, check_align
-from ._shuffle import BufferTier, DeviceTier, HostTier, Request
+from ._shuffle import BufferTier, DeviceTier, HostTier
 from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
 
 __all__ = ["BatchStream"]
@@ -212,7 +212,7 @@ class BatchStream:
             minimum=0,
             fix="Pass how many batches the host tier gathers ahead (0: none).",
         )
-        self._gather = gather_pool(check_gather_threads(o.gather_threads))
+        threads = check_gather_threads(o.gather_threads)
         if host_memory is not None:
             check_int(
                 "host_memory",
@@ -228,24 +228,25 @@ class BatchStream:
             _log.info("%s", self.buffer.note)
         if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
             _log.info("%s", host_tier_hint(self.buffer, self.device))
-        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Its
-        # gathers are waited for as the loader's chunks are: its close, its stall_timeout.
-        watch = Watch(loader.config.stall_timeout, closed=lambda: loader.closed)
+        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Host
+        # storage is read by the loader's own batch lane (chunkstream.consumer._lane).
+        lane = BatchLane(
+            loader,
+            self.fields,
+            window=self.window,
+            batch_size=self.batch_size,
+            device=self.device,
+            depth=self.batch_prefetch,
+            threads=threads,
+            dtype=self.dtype,
+        )
         self._tier: BufferTier
         if tier == "host":
-            self._tier = HostTier(
-                self.fields,
-                window=self.window,
-                batch_size=self.batch_size,
-                device=self.device,
-                depth=self.batch_prefetch,
-                gather=self._gather,
-                dtype=self.dtype,
-                watch=watch,
-            )
+            self._tier = HostTier(lane)
         else:
+            on_host = loader.device.type == "cpu"
             self._tier = DeviceTier(
-                self.fields, window=self.window, dtype=self.dtype, gather=self._gather, watch=watch
+                self.fields, window=self.window, dtype=self.dtype, lane=lane if on_host else None
             )
         self._mixer = ChunkMixer(
             self.mix,
