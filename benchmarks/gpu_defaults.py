@@ -44,7 +44,7 @@ def _time(stream: cs.BatchStream, batches: int) -> dict:
     seconds = time.perf_counter() - began
     it.close()
     return {"ms_per_batch": 1e3 * seconds / batches, "batch_mb": sum(
-        t.numel() * t.element_size() for t in batch.values()) / 1e6,
+        t.numel() * t.element_size() for n, t in batch.items() if n in stream.fields) / 1e6,
         "tier": stream.buffer.tier, "mix": stream.mix, "share": stream.buffer.split_share,
         "buffer": stream.buffer.describe()}  # fmt: skip
 

@@ -47,8 +47,9 @@ def test_batches_are_windows_of_the_source_in_the_requested_shape():
         batches = list(stream(ld))
         assert len(batches) == 30 == len(stream(ld))
         for batch in batches:
-            assert set(batch) == {"x", "s"}
+            assert set(batch) == {"x", "s", "start"}  # the fields and each window's start
             x, s = batch["x"], batch["s"]
+            assert torch.equal(batch["start"], x[:, 0, 0].long())
             assert x.shape == (8, WINDOW, 2) and s.shape == (8, WINDOW, 3)
             starts = x[:, 0, 0]
             # every sample is a contiguous window of the stored data, inside [0, T - WINDOW]
@@ -60,7 +61,7 @@ def test_batches_are_windows_of_the_source_in_the_requested_shape():
         single = next(iter(stream(ld, fields="x")))
         assert isinstance(single, torch.Tensor) and single.shape == (8, WINDOW, 2)
         chosen = next(iter(stream(ld, fields=["s"])))
-        assert set(chosen) == {"s"}
+        assert set(chosen) == {"s", "start"}
 
 
 def test_samples_of_a_batch_come_from_one_chunk_in_plan_order():
@@ -281,6 +282,7 @@ def test_a_source_that_learns_its_fields_at_the_first_read_gives_the_same_batche
         got, want = list(stream(lazy)), list(stream(known))
         assert calls and len(got) == len(want) == 30
         for a, b in zip(got, want, strict=True):
-            assert set(a) == {"x", "s"}
+            assert set(a) == {"x", "s", "start"}
+            torch.testing.assert_close(a["start"], b["start"], rtol=0, atol=0)
             torch.testing.assert_close(a["x"], b["x"], rtol=0, atol=0)
             torch.testing.assert_close(a["s"], b["s"], rtol=0, atol=0)

@@ -14,7 +14,7 @@ PUBLIC = [
     "SourceError", "SourceNotFoundError", "StreamOptions", "TensorStoreSource", "WindowPlan", "WindowSampler",
     "ZarrGroupSource", "ZarrSource", "__version__", "compat", "flyvis", "gather_windows", "make_plan",
     "neighbour_union", "plan_epoch", "plans", "plot_timeline", "sample_windows",
-    "split_segments", "zero_neurons_with_neighbours",
+    "split_segments", "staggered_observations", "zero_neurons_with_neighbours",
 ]  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from .consumer import (
     gather_windows,
     neighbour_union,
     sample_windows,
+    staggered_observations,
     zero_neurons_with_neighbours,
 )
 from .pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions
@@ -126,5 +127,6 @@ __all__ = [
     "plot_timeline",
     "sample_windows",
     "split_segments",
+    "staggered_observations",
     "zero_neurons_with_neighbours",
 ]

@@ -5,6 +5,7 @@ from ._batches import BatchStream
 from ._mixing import ChunkMixer
 from ._options import StreamOptions
 from ._sampling import WindowSampler, gather_windows, sample_windows
+from ._staggered import staggered_observations
 from ._tiers import BufferInfo
 
 # The package's internal face for the rest of chunkstream (not public API).
@@ -24,5 +25,6 @@ __all__ = [
     "gather_windows",
     "neighbour_union",
     "sample_windows",
+    "staggered_observations",
     "zero_neurons_with_neighbours",
 ]

@@ -46,9 +46,9 @@ from .._errors import ConfigError, check_int
 from .._executor import Cancelled
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
-from ..pipeline import Chunk, ChunkLoader
+from ..pipeline import RECORDING_KEY, START_KEY, Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
-from ..sources import LearnsFields
+from ..sources import LearnsFields, Recordings
 from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
@@ -195,6 +195,8 @@ class BatchStream:
         )
         self.fields: tuple[str, ...] = _choose_fields(loader, fields)
         self._single = isinstance(fields, str)
+        # What a dict batch carries beside its fields (pipeline/_times.py).
+        self._recordings = isinstance(loader.source, Recordings)
         if seed is None:
             seed = loader.plan.seed
         self.seed = check_int(
@@ -379,7 +381,16 @@ class BatchStream:
                 (loader_state, refill), batch = event.at, b + 1
             else:  # the event is done: resume at the next one (maybe the next epoch's)
                 (loader_state, refill), batch = event.after, 0
-            yield Request(self._starts(event.chunk, b), _stream_state(loader_state, batch, refill))
+            starts = self._starts(event.chunk, b)
+            state = _stream_state(loader_state, batch, refill)
+            yield Request(starts, state, None if self._single else self._times(starts))
+
+    def _times(self, starts: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A dict batch's ``"start"`` (and, for a Recordings, ``"recording"``) per window."""
+        start, recording = self._mixer.times(starts)
+        if self._recordings:
+            return {START_KEY: start, RECORDING_KEY: recording}
+        return {START_KEY: start}
 
     def _starts(self, chunk: Chunk, b: int) -> torch.Tensor:
         """Batch ``b`` of ``chunk``'s event: its window starts, a pure function of the seed."""
@@ -575,14 +586,32 @@ def _epoch_length(
 
 
 def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
-    """The field names a batch holds: every field of the source, or those named."""
+    """The field names a batch holds: every field of the source, or those named.
+
+    A dict batch reserves ``"start"`` and ``"recording"`` (the windows' times):
+    a ``Recordings``' own per-timestep ``"recording"`` field is replaced by the
+    per-window key, and another source's field of either name is refused unless
+    left out (or asked for alone, ``fields="name"``: that batch is no dict).
+    """
     source = loader.source
     # A source that learns its fields has only their names before its first read.
     learning = isinstance(source, LearnsFields) and source.fields is None
     names = list(source.names if learning else source.fields or ())
+    recordings = isinstance(source, Recordings)
+    if recordings:
+        names.remove(RECORDING_KEY)
     if fields is None:
-        return tuple(names)
-    chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]
+        chosen = tuple(names)
+    else:
+        chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]
+    if recordings and RECORDING_KEY in chosen:
+        raise ConfigError.bad(
+            "fields",
+            fields,
+            f"fields of the Recordings without {RECORDING_KEY!r} (from {names})",
+            f"Leave {RECORDING_KEY!r} out: every dict batch of a Recordings carries "
+            f"batch[{RECORDING_KEY!r}], each window's recording index, shape (batch_size,).",
+        )
     unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
     if not chosen or unknown:
         raise ConfigError.bad(
@@ -590,5 +619,16 @@ def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
             fields,
             f"None, one name or a list of names from {names}",
             "Name fields of the loader's source.",
+        )
+    clash = [f for f in chosen if f in (START_KEY, RECORDING_KEY)]
+    if clash and not isinstance(fields, str):
+        raise ConfigError.bad(
+            "fields",
+            fields,
+            f"no field named {clash[0]!r} in a dict batch (the source has one; a dict batch "
+            f"reserves {START_KEY!r} and {RECORDING_KEY!r} for each window's start and "
+            "recording)",
+            f"Pass fields=[...] without {clash[0]!r}, ask for it alone (fields="
+            f"{clash[0]!r}), or rename the source's field.",
         )
     return chosen

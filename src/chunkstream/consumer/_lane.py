@@ -43,7 +43,7 @@ import torch
 from .._errors import LoaderClosedError, check_int
 from .._executor import Cancelled
 from .._memory import BufferSet, HostBufferPool, PinnedSlotPool, thread_budget
-from ..pipeline import ChunkLoader, Delivery, EpochRun, Turn, copy_to_device, receive
+from ..pipeline import ChunkLoader, Delivery, EpochRun, Turn, copy_to_device, receive, times_to
 from ..sources import FieldSpec
 from ._held import HeldSource, as_numpy, copy_rows, numpy_dtype
 from ._sampling import _compute_dtype
@@ -55,11 +55,14 @@ _BLOCK_BYTES = 4 << 20  # a refill's rows per job
 
 
 class Request(NamedTuple):
-    """One batch to make: its window starts (rows of the held storage) and the stream
-    state that resumes right after it."""
+    """One batch to make: its window starts (rows of the held storage), the stream
+    state that resumes right after it, and the windows' times (``"start"``, maybe
+    ``"recording"``: :mod:`chunkstream.pipeline._times`, on the starts' device),
+    which the batch carries beside its fields on the batch's device."""
 
     starts: torch.Tensor
     state: Any
+    times: Mapping[str, torch.Tensor] | None = None
 
 
 def default_gather_threads() -> int:
@@ -275,8 +278,9 @@ class BatchLane:
                 future, _trip = run.take()
                 made = self.loader.wait_for(future, since=run.started)
                 tensors, _ = receive(made.delivery, self.device)
-                state = made.request.state
+                request = made.request
                 del made
-                yield {n: t.to(targets[n]) for n, t in tensors.items()}, state
+                times = times_to(dict(request.times or {}), self.device)
+                yield {n: t.to(targets[n]) for n, t in tensors.items()} | times, request.state
         finally:
             run.drop()  # reads not started are cancelled; fill() waits for the others

@@ -51,8 +51,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .._errors import ConfigError, check_int
-from ..pipeline import Chunk
-from ._sampling import check_align, gather_windows, piece_starts
+from ..pipeline import Chunk, TimeTable
+from ._sampling import check_align, gather_windows, local_pieces, piece_starts
 from ._shuffle import BufferTier, DeviceTier
 
 __all__ = ["ChunkMixer", "Event", "check_mix"]
@@ -121,6 +121,7 @@ class ChunkMixer:
         self._held: deque[tuple[int, Chunk, torch.Tensor, object]] = deque()
         self._arrivals = 0
         self._union: torch.Tensor | None = None
+        self._times: TimeTable | None = None
         self._last: Event | None = None  # the event last yielded, with its resume points
 
     def __len__(self) -> int:
@@ -140,6 +141,7 @@ class ChunkMixer:
         """Drop every held chunk (the storage is kept for the next epoch)."""
         self._held.clear()
         self._union = None
+        self._times = None
         self._last = None
 
     def add(self, chunk: Chunk, before: object = None) -> Chunk:
@@ -160,7 +162,7 @@ class ChunkMixer:
             )
         slot = self._arrivals % self.mix
         self._arrivals += 1
-        starts = piece_starts(chunk.pieces, self.window, chunk.device, align=self.align)
+        starts = piece_starts(local_pieces(chunk), self.window, chunk.device, align=self.align)
         if self.mix == 1:
             held = chunk
         else:
@@ -180,15 +182,18 @@ class ChunkMixer:
                 epoch=chunk.epoch,
                 index=chunk.index,
                 pieces=chunk.pieces,
+                offsets=chunk.offsets,
             )
             starts = starts + slot * self.rows
         self._held.append((slot, held, starts, before))
         self._union = None
+        self._times = None
         return held
 
     def pop(self) -> Chunk:
         """Evict and return the oldest held chunk."""
         self._union = None
+        self._times = None
         return self._held.popleft()[1]
 
     def starts(self) -> torch.Tensor:
@@ -198,6 +203,18 @@ class ChunkMixer:
                 raise ConfigError.bad("mixer", "empty", "at least one held chunk", "add() first.")
             self._union = torch.cat([h[2] for h in self._held])
         return self._union
+
+    def times(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(start, recording)`` of the windows at ``rows`` (from :meth:`sample`): each
+        window's first timestep in its own recording and that recording's index, int64
+        on ``rows``' device (:func:`~chunkstream.pipeline._times.window_times`)."""
+        if self._times is None:
+            if not self._held:
+                raise ConfigError.bad("mixer", "empty", "at least one held chunk", "add() first.")
+            base = self.rows if self.mix > 1 else 0
+            held = [(slot * base, chunk.pieces) for slot, chunk, _, _ in self._held]
+            self._times = TimeTable(held, self._held[0][1].offsets, self._held[0][2].device)
+        return self._times(rows)
 
     def field(self, name: str) -> torch.Tensor:
         """The tensor the starts index: the mixer's storage, or the single held chunk's field."""

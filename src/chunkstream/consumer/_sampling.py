@@ -6,7 +6,8 @@ their starts are ``0 .. L - window``. A pieced chunk (``chunk.pieces``, see
 ``offset .. offset + length - window`` for each piece (a piece shorter than the
 window gives none), and every draw is uniform over all of them. With
 ``align=k`` only starts whose absolute timestep (the piece's ``start`` plus the
-row's offset in the piece; for a bare tensor or length, the row itself) is a
+row's offset in the piece, counted within its recording for a
+:class:`~chunkstream.Recordings`; for a bare tensor or length, the row itself) is a
 multiple of ``k`` are drawn, uniformly over all such starts: windows aligned to
 an acquisition period (``time_units``). ``align=1`` (the default) is every start,
 drawn exactly as when ``align`` is not passed. Two ways to draw them:
@@ -42,7 +43,14 @@ from ..pipeline import Chunk
 from ..plans import Piece, window_in_chunk
 from ._held import check_host_starts, copy_windows
 
-__all__ = ["WindowSampler", "check_align", "gather_windows", "piece_starts", "sample_windows"]
+__all__ = [
+    "WindowSampler",
+    "check_align",
+    "gather_windows",
+    "local_pieces",
+    "piece_starts",
+    "sample_windows",
+]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -117,6 +125,17 @@ def piece_starts(
     return starts.to(device)
 
 
+def local_pieces(chunk: Chunk) -> tuple[Piece, ...]:
+    """``chunk``'s pieces with their timesteps counted within their own recording
+    (:attr:`~chunkstream.Chunk.origins`), so that ``align`` holds per recording."""
+    if chunk.offsets == (0,):
+        return chunk.pieces
+    return tuple(
+        Piece(p.offset, o.start, o.stop, p.segment)
+        for p, o in zip(chunk.pieces, chunk.origins, strict=True)
+    )
+
+
 def _starts_table(
     chunk_or_length, window: int, align: int, length: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -136,7 +155,7 @@ def _starts_table(
     key = window if align == 1 else (window, align)
     cache = chunk_or_length._starts
     if key not in cache:
-        cache[key] = piece_starts(chunk_or_length.pieces, window, device, align=align)
+        cache[key] = piece_starts(local_pieces(chunk_or_length), window, device, align=align)
     return cache[key]
 
 

@@ -97,11 +97,12 @@ class DeviceTier:
         if self.lane is not None and first is not None and first.device.type == "cpu":
             yield from self.lane.batches(storage, requests)
             return
-        for starts, state in requests:
+        for starts, state, times in requests:
             batch = {
                 n: gather_windows(storage[n], starts, self.window, dtype=self.dtype)
                 for n in self.fields
             }
+            batch.update(times or {})  # made on the starts' device: the batch's
             yield batch, state
 
 

@@ -12,5 +12,10 @@ from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._run import EpochRun as EpochRun  # isort: skip
 from ._run import Turn as Turn  # isort: skip
 from ._stages import receive as receive  # isort: skip
+from ._times import RECORDING_KEY as RECORDING_KEY  # isort: skip
+from ._times import START_KEY as START_KEY  # isort: skip
+from ._times import TimeTable as TimeTable  # isort: skip
+from ._times import recording_offsets as recording_offsets  # isort: skip
+from ._times import times_to as times_to  # isort: skip
 
 __all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "LoaderOptions", "resolve_device"]

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 from ..plans import Piece
+from ._times import Origin, piece_origins
 
-__all__ = ["Chunk", "Piece", "hand_over"]
+__all__ = ["Chunk", "Origin", "Piece", "hand_over"]
 
 
 def hand_over(tensors: Iterable[torch.Tensor], ready: Any, stream: Any) -> None:
@@ -32,6 +33,10 @@ class Chunk(Mapping[str, torch.Tensor]):
     has ``length`` rows and ``start``/``stop`` are its first piece's bounds.
     ``epoch`` and ``index`` (the position within the epoch on this rank) say where
     it came from. The loader never overwrites a tensor the user still holds.
+    ``offsets`` are where the source's recordings start on the loader's time axis
+    (``Recordings.offsets``; ``(0,)``, the default, for a plain source), so that
+    :attr:`origins` says where each piece lies in its own recording, in the terms
+    of a :class:`~chunkstream.BatchStream` batch's ``"start"`` and ``"recording"``.
 
     CUDA: the tensors are ready on the stream that was current when the chunk was
     received. To use them on another stream ``s``, call :meth:`use_on` (``s`` waits
@@ -41,7 +46,17 @@ class Chunk(Mapping[str, torch.Tensor]):
     torch.cuda.stream(s):`` needs neither.
     """
 
-    __slots__ = ("_ready", "_starts", "_tensors", "epoch", "index", "pieces", "start", "stop")
+    __slots__ = (
+        "_ready",
+        "_starts",
+        "_tensors",
+        "epoch",
+        "index",
+        "offsets",
+        "pieces",
+        "start",
+        "stop",
+    )
 
     def __init__(
         self,
@@ -53,6 +68,7 @@ class Chunk(Mapping[str, torch.Tensor]):
         index: int,
         ready: torch.cuda.Event | None = None,
         pieces: Sequence[Piece] | None = None,
+        offsets: Sequence[int] = (0,),
     ) -> None:
         self._tensors = tensors
         self._ready = ready  # the event recorded after the copy (CUDA), else None
@@ -65,6 +81,7 @@ class Chunk(Mapping[str, torch.Tensor]):
         self.pieces: tuple[Piece, ...] = (
             tuple(Piece(*p) for p in pieces) if pieces else (Piece(0, self.start, self.stop),)
         )
+        self.offsets: tuple[int, ...] = tuple(int(o) for o in offsets)
         # Valid window starts per window length, built once per chunk on its device
         # (consumer/_sampling.py), so drawing a batch never copies host to device.
         self._starts: dict[int, torch.Tensor] = {}
@@ -106,6 +123,13 @@ class Chunk(Mapping[str, torch.Tensor]):
         """Rows (timesteps) in this chunk: its pieces' lengths together."""
         last = self.pieces[-1]
         return last.offset + last.stop - last.start
+
+    @property
+    def origins(self) -> tuple[Origin, ...]:
+        """Per piece, ``Origin(recording, start, stop)``: the timesteps ``[start, stop)``
+        of recording ``recording`` it holds (index in ``Recordings.names``; 0 for a
+        plain source, where ``start`` and ``stop`` are the piece's own)."""
+        return piece_origins(self.pieces, self.offsets)
 
     @property
     def nbytes(self) -> int:

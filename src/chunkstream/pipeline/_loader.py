@@ -53,6 +53,7 @@ from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
 from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
+from ._times import recording_offsets
 
 __all__ = ["ChunkLoader", "Lane", "host_pool"]
 
@@ -190,6 +191,7 @@ class ChunkLoader:
             recordings=getattr(source, "strata", None),  # a cs.Recordings: its weights
         )
         self.stats = o.stats if o.stats is not None else LatencyStats()
+        self._offsets = recording_offsets(self.source)  # each chunk's origins (Chunk.origins)
         cache = getattr(source, "cache", None)  # a remote ZarrSource's node-local cache
         if cache is not None:
             self.stats.watch_cache(cache.counters)
@@ -462,6 +464,7 @@ class ChunkLoader:
             index=span.received,
             ready=ready,
             pieces=delivery.pieces,
+            offsets=self._offsets,
         )
         record = ChunkRecord(
             epoch=span.epoch,

@@ -138,13 +138,20 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    model, parts: list[HeldOut], mean: torch.Tensor, config: TrainConfig, neurons: int
+    model,
+    parts: list[HeldOut],
+    mean: torch.Tensor,
+    config: TrainConfig,
+    neurons: int,
+    mask_field: str | None = None,
 ) -> torch.Tensor:
     """Per held-out range, ``[model squared error, baseline squared error, count]`` summed
     over every rank's windows (a collective call under torch.distributed), on the CPU.
 
     The baseline predicts ``mean`` at every target frame; ``count`` is the number
-    of predicted values, so a row's first two entries over its third are MSEs.
+    of predicted values, so a row's first two entries over its third are MSEs;
+    where a part holds ``mask_field`` (padded recordings), only the values it marks
+    real are summed and counted.
     The model is put in eval mode for the call and back in train mode after it.
     """
     c = config
@@ -155,15 +162,24 @@ def evaluate(
         s_all = val.get(c.stim_field) if c.stim_field else None
         total = torch.zeros((), dtype=torch.float64, device=x_all.device)
         base = torch.zeros_like(total)
+        mask_all = val.get(mask_field) if mask_field else None
+        count = torch.zeros_like(total)
         m = mean.to(x_all.dtype)  # once per part, not per batch
+        step = slice(c.time_units, None, c.time_units)
         for starts in val_starts.split(c.batch_size * 4):
             x = gather_windows(x_all, starts, c.window)
             s = gather_windows(s_all, starts, c.window) if s_all is not None else None
-            target = x[:, c.time_units :: c.time_units]
+            target = x[:, step]
             pred = model.rollout(x[:, 0], s, c.evolve_multiple_steps, c.time_units)
-            total += ((pred - target) ** 2).sum(dtype=torch.float64)
-            base += ((target - m) ** 2).sum(dtype=torch.float64)
-        count = val_starts.numel() * c.evolve_multiple_steps * neurons
-        sums.append(torch.stack([total, base, total.new_tensor(float(count))]))
+            if mask_all is None:
+                total += ((pred - target) ** 2).sum(dtype=torch.float64)
+                base += ((target - m) ** 2).sum(dtype=torch.float64)
+                count += target.numel()
+            else:
+                w = gather_windows(mask_all, starts, c.window)[:, step].to(x.dtype)
+                total += ((pred - target) ** 2 * w).sum(dtype=torch.float64)
+                base += ((target - m) ** 2 * w).sum(dtype=torch.float64)
+                count += w.sum(dtype=torch.float64)
+        sums.append(torch.stack([total, base, count]))
     model.train()
     return all_reduce_sum(torch.stack(sums)).cpu()

@@ -28,7 +28,27 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LossMeter", "RunningMoments", "all_reduce_moments"]
+from ..sources import MASK_SUFFIX
+
+__all__ = ["LossMeter", "RunningMoments", "all_reduce_moments", "masked_field", "masked_mse"]
+
+
+def masked_field(source: object, field: str) -> str | None:
+    """The name of ``field``'s mask in ``source`` (a ``Recordings`` of different widths
+    pads the field and adds ``<field>_mask``), or ``None`` where every value is real."""
+    name = field + MASK_SUFFIX
+    fields = getattr(source, "fields", None) or {}
+    return name if name in fields else None
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean squared error over the values ``mask`` marks real (all without a mask):
+    a padded neuron neither adds to the sum nor to the count, so a window of a
+    narrower recording has the loss it would have unpadded."""
+    if mask is None:
+        return torch.nn.functional.mse_loss(pred, target)
+    w = mask.to(pred.dtype)
+    return ((pred - target) ** 2 * w).sum() / w.sum().clamp(min=1)
 
 
 class RunningMoments:

@@ -66,7 +66,7 @@ from ..sources import stored_time_chunk
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, recordings_config, split_source
-from ._metrics import LossMeter, RunningMoments, all_reduce_moments
+from ._metrics import LossMeter, RunningMoments, all_reduce_moments, masked_field, masked_mse
 from ._model import LatentDynamics
 from ._report import log_epoch, open_writer
 from ._setup import field_sizes, fit_pieces, trainer_device
@@ -81,7 +81,8 @@ class Trainer:
     """Train :class:`LatentDynamics` on ``source`` by streaming (module docs).
 
     ``on_batch(trainer, batch)`` runs after each batch's step (``batch``: the
-    stream's dict of the data and stimulus fields); ``on_epoch(trainer,
+    stream's dict of the data and stimulus fields, with each window's ``"start"``
+    and, for a ``Recordings``, ``"recording"``); ``on_epoch(trainer,
     record)`` after each epoch. ``out_dir`` receives checkpoints and TensorBoard
     logs (``None``: neither).
     """
@@ -115,7 +116,14 @@ class Trainer:
         #: least a stored time chunk), fewer where a piece would not hold a window
         #: (:func:`fit_pieces`).
         self.pieces, self._align = fit_pieces(c, self.chunk_size, stored_time_chunk(source))
-        self._mixed_fields = [c.data_field] + ([c.stim_field] if c.stim_field else [])
+        #: The data field's mask (a ``Recordings`` of different widths pads the data with
+        #: zeros and says where values are real): losses and metrics count only those.
+        self.mask_field = masked_field(source, c.data_field)
+        self._mixed_fields = (
+            [c.data_field]
+            + ([c.stim_field] if c.stim_field else [])
+            + ([self.mask_field] if self.mask_field else [])
+        )
         # With segments an epoch is the chunks a pass reads (plan_epoch's segments rule).
         self.plan = plan_epoch(
             total_timesteps=self.train_len if self.train_segments is None else len(source),
@@ -174,13 +182,18 @@ class Trainer:
 
     # -- losses ---------------------------------------------------------------------
 
-    def _losses(self, x: torch.Tensor, s: torch.Tensor | None, warm: bool) -> dict:
+    def _losses(
+        self, x: torch.Tensor, s: torch.Tensor | None, warm: bool, mask: torch.Tensor | None = None
+    ) -> dict:
+        """The step's losses; with ``mask`` (the data's, padded recordings) only the
+        neurons a window's recording has count (:func:`masked_mse`)."""
         c = self.config
         recon_x, pred = self.net(x, s, c.evolve_multiple_steps, c.time_units, rollout=not warm)
-        recon = nn.functional.mse_loss(recon_x, x)
+        recon = masked_mse(recon_x, x, mask)
         if warm:
             return {"loss": recon, "recon": recon}
-        rollout = nn.functional.mse_loss(pred, x[:, c.time_units :: c.time_units])
+        step = slice(c.time_units, None, c.time_units)
+        rollout = masked_mse(pred, x[:, step], None if mask is None else mask[:, step])
         return {"loss": rollout + c.recon_weight * recon, "recon": recon, "rollout": rollout}
 
     def validate(self) -> tuple[float, float]:
@@ -192,7 +205,12 @@ class Trainer:
         sums are all-reduced, so every rank returns the mean over all of them.
         """
         per_part = evaluate(
-            self.model, self.val_parts, self.moments.mean, self.config, self.neurons
+            self.model,
+            self.val_parts,
+            self.moments.mean,
+            self.config,
+            self.neurons,
+            self.mask_field,
         )
         overall = per_part.sum(0)
         self.val_segments = {
@@ -364,10 +382,11 @@ class Trainer:
                 due = None
             x = batch[c.data_field]
             s = batch[c.stim_field] if c.stim_field else None
-            if epoch == 0:
+            mask = batch[self.mask_field] if self.mask_field else None
+            if epoch == 0:  # the baseline's moments (padded zeros included: see issue 49)
                 self._pending.update(x.reshape(-1, x.shape[-1]))
             with timer.batch() as timed:
-                losses = self._losses(x, s, warm)
+                losses = self._losses(x, s, warm, mask)
                 timed.mark("forward")
                 self.optimizer.zero_grad(set_to_none=True)
                 losses["loss"].backward()
@@ -387,7 +406,7 @@ class Trainer:
             if self.on_batch is not None:
                 self.on_batch(self, batch)
             # Dropped before asking for the next batch, so that its slot can be refilled.
-            del batch, x, s
+            del batch, x, s, mask
         if bar is not None:
             bar.close()
         self.sync_moments()
