@@ -205,6 +205,8 @@ class BatchLane:
                 pool = HostBufferPool(specs, self.batch_size, slots=sets)
             self.loader.lane(self.threads, self.device).owned.pools.append(pool)
             self._pool, self._layout = pool, layout
+            if self.loader.closed:  # a close() that could not see it (a signal handler's)
+                pool.close(self.loader.config.close_timeout)
         return self._pool
 
     def settle(self) -> None:

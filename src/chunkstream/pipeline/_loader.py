@@ -316,17 +316,24 @@ class ChunkLoader:
             device = torch.device(device)
             on_cuda = device.type == "cuda"
             init = device_binder(device) if on_cuda else None
-            readers = Executor("batch", threads, init)
-            self._owned.executors.append(readers)
+            readers = self._own(Executor("batch", threads, init))
             copier, stream = None, None
             if on_cuda and self._stage.transfer is not None and device == self.device:
                 copier, stream = self._executors[1], self._stream
             elif on_cuda:
                 stream = torch.cuda.Stream(device=device)
-                copier = Executor("transfer", 1, init)
-                self._owned.executors.append(copier)
+                copier = self._own(Executor("transfer", 1, init))
             self._lane = Lane(readers, copier, stream, device, self._owned)
         return self._lane
+
+    def _own(self, executor: Executor) -> Executor:
+        """``executor``, now closed with the loader; stopped at once if a ``close()`` (from
+        a signal handler, say) ran while it was being made and could not see it."""
+        self._owned.executors.append(executor)
+        if self._closed:
+            executor.close(time.monotonic() + self.config.close_timeout)
+            self._check_open()
+        return executor
 
     def wait_for(self, future: Future, *, since: float) -> Any:
         """``future``'s value, waited for as a chunk is (its error, a close or a stall
