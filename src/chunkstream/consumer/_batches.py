@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -48,10 +49,11 @@ from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import RECORDING_KEY, START_KEY, Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
-from ..sources import LearnsFields, Recordings
+from ..sources import LearnsFields, Recordings, Source
 from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
+from ._owned import owned_loader
 from ._sampling import _compute_dtype, check_align
 from ._shuffle import BufferTier, DeviceTier, HostTier
 from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
@@ -71,9 +73,13 @@ class BatchStream:
     Parameters
     ----------
     loader:
-        The :class:`~chunkstream.ChunkLoader` to draw chunks from; the stream
-        starts its epochs (``loader.epoch``), so use the loader through the
-        stream only. Closing stays the loader's (``with`` block or ``close()``).
+        A source (:class:`~chunkstream.sources.Source`): the stream builds and owns
+        the :class:`~chunkstream.ChunkLoader` its tier needs (chunk size, plan and
+        device by the defaults' policy, :mod:`chunkstream.consumer._owned`; with
+        ``plan=``, the plan's) and closes it with :meth:`close` or at the end of a
+        ``with`` block. Or a :class:`~chunkstream.ChunkLoader` to draw chunks from;
+        the stream starts its epochs (``loader.epoch``), so use the loader through
+        the stream only, and closing stays the loader's.
     window:
         Timesteps per sample (``time_units * evolve_multiple_steps``), at most
         the loader's chunk length.
@@ -114,6 +120,10 @@ class BatchStream:
         the CPU. ``"auto"``: host with a CPU loader, device with a CUDA one.
         Both tiers draw the same windows for the same seed and share one
         ``state_dict``.
+    loader_options:
+        With a source: keywords for the loader the stream builds (``chunk_size``,
+        ``sampling``, ``seed``, ``align``, ``prefetch``, ``workers``, ``options=``
+        a :class:`~chunkstream.LoaderOptions`).
     options:
         A :class:`~chunkstream.StreamOptions` with the less common settings: the
         epoch's length in chunks or batches, the batch seed, the compute dtype,
@@ -147,7 +157,7 @@ class BatchStream:
 
     def __init__(
         self,
-        loader: ChunkLoader,
+        loader: ChunkLoader | Source,
         *,
         window: int,
         batch_size: int | None = None,
@@ -158,9 +168,51 @@ class BatchStream:
         device: str | torch.device | None = None,
         fields: str | Sequence[str] | None = None,
         options: StreamOptions | None = None,
+        loader_options: Mapping[str, Any] | None = None,
         **moved: object,
     ) -> None:
         check_moved("BatchStream", StreamOptions, moved)
+        #: The loader this stream built from a source and closes (``None``: the user's).
+        self._owns: ChunkLoader | None = None
+        if isinstance(loader, Source) and not isinstance(loader, ChunkLoader):
+            loader, plan = owned_loader(
+                loader,
+                window=window,
+                batch_size=batch_size,
+                device=device,
+                buffer=buffer,
+                plan=plan,
+                loader_options=loader_options,
+            )
+            self._owns = loader
+        elif loader_options is not None:
+            raise ConfigError.bad(
+                "loader_options",
+                "given with a loader",
+                "None when the stream is built from a cs.ChunkLoader",
+                "Pass the source instead (the stream then builds its loader), or build the "
+                "loader with those settings.",
+            )
+        try:
+            self._init(loader, window, batch_size, batches_per_chunk, plan, mix, buffer, device,
+                       fields, options)  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(
+        self,
+        loader: ChunkLoader,
+        window: int,
+        batch_size: int | None,
+        batches_per_chunk: int | None,
+        plan: EpochPlan | None,
+        mix: int | str | None,
+        buffer: str,
+        device: str | torch.device | None,
+        fields: str | Sequence[str] | None,
+        options: StreamOptions | None,
+    ) -> None:
         self.options = o = check_options(options, StreamOptions, "batches_per_epoch=100")
         chunks_per_epoch, batches_per_epoch = o.chunks_per_epoch, o.batches_per_epoch
         seed, dtype, align = o.seed, o.dtype, o.align
@@ -299,6 +351,20 @@ class BatchStream:
             why=why,
             share=loader.share,
         )
+
+    def close(self) -> None:
+        """Close the loader this stream built from a source (joined within its deadline);
+        idempotent, safe from a signal handler. A stream built from a loader leaves it
+        open: closing stays the loader's."""
+        owned = getattr(self, "_owns", None)
+        if owned is not None:
+            owned.close()
+
+    def __enter__(self) -> BatchStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """Batches per epoch: ``batches_per_epoch``."""
