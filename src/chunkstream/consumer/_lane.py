@@ -4,8 +4,8 @@ A batch is ``B`` one-window pieces drawn over the held chunks, a
 :class:`~._held.HeldSource`. The loader's own run machinery reads it: for each
 event (one chunk's share of batches) an :class:`~chunkstream.pipeline._run.EpochRun`
 over the batches' requests runs on the loader's executors
-(:meth:`~chunkstream.ChunkLoader.lane`): up to ``depth + 1`` batches read at
-once on the ``chunkstream-batch-<n>`` threads, each into a buffer set of the
+(:meth:`~chunkstream.ChunkLoader.lane`): up to ``depth + 1`` batches read ahead
+(at least 2) on the ``chunkstream-batch-<n>`` threads, each into a buffer set of the
 lane's pool with one tight copy loop per field (:meth:`~._held.HeldSource.read_windows`);
 on CUDA the loader's transfer thread copies each set to fresh device tensors on
 its transfer stream between two events, in batch order; the consumer waits for
@@ -196,7 +196,8 @@ class BatchLane:
         if self._pool is None or layout != self._layout:
             if self._pool is not None:
                 self._pool.close(self.loader.config.close_timeout)
-            sets = self.depth + 2  # those ahead, the one yielded, one the user holds
+            # Those read ahead, the one being received, the one the user holds.
+            sets = max(1, self.depth) + 2
             if cuda:
                 pool: Any = PinnedSlotPool(
                     specs, self.batch_size, slots=sets + 1, device=self.device
@@ -265,7 +266,7 @@ class BatchLane:
                 read_batch, held=held, window=self.window, pool=pool, dtypes=read_as, copies=cuda
             ),
             readers=lane.readers,
-            depth=self.depth + 1,
+            depth=max(1, self.depth),  # plus the one being received: depth + 1 read ahead
             copy=partial(copy_batch, device=lane.device, stream=lane.stream) if cuda else None,
             copier=lane.copier,
             copy_depth=1,
@@ -281,8 +282,12 @@ class BatchLane:
                 made = self.loader.wait_for(future, since=run.started)
                 tensors, _ = receive(made.delivery, self.device)
                 request = made.request
-                del made
                 times = times_to(dict(request.times or {}), self.device)
-                yield {n: t.to(targets[n]) for n, t in tensors.items()} | times, request.state
+                batch = {n: t.to(targets[n]) for n, t in tensors.items()} | times
+                # Only the user's references keep a CPU set from reuse (and extra sets, with
+                # fresh pages, from being made): none is left here while the user holds it.
+                del future, made, tensors
+                yield batch, request.state
+                del batch
         finally:
             run.drop()  # reads not started are cancelled; fill() waits for the others
