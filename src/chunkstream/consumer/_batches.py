@@ -441,8 +441,13 @@ class BatchStream:
             skip = 0
             del event  # let the loader reuse its buffer while the next one arrives
 
-    def _requests(self, event: Event, first: int, count: int) -> Iterator[Request]:
-        """Batches ``first..count-1`` of ``event``: starts, and the state after each."""
+    def _requests(self, event: Event, first: int, count: int) -> list[Request]:
+        """Batches ``first..count-1`` of ``event``: starts, and the state after each.
+
+        A list, drawn at once (each draw is a pure function of the seed): no suspended
+        generator is left for the garbage collector to close, where a signal handler's
+        exception could only be ignored."""
+        requests = []
         for b in range(first, count):
             if b + 1 < count:
                 (loader_state, refill), batch = event.at, b + 1
@@ -450,7 +455,8 @@ class BatchStream:
                 (loader_state, refill), batch = event.after, 0
             starts = self._starts(event.chunk, b)
             state = _stream_state(loader_state, batch, refill)
-            yield Request(starts, state, None if self._single else self._times(starts))
+            requests.append(Request(starts, state, None if self._single else self._times(starts)))
+        return requests
 
     def _times(self, starts: torch.Tensor) -> dict[str, torch.Tensor]:
         """A dict batch's ``"start"`` (and, for a Recordings, ``"recording"``) per window."""

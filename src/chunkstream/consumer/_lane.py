@@ -258,7 +258,7 @@ class BatchLane:
         targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
         read_as = {n: storage[n].dtype for n in self.fields} if cuda else targets
         pool = self._pool_for(held, read_as, cuda)
-        requests = list(requests)
+        requests = requests if isinstance(requests, list) else list(requests)
         self.settle()
         run = EpochRun(
             requests,
