@@ -4,6 +4,7 @@
     python -m benchmarks.ab --against 19e07c6 --arm device --rounds 4 --seconds 3
     python -m benchmarks.ab --against 2f6cf81 --arm first   # a fresh loader's first epoch
     python -m benchmarks.ab --against 2f6cf81 --arm demo --rounds 4   # the demo's trainer
+    python -m benchmarks.ab --against 3a9821f --geometry zap --rounds 4  # 32 x 100 x 71,721
 
 Issue 37 asks the host tier to keep >= 0.95x its batches/s from before the change,
 "one run, same machine". On a shared machine two runs minutes apart differ by more
@@ -81,16 +82,26 @@ def _demo_child(quick: bool) -> None:
     print(json.dumps({**out, "module": chunkstream.__file__}), flush=True)
 
 
-def _child(arm: str, seconds: float, quick: bool) -> None:
+# --geometry: (timesteps, width, chunk_size, batch, window); ``race`` is --quick-able.
+GEOMETRIES = {
+    "race": (65536, 1024, 16384, 256, 64),  # 256 x 64 x 1,024 float32 batches (64 MiB)
+    "zap": (2048, 71721, 1024, 32, 100),  # ZAPBench-like: 32 x 100 x 71,721 (918 MB)
+}
+
+
+def _child(arm: str, seconds: float, quick: bool, geometry: str = "race") -> None:
     if arm == "demo":
         _demo_child(quick)
         return
     import numpy as np
 
     import chunkstream
+    from benchmarks import gather_busy
     from benchmarks.gather_busy import measure
 
-    t, n, chunk = (16384, 256, 4096) if quick else (65536, 1024, 16384)
+    t, n, chunk, gather_busy.BATCH, gather_busy.WINDOW = GEOMETRIES[geometry]
+    if quick and geometry == "race":
+        t, n, chunk = 16384, 256, 4096
     data = np.random.default_rng(0).standard_normal((t, n), dtype=np.float32)
     if arm == "first":
         out = _first_epochs(data, chunk, seconds)
@@ -126,9 +137,10 @@ def _first_epochs(data, chunk: int, seconds: float) -> dict:
     return {"batches_s": batches / spent}
 
 
-def _run(src: Path, arm: str, seconds: float, quick: bool) -> dict:
+def _run(src: Path, arm: str, seconds: float, quick: bool, geometry: str = "race") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
-    cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds)]
+    cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds),
+           "--geometry", geometry]  # fmt: skip
     done = subprocess.run(
         cmd + (["--quick"] if quick else []),
         cwd=ROOT,
@@ -155,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0, help="per arm and tree")
     ap.add_argument("--quick", action="store_true", help="16,384 x 256, chunk 4,096")
+    ap.add_argument("--geometry", default="race", choices=list(GEOMETRIES),
+                    help="host/device arms: race (256 x 64 x 1,024) or zap (32 x 100 x 71,721)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _child(args.child, args.seconds, args.quick)
+        _child(args.child, args.seconds, args.quick, args.geometry)
         return 0
     if not args.against:
         ap.error("--against REV is required (e.g. --against 19e07c6)")
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="chunkstream-ab-") as tmp:
         trees = {"this tree": ROOT / "src", args.against: _export(args.against, Path(tmp))}
         print(
-            f"arm {args.arm}, idle, {args.seconds:g} s per run, {args.rounds} rounds; "
+            f"arm {args.arm} ({args.geometry}), idle, {args.seconds:g} s per run, {args.rounds} rounds; "
             f"this tree (HEAD {head}, with any uncommitted change) vs {args.against}; "
             f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
             flush=True,
@@ -181,15 +195,23 @@ def main(argv: list[str] | None = None) -> int:
         failed_exits = dict.fromkeys(trees, 0)
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
-            got = {name: _run(trees[name], args.arm, args.seconds, args.quick) for name in order}
+            got = {
+                name: _run(trees[name], args.arm, args.seconds, args.quick, args.geometry)
+                for name in order
+            }
             for name in trees:
                 figures[name].append(got[name]["batches_s"])
                 failed_exits[name] += got[name]["exit"] != 0
             a, b = got["this tree"]["batches_s"], got[args.against]["batches_s"]
             ratios.append(a / b)
+            cpu = "".join(
+                f"; {name} {got[name]['cpu_ms']:.1f} CPU ms/batch"
+                for name in trees
+                if "cpu_ms" in got[name]
+            )
             print(
                 f"  round {r} ({' first, '.join(order)} second): this tree {a:7.1f}, "
-                f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x; "
+                f"{args.against} {b:7.1f} batches/s: {a / b:.3f}x{cpu}; "
                 f"load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )

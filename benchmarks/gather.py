@@ -21,14 +21,14 @@ Arms, each moving the same bytes per batch into a reused output:
 * ``index_select``: ``torch.index_select`` over an ``unfold`` view, ``out=`` a
   reused batch, torch's intra-op pool at ``threads``;
 * ``tier``: the host tier alone (``HostTier.batches`` over its own storage, the
-  page-aligned arena ``HostTier.store`` makes, holding the source; 2 batches
-  ahead, the default gather pool): the library's hot path, what the >= 0.8x
-  memcpy target is about;
+  page-aligned arena ``HostTier.store`` makes, holding the source; runs of 64
+  batches, 2 ahead, on a loader's batch readers): the library's hot path, what
+  the >= 0.8x memcpy target is about;
 * ``stream``: ``BatchStream(loader, buffer="host", mix=1)`` over a CPU
   ``ChunkLoader(NumpySource)`` end to end (the loader's reads included: one chunk
   of ``batches_per_chunk`` batches' bytes).
 
-``threads`` is the gather pool's default count (this rank's share of the cores,
+``threads`` is the default count of batch readers (this rank's share of the cores,
 at most 4), so memcpy and ``index_select`` use as many threads as the tier.
 Rounds alternate the arms' order, so load on a shared machine hits them alike;
 reported: each arm's median GB/s of batch bytes, and the median of its per-round
@@ -50,9 +50,9 @@ import torch
 
 import chunkstream as cs
 
-# The tier is private: the benchmark measures the hot path without the loader around it.
-from chunkstream.consumer._gather import default_gather_threads, gather_pool
-from chunkstream.consumer._shuffle import HostTier, Request
+# The tier is private: the benchmark measures the hot path without the loader's reads.
+from chunkstream.consumer._lane import BatchLane, Request, default_gather_threads
+from chunkstream.consumer._shuffle import HostTier
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,11 @@ def _memcpy(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[i
 
 
 def _memcpy_arena(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[int, float]:
-    tier = _host_tier(geo, threads)
-    storage = _tier_storage(tier, data)["x"].numpy()
-    slot = tier.store({"x": torch.from_numpy(data[:1])}, geo.batch * geo.window)["x"].numpy()
+    source = cs.NumpySource({"x": data[: geo.chunk]})
+    with cs.ChunkLoader(source, geo.chunk, device="cpu", seed=0) as loader:
+        tier = _host_tier(loader, geo, threads)
+        storage = _tier_storage(tier, data)["x"].numpy()
+        slot = tier.store({"x": torch.from_numpy(data[:1])}, geo.batch * geo.window)["x"].numpy()
     return _copy(storage, slot.reshape(-1), geo, threads, seconds)
 
 
@@ -132,20 +134,17 @@ def _index_select(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> t
         torch.set_num_threads(before)
 
 
-def _requests(geo: Geo, rng: np.random.Generator):
-    while True:
-        yield Request(torch.tensor(_starts(geo, rng)), None)
+_RUN = 64  # requests per batch run (an event's batches in BatchStream)
 
 
-def _host_tier(geo: Geo, threads: int) -> HostTier:
-    return HostTier(
-        ("x",),
-        window=geo.window,
-        batch_size=geo.batch,
-        device=torch.device("cpu"),
-        depth=2,
-        gather=gather_pool(threads),
-    )
+def _requests(geo: Geo, rng: np.random.Generator) -> list[Request]:
+    return [Request(torch.tensor(_starts(geo, rng)), None) for _ in range(_RUN)]
+
+
+def _host_tier(loader: cs.ChunkLoader, geo: Geo, threads: int) -> HostTier:
+    lane = BatchLane(loader, ("x",), window=geo.window, batch_size=geo.batch,
+                     device=torch.device("cpu"), depth=2, threads=threads)  # fmt: skip
+    return HostTier(lane)
 
 
 def _tier_storage(tier: HostTier, data: np.ndarray) -> dict[str, torch.Tensor]:
@@ -156,13 +155,21 @@ def _tier_storage(tier: HostTier, data: np.ndarray) -> dict[str, torch.Tensor]:
 
 
 def _tier(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[int, float]:
-    tier = _host_tier(geo, threads)
-    storage = _tier_storage(tier, data)
-    batches = tier.batches(storage, _requests(geo, np.random.default_rng(3)))
-    try:
-        return _timed(lambda: next(batches), seconds)
-    finally:
-        batches.close()
+    source = cs.NumpySource({"x": data[: geo.chunk]})  # the loader lends its executors
+    with cs.ChunkLoader(source, geo.chunk, device="cpu", seed=0) as loader:
+        tier = _host_tier(loader, geo, threads)
+        storage = _tier_storage(tier, data)
+        rng = np.random.default_rng(3)
+
+        def forever():
+            while True:
+                yield from tier.batches(storage, _requests(geo, rng))
+
+        batches = forever()
+        try:
+            return _timed(lambda: next(batches), seconds)
+        finally:
+            batches.close()
 
 
 def _stream(data: np.ndarray, geo: Geo, threads: int, seconds: float) -> tuple[int, float]:

@@ -60,7 +60,7 @@ def test_cuda_host_tier_batches_equal_the_cpu_ones_for_the_same_seed(dtype):
             for batch in stream:
                 assert all(t.is_cuda for t in batch.values())
                 got.append(_cpu(batch))
-        assert stream._tier.slots._slots.registered  # the batch slots are one registered arena
+        assert stream._tier.lane._pool.registered  # the batch sets are one registered arena
     assert len(got) == len(expected) == 2 * 30
     for a, b in zip(got, expected, strict=True):
         _assert_same(a, b)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
-import signal
-import subprocess
-import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 
 import chunkstream as cs
-from chunkstream.consumer._gather import IDLE_S, GatherPool, gather_pool, host_gather
+from chunkstream.consumer._held import copy_windows
 from chunkstream.consumer._tiers import BufferInfo, choose_tier, quality_note
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array
@@ -91,7 +86,7 @@ def test_a_held_host_batch_is_never_overwritten(store):
             if k % 3 == 0:  # hold every third batch, drop the others at once
                 held.append(batch)
                 copies.append(batch.clone())
-        slots = stream._tier.slots._slots
+        slots = stream._tier.lane._pool
         assert slots.allocated < 2 * 24 - len(held)  # the dropped batches' slots were reused
     for a, b in zip(held, copies, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -145,14 +140,13 @@ def test_a_host_state_resumes_on_the_device_tier(store):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-# -- the gather ---------------------------------------------------------------------------
+# -- the batch read -----------------------------------------------------------------------
 
 
 def _reference(x: torch.Tensor, starts: list[int], window: int) -> torch.Tensor:
     return torch.stack([x[s : s + window] for s in starts])
 
 
-@pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize(
     ("dtype", "shape", "target"),
     [
@@ -164,16 +158,16 @@ def _reference(x: torch.Tensor, starts: list[int], window: int) -> torch.Tensor:
         (torch.bool, (300, 2), None),
     ],
 )
-def test_the_cpu_gather_equals_a_reference_gather(dtype, shape, target, threads):
-    g = torch.Generator().manual_seed(threads)
+def test_the_cpu_gather_equals_a_reference_gather(dtype, shape, target):
+    g = torch.Generator().manual_seed(1)
     x = (torch.randn(shape, generator=g) * 50).to(dtype)
     starts = torch.randint(0, 300 - 9 + 1, (200,), generator=g)
     expected = _reference(x, starts.tolist(), 9)
     if target is not None and dtype.is_floating_point:
         expected = expected.to(target)
     out = torch.empty(expected.shape, dtype=expected.dtype)
-    got = host_gather(x, starts.tolist(), 9, out, pool=GatherPool(threads))
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    copy_windows(x, out, starts.tolist(), 9)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
     torch.testing.assert_close(cs.gather_windows(x, starts, 9, dtype=target), expected,
                                rtol=0, atol=0)  # fmt: skip
 
@@ -200,167 +194,26 @@ def test_a_tensor_that_requires_grad_keeps_its_graph():
     assert x.grad is not None and x.grad.sum() == 2 * 4 * 3
 
 
-def test_a_block_error_reaches_the_caller_and_the_pool_goes_on():
-    pool = GatherPool(3)
-
-    def fail(block: int) -> None:
-        if block == 5:
-            raise OSError("disk on fire")
-
-    with pytest.raises(OSError, match="disk on fire"):
-        pool.run(fail, 40)
-    seen: list[int] = []
-    lock = threading.Lock()
-
-    def note(block: int) -> None:
-        with lock:
-            seen.append(block)
-
-    pool.run(note, 40)
-    assert sorted(seen) == list(range(40))
+def _kinds_of_thread(names: set[str]) -> set[str]:
+    return {n.rsplit("-", 1)[0] for n in names if n.startswith("chunkstream-")}
 
 
-def test_a_submitted_job_is_gathered_in_the_background():
-    pool = GatherPool(2)
-    done = threading.Event()
-    job = pool.submit(lambda block: done.set(), 1)
-    assert done.wait(5)  # a helper ran it before anyone waited
-    job.wait()
-
-
-def test_a_cancelled_job_runs_its_then_once_with_failed():
-    calls: list[bool] = []
-    job = GatherPool(1).submit(lambda block: None, 10, calls.append)
-    job.cancel()
-    job.cancel()
-    job.wait()
-    assert calls == [True]
-
-
-def test_a_signal_handler_that_raises_in_submit_never_leaves_the_pool_locked():
-    """A handler raising (``sys.exit``, ``KeyboardInterrupt``) wherever the main thread is
-    inside the pool's ``submit``, timers every 50 us: its lock is never left held (with
-    ``with self._cond``, Condition.__enter__'s Python frame leaked it every time)."""
-
-    class Boom(Exception):
-        pass
-
-    def handler(signum, frame):
-        # In the pool's code, and in a Condition's __enter__ (where the leak was); not in
-        # Thread.start, whose own bookkeeping a raising handler corrupts (stdlib's).
-        code = frame.f_code
-        if code.co_filename.endswith("_gather.py") or code.co_name == "__enter__":
-            raise Boom
-
-    def free() -> bool:  # not held, or held only for a moment by a helper
-        if not pool._lock.acquire(timeout=2):
-            return False
-        pool._lock.release()
-        return True
-
-    pool = GatherPool(2)
-    # Earlier tests' pools are finalized now, not by a collection inside the loop, where
-    # the handler would raise in their finalizer's _gather.py frame.
-    gc.collect()
-    previous = signal.signal(signal.SIGALRM, handler)
-    raised = 0
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 5e-5, 5e-5)
-        for _ in range(3000):
-            try:
-                pool.submit(lambda block: None, 2)
-            except Boom:
-                raised += 1
-                if not free():
-                    break
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert free(), f"left locked after {raised} raised handlers"
-    assert raised > 10  # the handler did land inside submit
-    ran = threading.Event()
-    job = pool.submit(lambda block: ran.set(), 1)
-    assert ran.wait(5)  # the helpers still take work
-    job.wait()
-
-
-def test_idle_gather_helpers_end():
-    host_gather(torch.zeros(100, 4), list(range(50)), 8, torch.empty(50, 8, 4),
-                pool=gather_pool(4))  # fmt: skip
-    deadline = time.monotonic() + IDLE_S + 5
-    while time.monotonic() < deadline:
-        if not [t for t in threading.enumerate() if t.name.startswith("chunkstream-gather")]:
-            break
-        time.sleep(0.05)
-    assert not [t for t in threading.enumerate() if t.name.startswith("chunkstream-gather")]
-
-
-_EXIT_CHILD = """
-import sys, threading, time
-import numpy as np, torch
-from chunkstream.consumer._gather import GatherPool
-
-started = threading.Event()
-
-def block(k):  # a job still running at exit, dropping numpy-backed tensors as a gather's does
-    started.set()
-    end = time.monotonic() + 0.3
-    while time.monotonic() < end:
-        t = torch.from_numpy(np.empty(16))
-        del t
-
-def then(failed):
-    print("job finished", flush=True)
-
-job = GatherPool(2).submit(block, 2, then)
-started.wait(5)
-print("main exits", flush=True)
-"""
-
-
-def test_a_gather_still_running_at_exit_is_joined_and_the_process_exits_cleanly():
-    """A helper that dropped a numpy-backed tensor after the interpreter began finalizing
-    aborted the process ("terminate called without an active exception", exit -6): 10
-    of 10 runs of this child before the pool's exit finalizer, which joins the helpers."""
-    for _ in range(3):
-        done = subprocess.run(
-            [sys.executable, "-c", _EXIT_CHILD], capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-        assert done.stdout.split("\n")[:2] == ["main exits", "job finished"], done.stdout
-        assert "terminate called" not in done.stderr
-
-
-_FORK_CHILD = """
-import os, sys, time
-from chunkstream.consumer._gather import GatherPool
-
-pool = GatherPool(2)
-pool.run(lambda block: None, 2)  # a helper exists
-pool._lock.acquire()  # held by this thread at the fork: the child's copy stays held
-pid = os.fork()
-if pid == 0:
-    sys.exit(0)  # the child's exit runs the pool's finalizer, which cannot take the lock
-pool._lock.release()
-deadline = time.monotonic() + 30
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung", flush=True)
-"""
-
-
-def test_a_child_forked_while_the_pool_was_locked_still_exits():
-    done = subprocess.run(
-        [sys.executable, "-c", _FORK_CHILD], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "child exit 0", (done.stdout, done.stderr[-2000:])
+def test_host_batches_are_read_on_the_loaders_batch_threads_and_stop_with_it(store):
+    """One default batch's trip: the loader's executors (readers, batch readers) and the
+    consumer's thread; no thread of the stream's own; none left after close()."""
+    seen: set[str] = set()
+    with _loader(store) as loader:
+        stream = _stream(loader, buffer="host", gather_threads=2)
+        for batch in stream:
+            seen |= {t.name for t in threading.enumerate()}
+            del batch
+        # (the zarr source's decode pool is the source's, not the batch's)
+        kinds = _kinds_of_thread(seen) - {"chunkstream-decode"}
+        assert kinds <= {"chunkstream-read", "chunkstream-batch"}, seen
+        assert "chunkstream-batch" in _kinds_of_thread(seen)
+        assert len([t for t in loader.threads if t.name.startswith("chunkstream-batch")]) == 2
+    loaders = ("chunkstream-read", "chunkstream-batch", "chunkstream-transfer")
+    assert not [t for t in threading.enumerate() if t.name.startswith(loaders)]
 
 
 # -- what the user is told, and refusals --------------------------------------------------
@@ -472,13 +325,14 @@ def test_breaking_out_with_batches_gathered_ahead_gives_their_slots_back(store):
                     break  # three batches gathered ahead are abandoned
         whole = [b.clone() for b in stream]
         assert len(whole) == 24
-        assert stream._tier.slots._slots.allocated <= 3 + 2 + 2  # the arena's slots, little more
+        assert stream._tier.lane._pool.allocated <= 3 + 2 + 2  # the arena's slots, little more
 
 
 def test_the_default_gather_threads_are_this_ranks_share_of_the_cores(monkeypatch):
-    from chunkstream.consumer._gather import _usable_cores, default_gather_threads
+    from chunkstream._memory import thread_budget
+    from chunkstream.consumer._lane import default_gather_threads
 
-    cores = _usable_cores()
+    cores = thread_budget()
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert default_gather_threads() == max(1, min(4, cores))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))

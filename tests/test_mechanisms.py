@@ -86,7 +86,7 @@ PLANTS = [
     # names cuda.Event for pipeline/_jobs.py and cuda.Stream for pipeline/_loader.py.
     ("pipeline/_chunk.py", "import torch\nS = torch.cuda.Stream()\n", "cuda.Stream"),
     ("pipeline/_resident.py", "import torch\nE = torch.cuda.Event()\n", "cuda.Event"),
-    # row 12 names sync for the cache and the remote store, not for the retry loop
+    # row 10 names sync for the cache and the remote store, not for the retry loop
     ("sources/_read.py", "from zarr.core.sync import sync\nsync(None)\n", "sync"),
     # row 7 names Lock for pipeline/_run.py; a Condition is no row's for it
     ("pipeline/_run.py", "import threading\nC = threading.Condition()\n", "Condition"),

@@ -11,7 +11,7 @@ for another's future with :func:`wait_done`, never through a callback.
 consumer polls at, so errors, ``close()`` and the watchdog are seen within it (a
 pinned slot's copy is waited for by its CUDA event's blocking ``synchronize``,
 not polled; a read's waits for its source's own tasks block on the task: a hung
-one is the watchdog's, docs/architecture.md rows 8 and 12).
+one is the watchdog's, docs/architecture.md rows 8 and 10).
 """
 
 from __future__ import annotations

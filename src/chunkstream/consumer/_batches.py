@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -47,13 +48,15 @@ from .._executor import Cancelled
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import RECORDING_KEY, START_KEY, Chunk, ChunkLoader
-from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key, window_in_chunk
-from ..sources import LearnsFields, Recordings
-from ._gather import Watch, check_gather_threads, gather_pool
+from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key
+from ..sources import Recordings, Source
+from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
+from ._owned import owned_loader
 from ._sampling import _compute_dtype, check_align
-from ._shuffle import BufferTier, DeviceTier, HostTier, Request
+from ._settings import check_window, choose_fields, epoch_length, plan_defaults
+from ._shuffle import BufferTier, DeviceTier, HostTier
 from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
 
 __all__ = ["BatchStream"]
@@ -71,9 +74,13 @@ class BatchStream:
     Parameters
     ----------
     loader:
-        The :class:`~chunkstream.ChunkLoader` to draw chunks from; the stream
-        starts its epochs (``loader.epoch``), so use the loader through the
-        stream only. Closing stays the loader's (``with`` block or ``close()``).
+        A source (:class:`~chunkstream.sources.Source`): the stream builds and owns
+        the :class:`~chunkstream.ChunkLoader` its tier needs (chunk size, plan and
+        device by the defaults' policy, :mod:`chunkstream.consumer._owned`; with
+        ``plan=``, the plan's) and closes it with :meth:`close` or at the end of a
+        ``with`` block. Or a :class:`~chunkstream.ChunkLoader` to draw chunks from;
+        the stream starts its epochs (``loader.epoch``), so use the loader through
+        the stream only, and closing stays the loader's.
     window:
         Timesteps per sample (``time_units * evolve_multiple_steps``), at most
         the loader's chunk length.
@@ -114,6 +121,10 @@ class BatchStream:
         the CPU. ``"auto"``: host with a CPU loader, device with a CUDA one.
         Both tiers draw the same windows for the same seed and share one
         ``state_dict``.
+    loader_options:
+        With a source: keywords for the loader the stream builds (``chunk_size``,
+        ``sampling``, ``seed``, ``align``, ``prefetch``, ``workers``, ``options=``
+        a :class:`~chunkstream.LoaderOptions`).
     options:
         A :class:`~chunkstream.StreamOptions` with the less common settings: the
         epoch's length in chunks or batches, the batch seed, the compute dtype,
@@ -147,7 +158,7 @@ class BatchStream:
 
     def __init__(
         self,
-        loader: ChunkLoader,
+        loader: ChunkLoader | Source,
         *,
         window: int,
         batch_size: int | None = None,
@@ -158,9 +169,51 @@ class BatchStream:
         device: str | torch.device | None = None,
         fields: str | Sequence[str] | None = None,
         options: StreamOptions | None = None,
+        loader_options: Mapping[str, Any] | None = None,
         **moved: object,
     ) -> None:
         options = check_moved("BatchStream", StreamOptions, moved, options)
+        #: The loader this stream built from a source and closes (``None``: the user's).
+        self._owns: ChunkLoader | None = None
+        if isinstance(loader, Source) and not isinstance(loader, ChunkLoader):
+            loader, plan = owned_loader(
+                loader,
+                window=window,
+                batch_size=batch_size,
+                device=device,
+                buffer=buffer,
+                plan=plan,
+                loader_options=loader_options,
+            )
+            self._owns = loader
+        elif loader_options is not None:
+            raise ConfigError.bad(
+                "loader_options",
+                "given with a loader",
+                "None when the stream is built from a cs.ChunkLoader",
+                "Pass the source instead (the stream then builds its loader), or build the "
+                "loader with those settings.",
+            )
+        try:
+            self._init(loader, window, batch_size, batches_per_chunk, plan, mix, buffer, device,
+                       fields, options)  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(
+        self,
+        loader: ChunkLoader,
+        window: int,
+        batch_size: int | None,
+        batches_per_chunk: int | None,
+        plan: EpochPlan | None,
+        mix: int | str | None,
+        buffer: str,
+        device: str | torch.device | None,
+        fields: str | Sequence[str] | None,
+        options: StreamOptions | None,
+    ) -> None:
         self.options = o = check_options(options, StreamOptions, "batches_per_epoch=100")
         chunks_per_epoch, batches_per_epoch = o.chunks_per_epoch, o.batches_per_epoch
         seed, dtype, align = o.seed, o.dtype, o.align
@@ -173,11 +226,11 @@ class BatchStream:
                 "Build one with cs.ChunkLoader(source, chunk_size, ...) and pass it.",
             )
         if plan is not None:
-            batch_size, batches_per_chunk, batches_per_epoch = _plan_defaults(
+            batch_size, batches_per_chunk, batches_per_epoch = plan_defaults(
                 plan, batch_size, batches_per_chunk, chunks_per_epoch, batches_per_epoch
             )
         self.loader = loader
-        self.window = _check_window(loader, window)
+        self.window = check_window(loader, window)
         self.batch_size = check_int(
             "batch_size",
             batch_size,
@@ -190,10 +243,10 @@ class BatchStream:
             minimum=1,
             fix="Pass how many batches each chunk feeds (plan.batches_per_chunk).",
         )
-        self.chunks_per_epoch, self.batches_per_epoch = _epoch_length(
+        self.chunks_per_epoch, self.batches_per_epoch = epoch_length(
             loader, self.batches_per_chunk, chunks_per_epoch, batches_per_epoch
         )
-        self.fields: tuple[str, ...] = _choose_fields(loader, fields)
+        self.fields: tuple[str, ...] = choose_fields(loader, fields)
         self._single = isinstance(fields, str)
         # What a dict batch carries beside its fields (pipeline/_times.py).
         self._recordings = isinstance(loader.source, Recordings)
@@ -214,7 +267,7 @@ class BatchStream:
             minimum=0,
             fix="Pass how many batches the host tier gathers ahead (0: none).",
         )
-        self._gather = gather_pool(check_gather_threads(o.gather_threads))
+        threads = check_gather_threads(o.gather_threads)
         if host_memory is not None:
             check_int(
                 "host_memory",
@@ -230,24 +283,25 @@ class BatchStream:
             _log.info("%s", self.buffer.note)
         if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
             _log.info("%s", host_tier_hint(self.buffer, self.device))
-        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Its
-        # gathers are waited for as the loader's chunks are: its close, its stall_timeout.
-        watch = Watch(loader.config.stall_timeout, closed=lambda: loader.closed)
+        # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Host
+        # storage is read by the loader's own batch lane (chunkstream.consumer._lane).
+        lane = BatchLane(
+            loader,
+            self.fields,
+            window=self.window,
+            batch_size=self.batch_size,
+            device=self.device,
+            depth=self.batch_prefetch,
+            threads=threads,
+            dtype=self.dtype,
+        )
         self._tier: BufferTier
         if tier == "host":
-            self._tier = HostTier(
-                self.fields,
-                window=self.window,
-                batch_size=self.batch_size,
-                device=self.device,
-                depth=self.batch_prefetch,
-                gather=self._gather,
-                dtype=self.dtype,
-                watch=watch,
-            )
+            self._tier = HostTier(lane)
         else:
+            on_host = loader.device.type == "cpu"
             self._tier = DeviceTier(
-                self.fields, window=self.window, dtype=self.dtype, gather=self._gather, watch=watch
+                self.fields, window=self.window, dtype=self.dtype, lane=lane if on_host else None
             )
         self._mixer = ChunkMixer(
             self.mix,
@@ -298,6 +352,20 @@ class BatchStream:
             why=why,
             share=loader.share,
         )
+
+    def close(self) -> None:
+        """Close the loader this stream built from a source (joined within its deadline);
+        idempotent, safe from a signal handler. A stream built from a loader leaves it
+        open: closing stays the loader's."""
+        owned = getattr(self, "_owns", None)
+        if owned is not None:
+            owned.close()
+
+    def __enter__(self) -> BatchStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """Batches per epoch: ``batches_per_epoch``."""
@@ -373,8 +441,13 @@ class BatchStream:
             skip = 0
             del event  # let the loader reuse its buffer while the next one arrives
 
-    def _requests(self, event: Event, first: int, count: int) -> Iterator[Request]:
-        """Batches ``first..count-1`` of ``event``: starts, and the state after each."""
+    def _requests(self, event: Event, first: int, count: int) -> list[Request]:
+        """Batches ``first..count-1`` of ``event``: starts, and the state after each.
+
+        A list, drawn at once (each draw is a pure function of the seed): no suspended
+        generator is left for the garbage collector to close, where a signal handler's
+        exception could only be ignored."""
+        requests = []
         for b in range(first, count):
             if b + 1 < count:
                 (loader_state, refill), batch = event.at, b + 1
@@ -382,7 +455,8 @@ class BatchStream:
                 (loader_state, refill), batch = event.after, 0
             starts = self._starts(event.chunk, b)
             state = _stream_state(loader_state, batch, refill)
-            yield Request(starts, state, None if self._single else self._times(starts))
+            requests.append(Request(starts, state, None if self._single else self._times(starts)))
+        return requests
 
     def _times(self, starts: torch.Tensor) -> dict[str, torch.Tensor]:
         """A dict batch's ``"start"`` (and, for a Recordings, ``"recording"``) per window."""
@@ -511,123 +585,3 @@ class _Run:
     def check(self) -> None:
         if self.dropped:
             raise Cancelled("a newer iteration of this BatchStream took over")
-
-
-def _plan_defaults(
-    plan: object,
-    batch_size: int | None,
-    batches_per_chunk: int | None,
-    chunks_per_epoch: int | None,
-    batches_per_epoch: int | None,
-) -> tuple[int | None, int | None, int | None]:
-    """``(batch_size, batches_per_chunk, batches_per_epoch)``, the plan's where not given."""
-    if not isinstance(plan, EpochPlan):
-        raise ConfigError.bad(
-            "plan", type(plan).__name__, "a cs.EpochPlan from cs.plan_epoch(...), or None"
-        )
-    batch_size = plan.batch_size if batch_size is None else batch_size
-    if batches_per_chunk is None:
-        batches_per_chunk = plan.batches_per_chunk
-    if chunks_per_epoch is None and batches_per_epoch is None:
-        batches_per_epoch = max(1, plan.batches_per_epoch // plan.world_size)
-    return batch_size, batches_per_chunk, batches_per_epoch
-
-
-def _check_window(loader: ChunkLoader, window: object) -> int:
-    """``window`` checked against the loader's chunk length and piece length."""
-    length = loader.rows  # every chunk's length: min(chunk_size, len(source))
-    window = check_int("window", window, minimum=1, fix="Pass the timesteps one sample needs.")
-    window_in_chunk(window, length)
-    if window > loader.plan.piece_size:
-        raise ConfigError.bad(
-            "window",
-            window,
-            f"at most the piece length chunk_size // pieces = {loader.plan.piece_size}",
-            "Use fewer pieces, a larger chunk_size or a shorter window.",
-        )
-    return window
-
-
-def _epoch_length(
-    loader: ChunkLoader,
-    batches_per_chunk: int,
-    chunks_per_epoch: int | None,
-    batches_per_epoch: int | None,
-) -> tuple[int, int]:
-    """``(chunks_per_epoch, batches_per_epoch)`` from whichever of the two was given."""
-    if chunks_per_epoch is not None and batches_per_epoch is not None:
-        raise ConfigError.bad(
-            "batches_per_epoch",
-            batches_per_epoch,
-            f"None when chunks_per_epoch={chunks_per_epoch} is given (one epoch length)",
-            "Give the epoch's length once: in batches or in chunks.",
-        )
-    if batches_per_epoch is not None:
-        batches_per_epoch = check_int(
-            "batches_per_epoch", batches_per_epoch, minimum=0, fix="Use plan.batches_per_epoch."
-        )
-        chunks_per_epoch = -(-batches_per_epoch // batches_per_chunk)
-    elif chunks_per_epoch is None:
-        chunks_per_epoch = loader.chunks_per_pass  # the loader's own rule for epoch(None)
-        if chunks_per_epoch is None:
-            raise ConfigError.bad(
-                "chunks_per_epoch",
-                None,
-                "a number of chunks for sampling='random' (it has no natural pass)",
-                "Pass chunks_per_epoch=plan.chunks_per_epoch, or plan=cs.plan_epoch(...).",
-            )
-    chunks_per_epoch = check_int(
-        "chunks_per_epoch", chunks_per_epoch, minimum=0, fix="Use plan.chunks_per_epoch."
-    )
-    if batches_per_epoch is None:
-        batches_per_epoch = chunks_per_epoch * batches_per_chunk
-    return chunks_per_epoch, batches_per_epoch
-
-
-def _choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
-    """The field names a batch holds: every field of the source, or those named.
-
-    A dict batch reserves ``"start"`` and ``"recording"`` (the windows' times):
-    a ``Recordings``' own per-timestep ``"recording"`` field is replaced by the
-    per-window key, and another source's field of either name is refused unless
-    left out (or asked for alone, ``fields="name"``: that batch is no dict).
-    """
-    source = loader.source
-    # A source that learns its fields has only their names before its first read.
-    learning = isinstance(source, LearnsFields) and source.fields is None
-    names = list(source.names if learning else source.fields or ())
-    recordings = isinstance(source, Recordings)
-    if recordings:
-        names.remove(RECORDING_KEY)
-    if fields is None:
-        chosen = tuple(names)
-    else:
-        chosen = (fields,) if isinstance(fields, str) else tuple(fields)  # type: ignore[arg-type]
-    if recordings and RECORDING_KEY in chosen:
-        raise ConfigError.bad(
-            "fields",
-            fields,
-            f"fields of the Recordings without {RECORDING_KEY!r} (from {names})",
-            f"Leave {RECORDING_KEY!r} out: every dict batch of a Recordings carries "
-            f"batch[{RECORDING_KEY!r}], each window's recording index, shape (batch_size,).",
-        )
-    unknown = [f for f in chosen if not isinstance(f, str) or f not in names]
-    if not chosen or unknown:
-        raise ConfigError.bad(
-            "fields",
-            fields,
-            f"None, one name or a list of names from {names}",
-            "Name fields of the loader's source.",
-        )
-    clash = [f for f in chosen if f in (START_KEY, RECORDING_KEY)]
-    if clash and not isinstance(fields, str):
-        raise ConfigError.bad(
-            "fields",
-            fields,
-            f"no field named {clash[0]!r} in a dict batch (the source has one; a dict batch "
-            f"reserves {START_KEY!r} and {RECORDING_KEY!r} for each window's start and "
-            "recording)",
-            f"Pass fields=[...] without {clash[0]!r}, ask for it alone (fields="
-            f"{clash[0]!r}), or rename the source's field.",
-        )
-    return chosen

@@ -32,7 +32,8 @@ Memory: with ``mix > 1`` the mixer copies each chunk's fields into storage it
 owns, ``mix * rows`` timesteps per field, where its ``tier``
 (:mod:`chunkstream.consumer._shuffle`) says: on the chunk's device (device
 memory on CUDA), or for the host tier in one arena of host memory made at the
-first chunk and filled by the gather pool. It drops the loader's chunk at once,
+first chunk and filled by the loader's batch readers (the refill,
+:mod:`chunkstream.consumer._lane`). It drops the loader's chunk at once,
 so the loader's buffers (its pinned or host arena, its device chunks) are never
 held by the mixer and its own memory bounds are unchanged. On a device the copy
 is one ``copy_`` per field per chunk, queued on the current stream after the

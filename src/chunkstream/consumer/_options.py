@@ -52,11 +52,12 @@ class StreamOptions:
         the job's memory over its ranks on the node), leaves beside the loader's
         arena.
     batch_prefetch:
-        Batches the host tier gathers (and copies) ahead of the one yielded.
+        Batches read (and copied) ahead of the one yielded from host storage:
+        the depth of the loader's batch run.
     gather_threads:
-        Threads that copy a host batch, the consuming one counted; ``None``:
-        this rank's share of the cores, at most 4 (see
-        :func:`~chunkstream.gather_windows`).
+        The loader's batch readers (``chunkstream-batch-<n>``), each reading
+        whole batches; ``None``: this rank's share of the cores (its thread
+        budget), at most 4.
     """
 
     chunks_per_epoch: int | None = None

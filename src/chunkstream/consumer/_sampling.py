@@ -21,8 +21,8 @@ drawn exactly as when ``align`` is not passed. Two ways to draw them:
 :func:`gather_windows` turns starts into a ``(B, window, *rest)`` batch: on a
 device with one ``index_select`` over an ``unfold`` view of the chunk (no host
 round trip, no index tensor, nothing allocated but the batch, or nothing at all
-with ``out=``); on the CPU with one slice copy per window on a small bounded pool
-of threads (:mod:`._gather`), which keeps its speed on a busy machine.
+with ``out=``); on the CPU with one slice copy per window in the calling thread
+(:mod:`._held`), which keeps its speed on a busy machine.
 With ``dtype=`` a float16 chunk stays float16 on the device and only the batch
 is converted (bool and integer fields keep their dtype).
 
@@ -41,7 +41,7 @@ import torch
 from .._errors import ConfigError, check_int
 from ..pipeline import Chunk
 from ..plans import Piece, window_in_chunk
-from ._gather import check_host_starts, host_gather
+from ._held import check_host_starts, copy_windows
 
 __all__ = [
     "WindowSampler",
@@ -316,9 +316,9 @@ def gather_windows(
     Runs on ``tensor``'s device: ``starts`` must be a long tensor there, with
     values in ``[0, len(tensor) - window]`` (on a device checked by the kernel,
     so no value is read back to the host; on the CPU checked here, a
-    :class:`ConfigError`). The CPU gather copies each window on the process's
-    gather pool (:func:`~chunkstream.consumer._gather.default_gather_threads`
-    threads, the caller's included), not on torch's intra-op pool; a tensor
+    :class:`ConfigError`). The CPU gather copies each window in the calling
+    thread (one slice copy each, :mod:`chunkstream.consumer._held`), not on
+    torch's intra-op pool; a tensor
     that requires grad takes ``index_select``. ``out``, when given, is filled and
     returned (shape ``(B, window, *rest)``, the result's dtype, ``tensor``'s
     device), so a loop can reuse one batch buffer.
@@ -370,7 +370,7 @@ def _gather_on_host(
     out: torch.Tensor | None,
     target: torch.dtype,
 ) -> torch.Tensor:
-    """The CPU gather: one slice copy per window on the gather pool (:mod:`._gather`)."""
+    """The CPU gather: one slice copy per window, in this thread (:mod:`._held`)."""
     values = check_host_starts(starts, int(tensor.shape[0]), window)
     shape = (len(values), window, *tensor.shape[1:])
     if out is None:
@@ -382,7 +382,8 @@ def _gather_on_host(
             f"a {target} tensor of shape {shape} on the cpu",
             "Allocate out with the batch's shape and the dtype it is converted to.",
         )
-    return host_gather(tensor, values, window, out)
+    copy_windows(tensor, out, values, window)
+    return out
 
 
 # The compute dtypes a floating-point chunk may be converted to in the gather.

@@ -5,9 +5,9 @@ Two tiers (``BatchStream(buffer=)``):
 * ``"device"``: the buffer's chunks on the loader's device, each batch gathered
   there (``index_select`` on CUDA). Device memory: ``mix`` chunks.
 * ``"host"``: the buffer's chunks in one host arena allocated at the first
-  chunk, each batch gathered on the host by the gather pool into a few reused
-  slots and, on CUDA, copied to the device on a transfer stream
-  (:mod:`._slots`). The loader then runs on the CPU (``ChunkLoader(device="cpu")``)
+  chunk, each batch read on the host by the loader's batch readers into a few
+  reused buffer sets and, on CUDA, copied to the device on the loader's transfer
+  stream (:mod:`._lane`). The loader then runs on the CPU (``ChunkLoader(device="cpu")``)
   and ``BatchStream(device="cuda")`` names where batches go; device memory is
   the batches in flight. Host memory is the larger and cheaper one, so the
   buffer can hold a large share of the training split.

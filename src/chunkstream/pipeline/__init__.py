@@ -9,6 +9,8 @@ from ._options import LoaderOptions
 from ._chunk import hand_over as hand_over  # isort: skip
 from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
+from ._run import EpochRun as EpochRun  # isort: skip
+from ._run import Turn as Turn  # isort: skip
 from ._stages import receive as receive  # isort: skip
 from ._times import RECORDING_KEY as RECORDING_KEY  # isort: skip
 from ._times import START_KEY as START_KEY  # isort: skip

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -55,11 +56,25 @@ from ._run import EpochIterator, EpochRun, Owned, forgotten, shutdown
 from ._stages import CopyStage, DeliveryStage, HostStage, ResidentStage, receive
 from ._times import recording_offsets
 
-__all__ = ["ChunkLoader", "host_pool"]
+__all__ = ["ChunkLoader", "Lane", "host_pool"]
 
 # The threads of the sources' own pools (docs/architecture.md, row 8), whose tasks a
 # read waits for with no timeout: a stall error shows those that are busy.
 _SOURCE_POOLS = ("chunkstream-decode-", "chunkstream-join-")
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where a stream of batches drawn from a loader's chunks runs (:meth:`ChunkLoader.lane`):
+    ``readers`` (``chunkstream-batch-<n>``) read batches, ``copier`` (the transfer thread,
+    ``None`` on the CPU) copies them to ``device`` on ``stream``; all the loader's, so its
+    stall watchdog sees them and its ``close()`` stops them under its one deadline."""
+
+    readers: Executor
+    copier: Executor | None
+    stream: Any
+    device: torch.device
+    owned: Owned
 
 
 def host_pool(
@@ -188,6 +203,7 @@ class ChunkLoader:
         self._lock = threading.Lock()
         self._holder: int | None = None  # the thread inside _lock, for a nested signal handler
         self._resumes: deque[Position] = deque()  # load_state_dict() positions not yet applied
+        self._lane: Lane | None = None  # the batch lane (lane()), made at its first call
         # Everything that can fail is made before the first thread starts.
         self._stream = torch.cuda.Stream(device=self.device) if on_cuda else None
         self._resident, self.mode_reason = make_resident(
@@ -291,6 +307,41 @@ class ChunkLoader:
             dropped=lambda: span.dropped,
         )
         readers.submit(job, what="learning the fields", future=self._pool_made)
+
+    def lane(self, threads: int, device: torch.device) -> Lane:
+        """The executors of a stream of batches drawn from this loader's chunks (made at
+        the first call, the same lane after): ``threads`` batch readers and, for batches
+        on a CUDA ``device``, the loader's transfer thread and stream (made for the lane
+        when the chunks stay on the host). Closed with the loader."""
+        self._check_open()
+        if self._lane is None:
+            device = torch.device(device)
+            on_cuda = device.type == "cuda"
+            init = device_binder(device) if on_cuda else None
+            readers = self._own(Executor("batch", threads, init))
+            copier, stream = None, None
+            if on_cuda and self._stage.transfer is not None and device == self.device:
+                copier, stream = self._executors[1], self._stream
+            elif on_cuda:
+                stream = torch.cuda.Stream(device=device)
+                copier = self._own(Executor("transfer", 1, init))
+            self._lane = Lane(readers, copier, stream, device, self._owned)
+        return self._lane
+
+    def _own(self, executor: Executor) -> Executor:
+        """``executor``, now closed with the loader; stopped at once if a ``close()`` (from
+        a signal handler, say) ran while it was being made and could not see it."""
+        self._owned.executors.append(executor)
+        if self._closed:
+            executor.close(time.monotonic() + self.config.close_timeout)
+            self._check_open()
+        return executor
+
+    def wait_for(self, future: Future, *, since: float) -> Any:
+        """``future``'s value, waited for as a chunk is (its error, a close or a stall
+        shuts the loader down and is raised within one poll); ``since``: when the work
+        it waits for was queued (``monotonic``)."""
+        return self._wait(future, None, time.perf_counter(), failed=lambda: None, since=since)
 
     @property
     def _pool(self) -> HostBufferPool | PinnedSlotPool | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -100,6 +101,9 @@ class EpochRun:
         self._next = 0
         self._reads: deque[tuple[int, Future, Trip]] = deque()  # reads not yet followed
         self._copies: deque[tuple[Future, Future, Trip]] = deque()  # (copy, its read, trip)
+        # Every read submitted and not yet known done, weakly (a done read's value is the
+        # consumer's, never kept here): settle() waits for them.
+        self._made: list[weakref.ref[Future]] = []
         # take() and the consumer's queries may run in different threads; drop() takes no lock
         self._lock = threading.Lock()
         self._dropped = False
@@ -156,6 +160,7 @@ class EpochRun:
                 trip = Trip()
                 read = self._readers.submit(read_fn, window, self.dropped, trip, what=f"job {job}")
                 self._reads.append((job, read, trip))
+                self._remember(read)
             if self._copier is None or len(self._copies) >= self._copy_depth or not self._reads:
                 break
             job, read, trip = self._reads.popleft()
@@ -163,6 +168,22 @@ class EpochRun:
             self._copies.append((copy, read, trip))
         if self._dropped:  # dropped while this topped up: what it queued is drained here
             self._drain()
+
+    def _remember(self, read: Future) -> None:
+        if len(self._made) > 2 * self._depth + 8:
+            self._made = [r for r in self._made if (f := r()) is not None and not f.done()]
+        self._made.append(weakref.ref(read))
+
+    def settle(self, stop: Callable[[], bool]) -> bool:
+        """Wait until every read this run submitted has finished or was cancelled, also
+        after :meth:`drop` (a started read runs to its end); whether they all did before
+        ``stop()`` turned true. What a consumer that reuses the memory the reads read from
+        (the shuffle buffer's refill, :mod:`chunkstream.consumer._lane`) waits for."""
+        for ref in list(self._made):
+            read = ref()
+            if read is not None and not wait_done(read, stop):
+                return False
+        return True
 
     def _copy_after(self, read: Future, trip: Trip) -> Any:
         """The transfer thread's job for one window: its read's result, copied."""
@@ -241,6 +262,8 @@ class Owned:
 
     executors: list[Executor] = field(default_factory=list)
     pool: Any = None
+    #: The batch lane's buffer pools (:meth:`ChunkLoader.lane`), closed with the arena.
+    pools: list[Any] = field(default_factory=list)
     source: Any = None
     run: EpochRun | None = None
 
@@ -280,8 +303,9 @@ def shutdown(owned: Owned, *, deadline_s: float, warn_after: float | None = None
     finally:
         try:
             copying = any(name.startswith("chunkstream-transfer") for name in alive)
-            if owned.pool is not None:
-                owned.pool.close(max(0.0, end - time.monotonic()), unpin=not copying)
+            for pool in [owned.pool, *owned.pools]:
+                if pool is not None:
+                    pool.close(max(0.0, end - time.monotonic()), unpin=not copying)
         finally:
             readers = [name for name in alive if name.startswith("chunkstream-read")]
             if owned.source is not None and readers:

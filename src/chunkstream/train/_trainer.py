@@ -7,11 +7,11 @@ Usable on any source with a ``(T, N)`` data field and, optionally, a
     result = trainer.fit()            # fit(resume=True) continues a killed run
 
 The trainer draws and moves no batch itself: a :class:`~chunkstream.BatchStream`
-over a :class:`~chunkstream.ChunkLoader` does (its shuffle buffer on the tier
-:attr:`Trainer.buffer` names, its batch starts a hash of ``(seed, epoch, chunk
-index, batch, rank)``, so a resumed run draws the same batches; on CUDA with
-the host tier each batch is gathered on the host into pinned slots and copied
-by the loader's copy on its transfer stream). The trainer keeps the model, the
+built from the source, owning its :class:`~chunkstream.ChunkLoader`, does (its
+shuffle buffer on the tier :attr:`Trainer.buffer` names, its batch starts a hash
+of ``(seed, epoch, chunk index, batch, rank)``, so a resumed run draws the same
+batches; on CUDA with the host tier each batch is read on the host into pinned
+sets and copied on the loader's transfer stream). The trainer keeps the model, the
 loss, validation and reporting: it trains on each batch, and merges the rows
 of the first epoch's batches into the per-neuron running moments (the constant
 baseline: the mean of the training rows the model saw). On a
@@ -315,22 +315,16 @@ class Trainer:
             if self.train_segments is None
             else self.source
         )
-        loader = ChunkLoader(
-            source,
-            self.chunk_size,
-            device="cpu" if self.host_tier else self.device,
-            prefetch=c.prefetch,
-            workers=c.workers,
-            sampling=c.sampling,
-            seed=c.seed,
-            align=self._align,
-            options=LoaderOptions(
-                pieces=self.pieces, segments=self.train_segments, window=c.window
-            ),
-        )
-        self.loader = loader
+        # The stream builds and owns the loader its tier needs (the host tier on CUDA: the
+        # loader reads to host memory) and closes it with close().
         try:
-            self.stream = stream = self._batch_stream(loader)
+            self.stream = stream = self._batch_stream(source)
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        self.loader = loader = stream.loader
+        try:
             path = Path(resume) if isinstance(resume, (str, os.PathLike)) else self.checkpoint_path
             if resume and path is not None and path.is_file():
                 self._load_checkpoint(path, stream)
@@ -345,8 +339,8 @@ class Trainer:
                 if self.on_epoch is not None:
                     self.on_epoch(self, record)
         finally:
-            self.stream = None  # the held chunks and the batch slots go with it
-            loader.close()
+            self.stream = None  # the held chunks and the batch sets go with it
+            stream.close()
             if writer is not None:
                 writer.close()
         if self.device.type == "cuda":
@@ -367,11 +361,23 @@ class Trainer:
             buffer=self.buffer,
         )
 
-    def _batch_stream(self, loader: ChunkLoader) -> BatchStream:
-        """The stream of this run's batches: the trainer's plan, fields, seed and buffer."""
+    def _batch_stream(self, source: Any) -> BatchStream:
+        """The stream of this run's batches over ``source``, with the loader it owns: the
+        trainer's plan, fields, seed, buffer and reading settings."""
         c = self.config
         return BatchStream(
-            loader,
+            source,
+            plan=self.plan,
+            loader_options={
+                "prefetch": c.prefetch,
+                "workers": c.workers,
+                "sampling": c.sampling,
+                "seed": c.seed,
+                "align": self._align,
+                "options": LoaderOptions(
+                    pieces=self.pieces, segments=self.train_segments, window=c.window
+                ),
+            },
             window=c.window,
             batch_size=c.batch_size,
             batches_per_chunk=self.plan.batches_per_chunk,

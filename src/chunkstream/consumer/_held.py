@@ -1,0 +1,171 @@
+"""The held chunks as a source, and the tight window copies a batch is read with.
+
+The shuffle buffer's storage (one tensor per field, ``mix * rows`` timesteps,
+on the host: :meth:`~._shuffle.HostTier.store`) is a :class:`HeldSource`: a
+:class:`~chunkstream.sources.Source` whose fields are the stream's and whose
+time axis is the storage's rows. A batch is a chunk of ``B`` one-window pieces
+drawn over it, and :meth:`HeldSource.read_windows` reads those pieces into a
+buffer set of shape ``(B, window, *field_shape)`` in one tight loop per field
+(:func:`copy_windows`): no future per window; the parallelism is several batches
+read at once on the executor's threads (:mod:`._lane`).
+
+Each window is one numpy slice copy, a ``memcpy`` or a cast that releases the
+GIL (torch's ``index_select`` runs on its intra-op pool, whose threads spin at
+a barrier for one the OS has descheduled: on a busy node one batch then costs
+tens of times its idle CPU time). A same-dtype window is copied as unsigned
+ints by ``np.positive`` (the identity on them, bit for bit, NaN payloads
+included), not by assignment: numpy's assignment is a ``memcpy``, which glibc
+runs as ``rep movsb`` for a window of 2 KiB to 1 MiB, slower on AMD cores than
+the vector loop it uses above that, where the ufunc's loop is one.
+
+Thread-safety: reads only read the storage; the storage's rows are written by
+the refill (:meth:`~._lane.BatchLane.fill`), which the lane runs only once
+every read over those rows has finished (the ownership rule, :mod:`._lane`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError
+from ..sources import FieldSpec
+
+__all__ = [
+    "HeldSource",
+    "as_numpy",
+    "check_host_starts",
+    "copy_rows",
+    "copy_windows",
+    "numpy_dtype",
+]
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a CPU tensor's memory, or ``None`` for a dtype numpy lacks.
+
+    bfloat16 is viewed as int16: copies move bytes, they need no arithmetic.
+    """
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):  # complex32 and the like
+        return None
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a host buffer holding ``dtype`` (bfloat16 as its bits, int16)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.int16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+_BITS = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.uint16),
+    4: np.dtype(np.uint32),
+    8: np.dtype(np.uint64),
+}
+
+
+# The loops below are a batch read's only per-window Python: one slice and one copy each.
+def _numpy_windows(src: np.ndarray, dst: np.ndarray, starts: list[int], window: int) -> None:
+    for b, s in enumerate(starts):
+        dst[b] = src[s : s + window]
+
+
+def _bits_windows(src: np.ndarray, dst: np.ndarray, starts: list[int], window: int) -> None:
+    for b, s in enumerate(starts):
+        np.positive(src[s : s + window], out=dst[b])
+
+
+def _torch_windows(src: torch.Tensor, dst: torch.Tensor, starts: list[int], window: int) -> None:
+    for b, s in enumerate(starts):
+        dst[b].copy_(src[s : s + window])
+
+
+def window_copy(
+    src_t: torch.Tensor, out_t: torch.Tensor
+) -> tuple[Callable[..., None], object, object]:
+    """``(copy, src, dst)``: ``copy(src, dst, starts, window)`` fills ``out_t[b] =
+    src_t[s_b : s_b + window]`` (CPU tensors), converting where the dtypes differ
+    (numpy's cast, or torch's for a dtype numpy lacks)."""
+    src, dst = as_numpy(src_t), as_numpy(out_t)
+    mixed = src_t.dtype != out_t.dtype and torch.bfloat16 in (src_t.dtype, out_t.dtype)
+    if src is None or dst is None or mixed:
+        return _torch_windows, src_t, out_t
+    if src.dtype == dst.dtype and src.dtype.itemsize in _BITS:
+        bits = _BITS[src.dtype.itemsize]  # the same bytes, copied by a ufunc loop
+        return _bits_windows, src.view(bits), dst.view(bits)
+    return _numpy_windows, src, dst
+
+
+def copy_windows(src: torch.Tensor, out: torch.Tensor, starts: list[int], window: int) -> None:
+    """``out[b] = src[starts[b] : starts[b] + window]`` for every ``b``, in this thread."""
+    copy, a, b = window_copy(src, out)
+    copy(a, b, starts, window)
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[:] = src`` (same shape, CPU): one numpy copy (a ``memcpy``), or torch's."""
+    a, b = as_numpy(dst), as_numpy(src)
+    if a is None or b is None or dst.dtype != src.dtype:
+        dst.copy_(src)
+    else:
+        a[...] = b
+
+
+def check_host_starts(starts: torch.Tensor, length: int, window: int) -> list[int]:
+    """``starts`` as host ints, each a valid window start in a tensor of ``length`` rows."""
+    values = starts.tolist()
+    if values and (min(values) < 0 or max(values) > length - window):
+        bad = next(v for v in values if not 0 <= v <= length - window)
+        raise ConfigError.bad(
+            "starts",
+            f"a start {bad}",
+            f"starts in [0, {length - window}] (window={window})",
+            "Draw them with cs.sample_windows(chunk, ...) over this tensor.",
+        )
+    return values
+
+
+class HeldSource:
+    """The held chunks on the host as a :class:`~chunkstream.sources.Source`.
+
+    ``storage``: one CPU tensor per field (the buffer's arena, or with ``mix=1`` the
+    held chunk itself), all with the same rows; its fields are the stream's.
+    ``read_into`` reads a plain window of rows (the source protocol);
+    :meth:`read_windows` reads a batch: ``B`` one-window pieces.
+    """
+
+    def __init__(self, storage: Mapping[str, torch.Tensor]) -> None:
+        self.storage = dict(storage)
+        self._len = int(next(iter(self.storage.values())).shape[0]) if self.storage else 0
+
+    @property
+    def fields(self) -> dict[str, FieldSpec]:
+        return {
+            n: FieldSpec(tuple(t.shape[1:]), numpy_dtype(t.dtype)) for n, t in self.storage.items()
+        }
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read_into(self, start: int, stop: int, out: Mapping[str, np.ndarray]) -> None:
+        for name, array in out.items():
+            src = as_numpy(self.storage[name][start:stop])
+            if src is None:
+                raise ConfigError.bad("field", name, "a field of a dtype numpy can view")
+            array[...] = src
+
+    def read_windows(self, starts: list[int], window: int, out: Mapping[str, torch.Tensor]) -> None:
+        """``out[name][b] = storage[name][starts[b] : starts[b] + window]`` for each field
+        of ``out`` (CPU tensors of shape ``(B, window, ...)``, converting to their dtype)."""
+        for name, dst in out.items():
+            copy_windows(self.storage[name], dst, starts, window)
+
+    def close(self) -> None:
+        """Nothing to release: the storage is the stream's."""
