@@ -34,7 +34,7 @@ def test_the_signatures_keep_the_native_keywords_and_move_the_rest():
     stream = inspect.signature(cs.BatchStream).parameters
     common = ["loader", "window", "batch_size", "batches_per_chunk", "plan", "mix", "buffer",
               "device", "fields"]  # fmt: skip
-    assert list(stream) == [*common, "options", "moved"]
+    assert list(stream) == [*common, "options", "loader_options", "moved"]
     moved = {f.name for f in dataclasses.fields(cs.LoaderOptions)}
     assert moved.isdisjoint(loader) and {"stall_timeout", "pieces", "resident"} <= moved
     assert {f.name for f in dataclasses.fields(cs.StreamOptions)}.isdisjoint(stream)
