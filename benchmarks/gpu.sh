@@ -20,6 +20,10 @@
 #   defaults   ~60 s  python -m benchmarks.gpu_defaults: BatchStream's defaults on CUDA at the
 #                     users' geometry (65,536 x 13,741 + 1,736 float32 chunks, batches of 256):
 #                     ms per batch from the host tier against the device tier
+#   zapbench   ~90 s  python -m benchmarks.zapbench_prefetch --device cuda: BatchStream's
+#                     defaults against the users' one-thread prefetcher at the ZAPBench-like
+#                     geometry (32 x 100 x 71,721 float32, 7,900 frames in memory): pinned
+#                     batch slots on the copy stream vs their pageable buffers (issue 49)
 #   bench     ~150 s  python -m benchmarks.run --device cuda --quick (writes cuda.json and
 #                     BENCHMARKS.md; both are copied out)
 # Everything is logged into $OUT (the device tool's output folder; at most 10 files, all
@@ -168,6 +172,12 @@ step overlap 120 "$DEMO" "$PYTHON" -m benchmarks.demo_overlap --device cuda \
 DEFAULTS=$OUT_DIR/defaults.log
 : >"$DEFAULTS"
 step defaults 150 "$DEFAULTS" "$PYTHON" -m benchmarks.gpu_defaults --json "$OUT_DIR/defaults.json"
+
+# -- in memory at the ZAPBench-like geometry (issue 49): pinned slots vs pageable buffers -------
+ZAPBENCH=$OUT_DIR/zapbench.log
+: >"$ZAPBENCH"
+step zapbench 120 "$ZAPBENCH" "$PYTHON" -m benchmarks.zapbench_prefetch --device cuda \
+    --rounds 3 --seconds 6
 
 # -- the GPU benchmark ----------------------------------------------------------------------
 BENCH=$OUT_DIR/bench.log

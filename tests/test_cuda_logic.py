@@ -222,9 +222,9 @@ def test_moments_merge_in_row_blocks_equal_to_the_whole_float64_result(monkeypat
     blocks = []
     real = RunningMoments._merge_rows
 
-    def spy(self, rows):
+    def spy(self, rows, mask=None):
         blocks.append(int(rows.shape[0]))
-        real(self, rows)
+        real(self, rows, mask)
 
     monkeypatch.setattr(RunningMoments, "_merge_rows", spy)
     moments = RunningMoments(7)

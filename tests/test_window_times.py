@@ -233,3 +233,26 @@ def test_times_on_the_device(store, runs, buffer):
         for batch in batches:
             assert batch["start"].is_cuda and batch["recording"].is_cuda
             check_batch({k: v.cpu() for k, v in batch.items()}, True, 5)
+
+
+@pytest.mark.gpu
+def test_times_to_keeps_its_pinned_copy_source_until_the_copy_ran():
+    # times_to drops its page-locked staging tensor as soon as the copy is queued: the
+    # caching host allocator must not hand that block out again before the copy ran
+    # (the copy records an event on its stream). A delayed stream keeps the copy pending
+    # while same-sized pinned blocks are allocated and overwritten.
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from chunkstream.pipeline import times_to
+
+    n = 4096
+    times = {"start": torch.arange(n), "recording": torch.arange(n) % 3}
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # the copy below waits behind this on the stream
+        out = times_to(times, torch.device("cuda"))
+        for _ in range(16):
+            torch.full((2, n), -1, dtype=torch.int64).pin_memory().fill_(-2)
+    stream.synchronize()
+    assert torch.equal(out["start"].cpu(), times["start"])
+    assert torch.equal(out["recording"].cpu(), times["recording"])

@@ -120,5 +120,8 @@ def times_to(times: dict[str, torch.Tensor], device: torch.device) -> dict[str, 
     if device.type != "cuda" or not times:
         return times
     names = list(times)
+    # The pinned temporary may be dropped at once: the copy records an event for its block
+    # on the current stream, and PyTorch's caching host allocator reuses the block only
+    # after that event (tests/test_window_times.py checks it on a delayed stream).
     both = torch.stack([times[n] for n in names]).pin_memory().to(device, non_blocking=True)
     return dict(zip(names, both.unbind(0), strict=True))

@@ -14,10 +14,14 @@ batches; on CUDA with the host tier each batch is read on the host into pinned
 sets and copied on the loader's transfer stream). The trainer keeps the model, the
 loss, validation and reporting: it trains on each batch, and merges the rows
 of the first epoch's batches into the per-neuron running moments (the constant
-baseline: the mean of the training rows the model saw). Per epoch it evaluates
-on the held-out range, logs to TensorBoard, and writes ``checkpoint.pt``:
-model, optimizer, the stream's state (:meth:`BatchStream.state_dict`), moments
-and history.
+baseline: the mean of the training rows the model saw). On a
+:class:`~chunkstream.Recordings` of different widths the losses, the moments and
+the validation metrics count only the neurons each window's recording has (the
+data's ``<field>_mask``), so the zero padding trains and scores nothing. Per
+epoch it evaluates on the held-out range, logs to TensorBoard, and writes
+``checkpoint.pt``: model, optimizer, the stream's state
+(:meth:`BatchStream.state_dict`), moments (per-neuron counts; a checkpoint whose
+moments counted the padding is refused on a masked source) and history.
 
 **Under DDP** (``torchrun``; the process group initialised before the
 ``Trainer`` is built) the model is wrapped in ``DistributedDataParallel``, the
@@ -272,6 +276,16 @@ class Trainer:
                 "chunkstream's trainer drew its batches from a BatchStream. Start afresh "
                 "(resume=False, or another out_dir)."
             )
+        if self.mask_field is not None and "counts" not in state["moments"]:
+            # Exact to convert where every value is real (RunningMoments.load_state_dict);
+            # here the saved baseline counted the padded zeros as data.
+            raise ConfigError(
+                f"{path} holds moments without per-neuron counts: it was written by a "
+                "trainer whose baseline counted the zero padding of narrower recordings "
+                f"as data (before it read {self.mask_field!r}). Its baseline and metrics "
+                "cannot be corrected from the checkpoint: start afresh (resume=False, or "
+                "another out_dir)."
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.moments.load_state_dict(state["moments"])
@@ -389,8 +403,11 @@ class Trainer:
             x = batch[c.data_field]
             s = batch[c.stim_field] if c.stim_field else None
             mask = batch[self.mask_field] if self.mask_field else None
-            if epoch == 0:  # the baseline's moments (padded zeros included: see issue 49)
-                self._pending.update(x.reshape(-1, x.shape[-1]))
+            if epoch == 0:  # the baseline's moments, over the neurons each recording has
+                n = x.shape[-1]
+                self._pending.update(
+                    x.reshape(-1, n), None if mask is None else mask.reshape(-1, n)
+                )
             with timer.batch() as timed:
                 losses = self._losses(x, s, warm, mask)
                 timed.mark("forward")
