@@ -19,6 +19,7 @@ import torch
 import chunkstream as cs
 from chunkstream._memory import HostBufferPool
 from chunkstream.consumer import _held
+from chunkstream.consumer import _lane as _lane_module
 from chunkstream.consumer._lane import BatchLane, Request
 
 T, WIDTH, WINDOW, BATCH = 4096, 8, 16, 32
@@ -198,3 +199,40 @@ def test_every_set_a_batch_read_takes_is_given_back_once(monkeypatch):
         lane.settle()  # every read of the run has ended
     assert len(taken) == len(given_back) >= 2
     assert sorted(taken) == sorted(given_back)
+
+
+def test_a_held_slot_is_refilled_only_after_every_read_over_it_ended(monkeypatch):
+    """The ownership rule (consumer/_lane.py): batch reads left in flight by a consumer
+    that stopped early are waited for before the refill writes the rows they read."""
+    reading, overlaps = [0], []
+    lock = threading.Lock()
+    copy = _held._bits_windows
+
+    def slow_read(src, dst, starts, window):
+        with lock:
+            reading[0] += 1
+        time.sleep(0.05)
+        copy(src, dst, starts, window)
+        with lock:
+            reading[0] -= 1
+
+    fill = _held.copy_rows
+
+    def watched_fill(dst, src):
+        overlaps.append(reading[0])
+        fill(dst, src)
+
+    monkeypatch.setattr(_held, "_bits_windows", slow_read)
+    monkeypatch.setattr(_lane_module, "copy_rows", watched_fill)
+    with _loader() as loader:
+        lane = _lane(loader, 3)
+        x = torch.arange(400, dtype=torch.float32).reshape(100, 4)
+        storage = x.clone()
+        batches = lane.batches(
+            {"x": storage}, [Request(torch.tensor([b, 50]), b) for b in range(8)]
+        )
+        assert next(batches)[1] == 0
+        batches.close()  # three reads still in flight over the storage
+        lane.fill(storage, x + 1)
+        assert overlaps and not any(overlaps), overlaps
+        torch.testing.assert_close(storage, x + 1)

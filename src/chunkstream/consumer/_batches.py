@@ -222,8 +222,9 @@ class BatchStream:
             raise ConfigError.bad(
                 "loader",
                 type(loader).__name__,
-                "a cs.ChunkLoader",
-                "Build one with cs.ChunkLoader(source, chunk_size, ...) and pass it.",
+                "a source (cs.ZarrSource, cs.NumpySource, ...) or a cs.ChunkLoader",
+                "Pass the source (the stream builds its loader), or build one with "
+                "cs.ChunkLoader(source, chunk_size, ...) and pass it.",
             )
         if plan is not None:
             batch_size, batches_per_chunk, batches_per_epoch = plan_defaults(

@@ -289,5 +289,10 @@ class BatchLane:
                 del future, made, tensors
                 yield batch, request.state
                 del batch
+            # Every read was taken and waited for: nothing to settle, and the run must not
+            # keep the storage referenced (with mix=1 it is the loader's chunk, whose
+            # buffer set the loader reuses once no one refers to it).
+            if self._last is run:
+                self._last = None
         finally:
             run.drop()  # reads not started are cancelled; fill() waits for the others
