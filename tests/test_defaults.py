@@ -48,13 +48,16 @@ def test_the_shortest_code_holds_the_whole_split_where_memory_allows(caplog):
 
 def test_the_jobs_memory_bounds_the_default_and_says_so(monkeypatch):
     loader_nbytes = (1 + 1 + 2) * CHUNK * STEP  # prefetch + workers + the two a loop holds
-    # half of what the cap leaves beside the loader's arena: 5 chunks. The loader reads
-    # the share before it allocates; BatchStream sizes from that reading, so the arena
-    # is counted once.
-    monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes + 2 * 5 * CHUNK * STEP))
+    # the batch lane's sets: those read ahead, the one received, the one the user holds
+    sets_nbytes = (cs.StreamOptions().batch_prefetch + 2) * PLAN.batch_size * WINDOW * STEP
+    # half of what the cap leaves beside the loader's arena and the batch sets: 5 chunks.
+    # The loader reads the share before it allocates; BatchStream sizes from that
+    # reading, so the arena is counted once.
+    monkeypatch.setenv(ENV_HOST_MEMORY, str(loader_nbytes + sets_nbytes + 2 * 5 * CHUNK * STEP))
     with loader() as ld:
         assert ld.config.arena_bytes(CHUNK * STEP, on_cuda=False) == loader_nbytes
         stream = cs.BatchStream(ld, window=WINDOW, plan=PLAN)
+        assert dict(stream.buffer.terms)["the batch sets"] == sets_nbytes
         assert stream.mix == 5 and stream.buffer.split_share == 5 / (T // CHUNK)
         assert f"capped by {ENV_HOST_MEMORY}" in stream.buffer.memory
         assert "1 rank on this node" in stream.buffer.memory

@@ -50,6 +50,7 @@ from .._resume import check_stream_state
 from ..pipeline import RECORDING_KEY, START_KEY, Chunk, ChunkLoader
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key
 from ..sources import Recordings, Source
+from ._defaults import batch_sets_nbytes
 from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
@@ -352,6 +353,25 @@ class BatchStream:
             loader_nbytes=loader_nbytes,
             why=why,
             share=loader.share,
+            held={"the batch sets": self._batch_sets_nbytes(tier)},
+        )
+
+    def _batch_sets_nbytes(self, tier: str) -> int:
+        """Host bytes of the batch lane's buffer sets (none where the device tier gathers
+        on a CUDA loader's device): counted in the budget before the buffer is sized."""
+        loader = self.loader
+        if tier != "host" and loader.device.type != "cpu":
+            return 0
+        specs = loader.source.fields or {}
+        step = 0
+        for name in self.fields:  # in the compute dtype where one is given
+            spec = specs.get(name)
+            if spec is not None:
+                itemsize = spec.dtype.itemsize if self.dtype is None else self.dtype.itemsize
+                step += spec.step_nbytes // spec.dtype.itemsize * itemsize
+        cuda = self.device.type == "cuda"
+        return batch_sets_nbytes(
+            self.batch_size * self.window * step, self.batch_prefetch, cuda=cuda
         )
 
     def close(self) -> None:

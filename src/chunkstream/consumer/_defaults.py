@@ -103,10 +103,16 @@ def host_fit(
     return fit, why, line
 
 
-def batch_sets_nbytes(batch_nbytes: int, batch_prefetch: int) -> int:
-    """Bytes of a host tier's batch sets: ``batch_prefetch`` gathered ahead, the one
-    handed out and one the user still holds, each ``batch_nbytes`` (a ``held`` term)."""
-    return (int(batch_prefetch) + 2) * int(batch_nbytes)
+def batch_sets(batch_prefetch: int, *, cuda: bool = False) -> int:
+    """Buffer sets a stream's batch lane holds: those read ahead (at least one), the one
+    being received, the one the user holds, and on CUDA one whose copy may still run."""
+    return max(1, int(batch_prefetch)) + 2 + int(cuda)
+
+
+def batch_sets_nbytes(batch_nbytes: int, batch_prefetch: int, *, cuda: bool = False) -> int:
+    """Bytes of a stream's batch sets (:func:`batch_sets` of ``batch_nbytes`` each: a
+    ``held`` term)."""
+    return batch_sets(batch_prefetch, cuda=cuda) * int(batch_nbytes)
 
 
 def host_terms(

@@ -45,6 +45,7 @@ from .._executor import Cancelled
 from .._memory import BufferSet, HostBufferPool, PinnedSlotPool, thread_budget
 from ..pipeline import ChunkLoader, Delivery, EpochRun, Turn, copy_to_device, receive, times_to
 from ..sources import FieldSpec
+from ._defaults import batch_sets
 from ._held import HeldSource, as_numpy, copy_rows, numpy_dtype
 from ._sampling import _compute_dtype
 
@@ -196,12 +197,9 @@ class BatchLane:
         if self._pool is None or layout != self._layout:
             if self._pool is not None:
                 self._pool.close(self.loader.config.close_timeout)
-            # Those read ahead, the one being received, the one the user holds.
-            sets = max(1, self.depth) + 2
+            sets = batch_sets(self.depth, cuda=cuda)  # counted in the budget (_batches.py)
             if cuda:
-                pool: Any = PinnedSlotPool(
-                    specs, self.batch_size, slots=sets + 1, device=self.device
-                )
+                pool: Any = PinnedSlotPool(specs, self.batch_size, slots=sets, device=self.device)
             else:
                 pool = HostBufferPool(specs, self.batch_size, slots=sets)
             self.loader.lane(self.threads, self.device).owned.pools.append(pool)

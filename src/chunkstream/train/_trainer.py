@@ -465,7 +465,8 @@ class Trainer:
         fields = self.source.fields
         batch = self.config.batch_size * self.config.window
         nbytes = batch * sum(fields[n].step_nbytes for n in self._mixed_fields)
-        return batch_sets_nbytes(nbytes, StreamOptions().batch_prefetch)
+        cuda = self.device.type == "cuda"
+        return batch_sets_nbytes(nbytes, StreamOptions().batch_prefetch, cuda=cuda)
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
