@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, check_int
-from ..pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions, resolve_device
+from ..pipeline import Chunk, ChunkLoader, LoaderOptions, resolve_device
+from ..pipeline._config import LoaderConfig
 from ..plans import RandomPlan
 from ..sources import CallableSource
 from ..stats import LatencyStats
@@ -118,12 +119,23 @@ class GuideRandomChunkLoader:
             self._epoch = Epoch(previous.index + 1, previous.first_draw + consumed, num_chunks)
         if self._loader is None:  # under torchrun every rank reads the whole sequence, as
             # the original did
+            c = self._config
             self._loader = ChunkLoader(
                 self.source,
+                c.chunk_size,
                 device=self._device,
+                prefetch=c.prefetch,
+                gpu_prefetch=c.gpu_prefetch,
+                workers=c.workers,
                 sampling=self._draws,
-                config=self._config,
-                options=LoaderOptions(stats=self._stats, rank=0, world_size=1),
+                options=LoaderOptions(
+                    host_slots=c.host_slots,
+                    stall_timeout=c.stall_timeout,
+                    close_timeout=c.close_timeout,
+                    stats=self._stats,
+                    rank=0,
+                    world_size=1,
+                ),
             )
         self._begin(num_chunks if self._delivered else min(num_chunks, 1))
 

@@ -1,7 +1,11 @@
 """The streaming pipeline: an epoch as a run of futures, host buffers, and ``ChunkLoader``."""
 
+import warnings
+from typing import Any
+
+from .._options import MOVED_REMOVED_IN
 from ._chunk import Chunk
-from ._config import LoaderConfig, resolve_device
+from ._config import resolve_device
 from ._loader import ChunkLoader
 from ._options import LoaderOptions
 
@@ -18,4 +22,33 @@ from ._times import TimeTable as TimeTable  # isort: skip
 from ._times import recording_offsets as recording_offsets  # isort: skip
 from ._times import times_to as times_to  # isort: skip
 
-__all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "LoaderOptions", "resolve_device"]
+__all__ = ["Chunk", "ChunkLoader", "LoaderOptions", "resolve_device"]
+
+# Public until 0.1: now the loader's internal resolved settings (``loader.config``), still
+# found for one release with a FutureWarning naming what replaces it.
+_MOVED = {
+    "LoaderConfig": (
+        "._config",
+        "the ChunkLoader keywords and options=cs.LoaderOptions(...) (the one settings type)",
+    ),
+}
+
+
+def moved(name: str, where: str) -> Any:
+    """``name`` of :data:`_MOVED`, with a ``FutureWarning`` naming its replacement."""
+    module, instead = _MOVED[name]
+    warnings.warn(
+        f"{where}.{name} is no longer public and will be removed in {MOVED_REMOVED_IN}: "
+        f"use {instead}.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    from importlib import import_module
+
+    return getattr(import_module(module, __name__), name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return moved(name, "chunkstream.pipeline")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Loader configuration: validated, frozen data; the device the loader runs on."""
+"""The loader's resolved settings (internal, read-only); the device the loader runs on."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def default_workers() -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
+    """The loader's resolved settings: the depths and sizes a :class:`~chunkstream.ChunkLoader`
+    runs with, read-only (``loader.config``).
 
-    ``loader.config`` is the loader's, its depths resolved from any byte budget;
-    ``ChunkLoader(source, config=...)`` takes one (another loader's, or one built
-    here) in place of ``chunk_size``, the depths and the options it holds.
+    Internal, not a settings type users build: a loader is configured by its keywords
+    and one :class:`~chunkstream.LoaderOptions`; this is what those resolve to, the
+    depths derived from any byte budget. It was public as ``cs.LoaderConfig`` until
+    0.1 (still found, with a ``FutureWarning``, until 0.3), and
+    ``ChunkLoader(source, config=...)`` still takes one until then, with a
+    ``FutureWarning`` naming the keywords and options that replace it.
 
     Memory bounds (``chunk_bytes``: one window of every field): on CUDA pinned host
     bytes = ``host_slots * chunk_bytes``, fixed at start, and loader device bytes =

@@ -112,9 +112,15 @@ class ChunkLoader:
       settings (pinned slots and byte budgets, resident mode, pieces and segments,
       rank and world size, the stall watchdog and ``close()``'s deadline, NaN
       checks, read retries, shared stats, closing the source).
-    * ``config``: a whole :class:`~chunkstream.LoaderConfig` (such as another
-      loader's ``.config``) in place of ``chunk_size``, the depths and the options
-      it holds; giving one of those again is refused.
+    * ``config``: deprecated, removed in 0.3 (a ``FutureWarning``): another loader's
+      ``.config`` in place of ``chunk_size``, the depths and the options it holds.
+      Pass the keywords and ``options=`` instead, e.g. ``ChunkLoader(src,
+      chunk_size=c.chunk_size, prefetch=c.prefetch, gpu_prefetch=c.gpu_prefetch,
+      workers=c.workers, options=other.options)``.
+
+    ``loader.config`` holds the settings the loader resolved (its depths, from any byte
+    budget), read-only; ``loader.options`` is the :class:`~chunkstream.LoaderOptions` it
+    was given.
 
     With ``options.pieces=k`` a chunk is ``k`` pieces from independent places
     (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``; starts on the stored
