@@ -86,13 +86,13 @@ def test_loader_config_is_private_and_still_found_for_one_release():
     import pytest
 
     from chunkstream import pipeline
-    from chunkstream.pipeline._config import LoaderConfig
+    from chunkstream.pipeline import ResolvedSettings
 
     for module in (cs, pipeline):
         assert "LoaderConfig" not in module.__all__
         with pytest.warns(FutureWarning, match=r"LoaderConfig is no longer public .*0\.3.*"
                           r"keywords and options=cs\.LoaderOptions"):  # fmt: skip
-            assert module.LoaderConfig is LoaderConfig
+            assert module.LoaderConfig is ResolvedSettings
         with pytest.raises(AttributeError):
             module.NoSuchName  # noqa: B018
-    assert "config=" in (LoaderConfig.__doc__ or "") and "read-only" in LoaderConfig.__doc__
+    assert "config=" in (ResolvedSettings.__doc__ or "") and "read-only" in ResolvedSettings.__doc__

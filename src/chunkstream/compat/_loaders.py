@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, check_int
-from ..pipeline import Chunk, ChunkLoader, LoaderOptions, resolve_device
-from ..pipeline._config import LoaderConfig
+from ..pipeline import Chunk, ChunkLoader, LoaderOptions, ResolvedSettings, resolve_device
 from ..plans import RandomPlan
 from ..sources import CallableSource
 from ..stats import LatencyStats
@@ -64,7 +63,7 @@ class GuideRandomChunkLoader:
         # Everything is checked now, as the original's constructor would have failed now.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
         check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
-        config = LoaderConfig(
+        config = ResolvedSettings(
             chunk_size=chunk_size,
             prefetch=prefetch,
             workers=1,

@@ -11,6 +11,7 @@ from ._options import LoaderOptions
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._chunk import hand_over as hand_over  # isort: skip
+from ._config import ResolvedSettings as ResolvedSettings  # isort: skip
 from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._run import EpochRun as EpochRun  # isort: skip
@@ -25,10 +26,12 @@ from ._times import times_to as times_to  # isort: skip
 __all__ = ["Chunk", "ChunkLoader", "LoaderOptions", "resolve_device"]
 
 # Public until 0.1: now the loader's internal resolved settings (``loader.config``), still
-# found for one release with a FutureWarning naming what replaces it.
+# found for one release with a FutureWarning naming what replaces it
+# (name -> (private module, its name there, replacement)).
 _MOVED = {
     "LoaderConfig": (
         "._config",
+        "ResolvedSettings",
         "the ChunkLoader keywords and options=cs.LoaderOptions(...) (the one settings type)",
     ),
 }
@@ -36,7 +39,7 @@ _MOVED = {
 
 def moved(name: str, where: str) -> Any:
     """``name`` of :data:`_MOVED`, with a ``FutureWarning`` naming its replacement."""
-    module, instead = _MOVED[name]
+    module, now, instead = _MOVED[name]
     warnings.warn(
         f"{where}.{name} is no longer public and will be removed in {MOVED_REMOVED_IN}: "
         f"use {instead}.",
@@ -45,7 +48,7 @@ def moved(name: str, where: str) -> Any:
     )
     from importlib import import_module
 
-    return getattr(import_module(module, __name__), name)
+    return getattr(import_module(module, __name__), now)
 
 
 def __getattr__(name: str) -> Any:

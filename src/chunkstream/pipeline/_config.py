@@ -9,7 +9,7 @@ from .._errors import ConfigError, check_int
 from .._memory import LOOP_HELD, arena_bytes, budget_depths, thread_budget
 from ..sources import Source, check_source, window_nbytes
 
-__all__ = ["DEFAULT_WORKERS", "LoaderConfig", "default_workers", "resolve_device"]
+__all__ = ["DEFAULT_WORKERS", "ResolvedSettings", "default_workers", "resolve_device"]
 
 #: Reader workers a loader runs when its share of the node allows (``workers=None``).
 DEFAULT_WORKERS = 2
@@ -23,7 +23,7 @@ def default_workers() -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
+class ResolvedSettings:
     """The loader's resolved settings: the depths and sizes a :class:`~chunkstream.ChunkLoader`
     runs with, read-only (``loader.config``).
 
@@ -114,7 +114,7 @@ class LoaderConfig:
         host_memory: int | None = None,
         device_memory: int | None = None,
         **rest: object,
-    ) -> tuple[LoaderConfig, int]:
+    ) -> tuple[ResolvedSettings, int]:
         """Validate a loader's settings for ``source``; derive depths from byte budgets.
 
         Returns ``(config, rows)``: the rows of one window (``chunk_size``, clamped to
@@ -147,7 +147,7 @@ class LoaderConfig:
                 device_memory=device_memory,
                 on_cuda=on_cuda,
             )
-        config = LoaderConfig(
+        config = ResolvedSettings(
             chunk_size=chunk_size,
             workers=workers,
             prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,

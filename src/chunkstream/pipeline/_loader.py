@@ -48,7 +48,7 @@ from ..sources import (
 )
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
-from ._config import LoaderConfig, resolve_device
+from ._config import ResolvedSettings, resolve_device
 from ._jobs import learn_fields
 from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
@@ -162,7 +162,7 @@ class ChunkLoader:
         align: int = 1,
         seed: int = 0,
         options: LoaderOptions | None = None,
-        config: LoaderConfig | None = None,
+        config: ResolvedSettings | None = None,
         **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
@@ -183,7 +183,7 @@ class ChunkLoader:
             options=o,
             config=config,
         )
-        self.config, self.rows = LoaderConfig.for_source(source, on_cuda=on_cuda, **settings)
+        self.config, self.rows = ResolvedSettings.for_source(source, on_cuda=on_cuda, **settings)
         chunk_size = self.config.chunk_size
         self.rank, self.world_size = resolve_rank(o.rank, o.world_size)
         self.plan = loader_plan(

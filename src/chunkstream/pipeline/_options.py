@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .._errors import ConfigError
 from .._options import MOVED_REMOVED_IN
 from ..stats import LatencyStats
-from ._config import LoaderConfig, default_workers
+from ._config import ResolvedSettings, default_workers
 
 if TYPE_CHECKING:
     from ..plans import Segments
@@ -80,7 +80,7 @@ class LoaderOptions:
             )
 
 
-# The options a LoaderConfig (the loader's resolved settings) also holds: with the
+# The options the loader's resolved settings (ResolvedSettings, once cs.LoaderConfig) also hold: with the
 # deprecated config=, they come from it.
 _IN_CONFIG = (
     "host_slots",
@@ -100,9 +100,9 @@ def loader_settings(
     gpu_prefetch: int | None,
     workers: int | None,
     options: LoaderOptions,
-    config: LoaderConfig | None,
+    config: ResolvedSettings | None,
 ) -> dict[str, object]:
-    """The keywords of :meth:`LoaderConfig.for_source`: from the loader's own keywords and
+    """The keywords of :meth:`ResolvedSettings.for_source`: from the loader's own keywords and
     ``options``, or, with ``config`` (deprecated until :data:`MOVED_REMOVED_IN`: it warns
     with a ``FutureWarning`` once it is accepted), from that config alone (a keyword or an
     option that would set one of its values again is refused, naming both)."""
@@ -114,7 +114,7 @@ def loader_settings(
             workers=default_workers() if workers is None else workers,
             **{name: getattr(options, name) for name in _IN_CONFIG},
         )
-    if not isinstance(config, LoaderConfig):
+    if not isinstance(config, ResolvedSettings):
         raise ConfigError.bad(
             "config",
             type(config).__name__,
@@ -146,14 +146,14 @@ def loader_settings(
                 name,
                 value,
                 "no byte budget with config= (its depths are already chosen)",
-                "Set prefetch, gpu_prefetch and host_slots in the LoaderConfig, or leave "
+                "Set prefetch, gpu_prefetch and host_slots in the config, or leave "
                 "config out (deprecated): pass the keywords and options=cs.LoaderOptions(...).",
             )
         raise ConfigError.bad(
             name,
             value,
             f"no second value with config= (its {field} is {getattr(config, field)!r})",
-            f"Set {field} in the LoaderConfig (dataclasses.replace(config, {field}=...)), "
+            f"Set {field} in the config (dataclasses.replace(config, {field}=...)), "
             "or leave config out (deprecated): pass the keywords and "
             "options=cs.LoaderOptions(...).",
         )
