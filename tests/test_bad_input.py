@@ -19,6 +19,7 @@ import zarr
 import chunkstream as cs
 from chunkstream import compat, flyvis
 from chunkstream.consumer._sampling import WindowSampler
+from chunkstream.pipeline import ResolvedSettings
 from chunkstream.sources._base import FieldSpec
 from chunkstream.tools import layout_from_shape, plan_memory
 from tests.faults import ArraySource, chunkstream_threads, make_arrays, wait_for_no_threads
@@ -358,17 +359,18 @@ CASES = [
     ("ChunkLoader.options", lambda t: cs.ChunkLoader(_src(), 50, device="cpu", options={"pieces": 2}),
      cs.ConfigError, ValueError, ["options='dict'", "cs.LoaderOptions", "options=cs.LoaderOptions("]),
     ("ChunkLoader.config", lambda t: cs.ChunkLoader(_src(), device="cpu", config={"chunk_size": 50}),
-     cs.ConfigError, ValueError, ["config='dict'", "cs.LoaderConfig", "another loader's .config"]),
-    ("ChunkLoader.config", lambda t: _loader(config=cs.LoaderConfig(chunk_size=50), workers=3),
+     cs.ConfigError, ValueError, ["config='dict'", "another loader's .config",
+                                  "options=cs.LoaderOptions(", "config= is deprecated"]),
+    ("ChunkLoader.config", lambda t: _loader(config=ResolvedSettings(chunk_size=50), workers=3),
      cs.ConfigError, ValueError, ["workers=3", "config=", "its workers is 2", "leave config out"]),
-    ("ChunkLoader.config", lambda t: _loader(config=cs.LoaderConfig(chunk_size=40)),
+    ("ChunkLoader.config", lambda t: _loader(config=ResolvedSettings(chunk_size=40)),
      cs.ConfigError, ValueError, ["chunk_size=50", "its chunk_size is 40"]),
     ("ChunkLoader.config",
-     lambda t: _loader(chunk_size=None, config=cs.LoaderConfig(chunk_size=50), stall_timeout=1),
+     lambda t: _loader(chunk_size=None, config=ResolvedSettings(chunk_size=50), stall_timeout=1),
      cs.ConfigError, ValueError, ["options.stall_timeout=1", "its stall_timeout is 300.0",
                                   "dataclasses.replace(config, stall_timeout="]),
     ("ChunkLoader.config",
-     lambda t: _loader(chunk_size=None, config=cs.LoaderConfig(chunk_size=50), host_memory=10**6),
+     lambda t: _loader(chunk_size=None, config=ResolvedSettings(chunk_size=50), host_memory=10**6),
      cs.ConfigError, ValueError, ["options.host_memory=1000000", "no byte budget with config=",
                                   "Set prefetch, gpu_prefetch and host_slots"]),
     ("ChunkLoader.(option keyword)",

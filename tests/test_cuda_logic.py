@@ -24,7 +24,7 @@ import torch
 import chunkstream as cs
 from chunkstream import ChunkLoadError, ConfigError
 from chunkstream._executor import Executor
-from chunkstream.pipeline._config import LoaderConfig, resolve_device
+from chunkstream.pipeline import ResolvedSettings, resolve_device
 from chunkstream.stats._latency import LatencyStats, _completed
 from chunkstream.train import RunningMoments, TrainConfig, Trainer
 from chunkstream.train._trainer import _progress, trainer_device
@@ -315,7 +315,7 @@ def test_device_bounds_are_worded_alike_everywhere():
     phrase = "`gpu_prefetch + 1` chunks for a loop that drops each chunk before asking"
     assert phrase in readme.replace("\n  ", " ") and phrase in guarantees.replace("\n  ", " ")
     assert "del chunk" in tuning and "one chunk more" in tuning
-    for doc in (_plan.__doc__, LoaderConfig.__doc__):
+    for doc in (_plan.__doc__, ResolvedSettings.__doc__):
         flat = " ".join(doc.split())
         assert "gpu_prefetch + 1" in flat and "drops each chunk" in flat, flat
     # What plan and the trainer report, and what the GPU test asserts, agree with that.

@@ -2,9 +2,9 @@
 
 ``ChunkLoader`` and ``BatchStream`` take their common settings as keywords (those of
 the native API in DESIGN.md and the README) and the rest in one frozen, keyword-only
-``LoaderOptions`` / ``StreamOptions``; a ``LoaderConfig`` (such as another loader's
-``.config``) stands for the depths it holds, and the compat loaders pass theirs
-through.
+``LoaderOptions`` / ``StreamOptions``: one settings type per class. ``loader.config``
+holds the loader's resolved settings (read-only); ``ChunkLoader(config=...)`` still takes
+one until 0.3, with a ``FutureWarning``; the compat loaders pass keywords and options.
 """
 
 from __future__ import annotations
@@ -63,22 +63,43 @@ def test_options_reach_the_loader():
     assert all(len(p) == 2 for p in chunks) and stats.summary()["num_chunks"] == 2
 
 
-def test_a_config_stands_for_the_depths_and_gives_the_same_windows():
+def test_another_loaders_settings_are_its_keywords_and_options():
     options = cs.LoaderOptions(host_slots=3, close_timeout=2.0)
     with cs.ChunkLoader(_source(), 100, device="cpu", prefetch=3, workers=1, seed=5,
                         options=options) as first:  # fmt: skip
+        c = first.config
+        starts = [chunk.start for chunk in first.epoch()]
+    assert (c.prefetch, c.workers, c.host_slots) == (3, 1, 3)
+    with cs.ChunkLoader(_source(), chunk_size=c.chunk_size, device="cpu", prefetch=c.prefetch,
+                        gpu_prefetch=c.gpu_prefetch, workers=c.workers, seed=5,
+                        options=first.options) as second:  # fmt: skip
+        assert second.config == c and second.options is first.options
+        assert [chunk.start for chunk in second.epoch()] == starts
+    with pytest.raises(dataclasses.FrozenInstanceError):  # the resolved settings: read-only
+        c.prefetch = 1  # type: ignore[misc]
+
+
+def test_config_still_stands_for_the_depths_for_one_release():
+    """``ChunkLoader(config=...)`` is deprecated (issue 47 part 5): it warns, naming the
+    keywords and ``options=``, and still gives the same loader until 0.3."""
+    with cs.ChunkLoader(_source(), 100, device="cpu", prefetch=3, workers=1, seed=5,
+                        options=cs.LoaderOptions(host_slots=3)) as first:  # fmt: skip
         config = first.config
         starts = [c.start for c in first.epoch()]
-    assert (config.prefetch, config.workers, config.host_slots) == (3, 1, 3)
-    with cs.ChunkLoader(_source(), device="cpu", seed=5, config=config) as second:
+    says = r"ChunkLoader\(config=\.\.\.\) is deprecated .* 0\.3; pass the keywords and options="
+    with pytest.warns(FutureWarning, match=says):
+        second = cs.ChunkLoader(_source(), device="cpu", seed=5, config=config)
+    with second:
         assert second.config == config
         assert [c.start for c in second.epoch()] == starts
     # A chunk_size equal to the config's is not a second value.
-    with cs.ChunkLoader(_source(), 100, device="cpu", config=config) as third:
+    with pytest.warns(FutureWarning, match=says):
+        third = cs.ChunkLoader(_source(), 100, device="cpu", config=config)
+    with third:
         assert third.config == config
 
 
-def test_compat_passes_its_config_through(monkeypatch):
+def test_compat_builds_its_loader_from_keywords_and_options(monkeypatch):
     seen = {}
     real = cs.ChunkLoader.__init__
 
@@ -92,8 +113,10 @@ def test_compat_passes_its_config_through(monkeypatch):
     with loader:
         loader.start_epoch(2)
         assert loader.get_next_chunk()[0] is not None
-        assert seen["config"] is loader._config and seen["chunk_size"] is None
-        assert not {"prefetch", "gpu_prefetch", "workers"} & seen.keys()
+        assert "config" not in seen and seen["chunk_size"] == 100
+        assert (seen["prefetch"], seen["gpu_prefetch"], seen["workers"]) == (2, 1, 1)
+        options = seen["options"]
+        assert (options.rank, options.world_size, options.stats) == (0, 1, loader._stats)
         assert loader._loader.config == loader._config
         assert loader._loader.config.prefetch == 2 and loader._loader.config.workers == 1
 

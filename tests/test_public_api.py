@@ -8,7 +8,7 @@ PUBLIC = [
     "BatchStream", "BatchTimer", "CacheWarning", "CallableSource", "Chunk", "ChunkLoadError", "ChunkLoader",
     "ChunkstreamError",
     "ConfigError", "CorruptChunkError", "EpochPlan", "FieldDtypeError", "FieldLengthError",
-    "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderConfig", "LoaderOptions",
+    "FieldSelectionError", "FieldSpec", "JoinSource", "LatencyStats", "LoaderClosedError", "LoaderOptions",
     "LoaderStalledError", "MissingChunkError", "NonFiniteError", "NotZarrError", "NumpySource",
     "Piece", "PiecePlan", "RandomPlan", "ReadAmplificationWarning", "Recordings", "RemoteOptions", "RemotePermissionError", "RemoteStoreError", "Segments", "SequentialPlan", "ShuffledPlan", "Source",
     "SourceError", "SourceNotFoundError", "StreamOptions", "TensorStoreSource", "WindowPlan",
@@ -77,3 +77,22 @@ def test_the_mixer_and_the_sampler_are_private_and_still_found_for_one_release()
             assert module.WindowSampler is WindowSampler
         with pytest.raises(AttributeError):
             module.NoSuchName  # noqa: B018
+
+
+def test_loader_config_is_private_and_still_found_for_one_release():
+    """``LoaderConfig`` left the public API (issue 47 part 5: ``LoaderOptions`` is the one
+    settings type users pass): ``cs.LoaderConfig`` and ``chunkstream.pipeline.LoaderConfig``
+    resolve for one release, with a ``FutureWarning`` naming the replacement."""
+    import pytest
+
+    from chunkstream import pipeline
+    from chunkstream.pipeline import ResolvedSettings
+
+    for module in (cs, pipeline):
+        assert "LoaderConfig" not in module.__all__
+        with pytest.warns(FutureWarning, match=r"LoaderConfig is no longer public .*0\.3.*"
+                          r"keywords and options=cs\.LoaderOptions"):  # fmt: skip
+            assert module.LoaderConfig is ResolvedSettings
+        with pytest.raises(AttributeError):
+            module.NoSuchName  # noqa: B018
+    assert "config=" in (ResolvedSettings.__doc__ or "") and "read-only" in ResolvedSettings.__doc__

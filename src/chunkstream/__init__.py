@@ -38,7 +38,6 @@ __all__ = [
     "JoinSource",
     "LatencyStats",
     "LoaderClosedError",
-    "LoaderConfig",
     "LoaderOptions",
     "LoaderStalledError",
     "MissingChunkError",
@@ -84,10 +83,15 @@ _lazy_getattr, __dir__ = lazy_names(__name__, __all__)
 
 
 def __getattr__(name: str) -> object:
-    """The public names, imported on first use; ``cs.ChunkMixer`` and ``cs.WindowSampler``
-    (private now) found for one release with a ``FutureWarning`` naming their replacement."""
+    """The public names, imported on first use; ``cs.ChunkMixer``, ``cs.WindowSampler`` and
+    ``cs.LoaderConfig`` (private now) found for one release with a ``FutureWarning`` naming
+    their replacement."""
     if name in ("ChunkMixer", "WindowSampler"):
         from .consumer import moved
 
         return moved(name, "chunkstream")
+    if name == "LoaderConfig":
+        from .pipeline import moved as moved_pipeline
+
+        return moved_pipeline(name, "chunkstream")
     return _lazy_getattr(name)

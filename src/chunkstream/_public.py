@@ -33,7 +33,7 @@ from .consumer import (
     staggered_observations,
     zero_neurons_with_neighbours,
 )
-from .pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions
+from .pipeline import Chunk, ChunkLoader, LoaderOptions
 from .plans import (
     EpochPlan,
     Piece,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._errors import ConfigError, LoaderClosedError, check_int
-from ..pipeline import Chunk, ChunkLoader, LoaderConfig, LoaderOptions, resolve_device
+from ..pipeline import Chunk, ChunkLoader, LoaderOptions, ResolvedSettings, resolve_device
 from ..plans import RandomPlan
 from ..sources import CallableSource
 from ..stats import LatencyStats
@@ -63,7 +63,7 @@ class GuideRandomChunkLoader:
         # Everything is checked now, as the original's constructor would have failed now.
         RandomPlan(total_timesteps=total_timesteps, chunk_size=chunk_size)
         check_int("time_units", _align, 1, "Use 1 for no alignment.", expected="an int >= 1")
-        config = LoaderConfig(
+        config = ResolvedSettings(
             chunk_size=chunk_size,
             prefetch=prefetch,
             workers=1,
@@ -118,12 +118,23 @@ class GuideRandomChunkLoader:
             self._epoch = Epoch(previous.index + 1, previous.first_draw + consumed, num_chunks)
         if self._loader is None:  # under torchrun every rank reads the whole sequence, as
             # the original did
+            c = self._config
             self._loader = ChunkLoader(
                 self.source,
+                c.chunk_size,
                 device=self._device,
+                prefetch=c.prefetch,
+                gpu_prefetch=c.gpu_prefetch,
+                workers=c.workers,
                 sampling=self._draws,
-                config=self._config,
-                options=LoaderOptions(stats=self._stats, rank=0, world_size=1),
+                options=LoaderOptions(
+                    host_slots=c.host_slots,
+                    stall_timeout=c.stall_timeout,
+                    close_timeout=c.close_timeout,
+                    stats=self._stats,
+                    rank=0,
+                    world_size=1,
+                ),
             )
         self._begin(num_chunks if self._delivered else min(num_chunks, 1))
 

@@ -1,12 +1,17 @@
 """The streaming pipeline: an epoch as a run of futures, host buffers, and ``ChunkLoader``."""
 
+import warnings
+from typing import Any
+
+from .._options import MOVED_REMOVED_IN
 from ._chunk import Chunk
-from ._config import LoaderConfig, resolve_device
+from ._config import resolve_device
 from ._loader import ChunkLoader
 from ._options import LoaderOptions
 
 # The package's internal face for the rest of chunkstream (not public API).
 from ._chunk import hand_over as hand_over  # isort: skip
+from ._config import ResolvedSettings as ResolvedSettings  # isort: skip
 from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._run import EpochRun as EpochRun  # isort: skip
@@ -18,4 +23,35 @@ from ._times import TimeTable as TimeTable  # isort: skip
 from ._times import recording_offsets as recording_offsets  # isort: skip
 from ._times import times_to as times_to  # isort: skip
 
-__all__ = ["Chunk", "ChunkLoader", "LoaderConfig", "LoaderOptions", "resolve_device"]
+__all__ = ["Chunk", "ChunkLoader", "LoaderOptions", "resolve_device"]
+
+# Public until 0.1: now the loader's internal resolved settings (``loader.config``), still
+# found for one release with a FutureWarning naming what replaces it
+# (name -> (private module, its name there, replacement)).
+_MOVED = {
+    "LoaderConfig": (
+        "._config",
+        "ResolvedSettings",
+        "the ChunkLoader keywords and options=cs.LoaderOptions(...) (the one settings type)",
+    ),
+}
+
+
+def moved(name: str, where: str) -> Any:
+    """``name`` of :data:`_MOVED`, with a ``FutureWarning`` naming its replacement."""
+    module, now, instead = _MOVED[name]
+    warnings.warn(
+        f"{where}.{name} is no longer public and will be removed in {MOVED_REMOVED_IN}: "
+        f"use {instead}.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    from importlib import import_module
+
+    return getattr(import_module(module, __name__), now)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return moved(name, "chunkstream.pipeline")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Loader configuration: validated, frozen data; the device the loader runs on."""
+"""The loader's resolved settings (internal, read-only); the device the loader runs on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .._errors import ConfigError, check_int
 from .._memory import LOOP_HELD, arena_bytes, budget_depths, thread_budget
 from ..sources import Source, check_source, window_nbytes
 
-__all__ = ["DEFAULT_WORKERS", "LoaderConfig", "default_workers", "resolve_device"]
+__all__ = ["DEFAULT_WORKERS", "ResolvedSettings", "default_workers", "resolve_device"]
 
 #: Reader workers a loader runs when its share of the node allows (``workers=None``).
 DEFAULT_WORKERS = 2
@@ -23,12 +23,16 @@ def default_workers() -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """The depths and sizes a :class:`~chunkstream.ChunkLoader` runs with.
+class ResolvedSettings:
+    """The loader's resolved settings: the depths and sizes a :class:`~chunkstream.ChunkLoader`
+    runs with, read-only (``loader.config``).
 
-    ``loader.config`` is the loader's, its depths resolved from any byte budget;
-    ``ChunkLoader(source, config=...)`` takes one (another loader's, or one built
-    here) in place of ``chunk_size``, the depths and the options it holds.
+    Internal, not a settings type users build: a loader is configured by its keywords
+    and one :class:`~chunkstream.LoaderOptions`; this is what those resolve to, the
+    depths derived from any byte budget. It was public as ``cs.LoaderConfig`` until
+    0.1 (still found, with a ``FutureWarning``, until 0.3), and
+    ``ChunkLoader(source, config=...)`` still takes one until then, with a
+    ``FutureWarning`` naming the keywords and options that replace it.
 
     Memory bounds (``chunk_bytes``: one window of every field): on CUDA pinned host
     bytes = ``host_slots * chunk_bytes``, fixed at start, and loader device bytes =
@@ -110,7 +114,7 @@ class LoaderConfig:
         host_memory: int | None = None,
         device_memory: int | None = None,
         **rest: object,
-    ) -> tuple[LoaderConfig, int]:
+    ) -> tuple[ResolvedSettings, int]:
         """Validate a loader's settings for ``source``; derive depths from byte budgets.
 
         Returns ``(config, rows)``: the rows of one window (``chunk_size``, clamped to
@@ -143,7 +147,7 @@ class LoaderConfig:
                 device_memory=device_memory,
                 on_cuda=on_cuda,
             )
-        config = LoaderConfig(
+        config = ResolvedSettings(
             chunk_size=chunk_size,
             workers=workers,
             prefetch=fit.get("prefetch", 2) if prefetch is None else prefetch,

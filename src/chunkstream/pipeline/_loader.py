@@ -48,7 +48,7 @@ from ..sources import (
 )
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
-from ._config import LoaderConfig, resolve_device
+from ._config import ResolvedSettings, resolve_device
 from ._jobs import learn_fields
 from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
@@ -112,9 +112,15 @@ class ChunkLoader:
       settings (pinned slots and byte budgets, resident mode, pieces and segments,
       rank and world size, the stall watchdog and ``close()``'s deadline, NaN
       checks, read retries, shared stats, closing the source).
-    * ``config``: a whole :class:`~chunkstream.LoaderConfig` (such as another
-      loader's ``.config``) in place of ``chunk_size``, the depths and the options
-      it holds; giving one of those again is refused.
+    * ``config``: deprecated, removed in 0.3 (a ``FutureWarning``): another loader's
+      ``.config`` in place of ``chunk_size``, the depths and the options it holds.
+      Pass the keywords and ``options=`` instead, e.g. ``ChunkLoader(src,
+      chunk_size=c.chunk_size, prefetch=c.prefetch, gpu_prefetch=c.gpu_prefetch,
+      workers=c.workers, options=other.options)``.
+
+    ``loader.config`` holds the settings the loader resolved (its depths, from any byte
+    budget), read-only; ``loader.options`` is the :class:`~chunkstream.LoaderOptions` it
+    was given.
 
     With ``options.pieces=k`` a chunk is ``k`` pieces from independent places
     (:class:`~chunkstream.plans.PiecePlan`, ``chunk.pieces``; starts on the stored
@@ -156,7 +162,7 @@ class ChunkLoader:
         align: int = 1,
         seed: int = 0,
         options: LoaderOptions | None = None,
-        config: LoaderConfig | None = None,
+        config: ResolvedSettings | None = None,
         **moved: object,
     ) -> None:
         self._closed = True  # until fully built, so close() is safe
@@ -177,7 +183,7 @@ class ChunkLoader:
             options=o,
             config=config,
         )
-        self.config, self.rows = LoaderConfig.for_source(source, on_cuda=on_cuda, **settings)
+        self.config, self.rows = ResolvedSettings.for_source(source, on_cuda=on_cuda, **settings)
         chunk_size = self.config.chunk_size
         self.rank, self.world_size = resolve_rank(o.rank, o.world_size)
         self.plan = loader_plan(

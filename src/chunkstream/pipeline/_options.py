@@ -9,12 +9,14 @@ kept, compared and passed on (``dataclasses.replace`` changes one).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
+from .._options import MOVED_REMOVED_IN
 from ..stats import LatencyStats
-from ._config import LoaderConfig, default_workers
+from ._config import ResolvedSettings, default_workers
 
 if TYPE_CHECKING:
     from ..plans import Segments
@@ -78,7 +80,8 @@ class LoaderOptions:
             )
 
 
-# The options a LoaderConfig also holds: with config=, they come from it.
+# The options the loader's resolved settings (ResolvedSettings, once cs.LoaderConfig) also hold: with the
+# deprecated config=, they come from it.
 _IN_CONFIG = (
     "host_slots",
     "host_memory",
@@ -97,11 +100,12 @@ def loader_settings(
     gpu_prefetch: int | None,
     workers: int | None,
     options: LoaderOptions,
-    config: LoaderConfig | None,
+    config: ResolvedSettings | None,
 ) -> dict[str, object]:
-    """The keywords of :meth:`LoaderConfig.for_source`: from the loader's own keywords and
-    ``options``, or, with ``config``, from that config alone (a keyword or an option that
-    would set one of its values again is refused, naming both)."""
+    """The keywords of :meth:`ResolvedSettings.for_source`: from the loader's own keywords and
+    ``options``, or, with ``config`` (deprecated until :data:`MOVED_REMOVED_IN`: it warns
+    with a ``FutureWarning`` once it is accepted), from that config alone (a keyword or an
+    option that would set one of its values again is refused, naming both)."""
     if config is None:
         return dict(
             chunk_size=chunk_size,
@@ -110,12 +114,13 @@ def loader_settings(
             workers=default_workers() if workers is None else workers,
             **{name: getattr(options, name) for name in _IN_CONFIG},
         )
-    if not isinstance(config, LoaderConfig):
+    if not isinstance(config, ResolvedSettings):
         raise ConfigError.bad(
             "config",
             type(config).__name__,
-            "a cs.LoaderConfig or None",
-            "Pass config=cs.LoaderConfig(chunk_size=..., ...), or another loader's .config.",
+            "another loader's .config, or None",
+            "Leave config out: pass chunk_size, prefetch, gpu_prefetch, workers and "
+            "options=cs.LoaderOptions(...) instead (config= is deprecated).",
         )
     given = {
         name: value
@@ -141,14 +146,24 @@ def loader_settings(
                 name,
                 value,
                 "no byte budget with config= (its depths are already chosen)",
-                "Set prefetch, gpu_prefetch and host_slots in the LoaderConfig, or leave "
-                "config out.",
+                "Set prefetch, gpu_prefetch and host_slots in the config, or leave "
+                "config out (deprecated): pass the keywords and options=cs.LoaderOptions(...).",
             )
         raise ConfigError.bad(
             name,
             value,
             f"no second value with config= (its {field} is {getattr(config, field)!r})",
-            f"Set {field} in the LoaderConfig (dataclasses.replace(config, {field}=...)), "
-            "or leave config out.",
+            f"Set {field} in the config (dataclasses.replace(config, {field}=...)), "
+            "or leave config out (deprecated): pass the keywords and "
+            "options=cs.LoaderOptions(...).",
         )
+    warnings.warn(
+        f"ChunkLoader(config=...) is deprecated and will be removed in {MOVED_REMOVED_IN}; "
+        "pass the keywords and options=cs.LoaderOptions(...), e.g. "
+        "cs.ChunkLoader(src, chunk_size=c.chunk_size, prefetch=c.prefetch, "
+        "gpu_prefetch=c.gpu_prefetch, workers=c.workers, options=other.options) "
+        "for another loader's settings",
+        FutureWarning,
+        stacklevel=3,
+    )
     return {f.name: getattr(config, f.name) for f in fields(config)}
