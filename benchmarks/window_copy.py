@@ -6,7 +6,8 @@
 At the ZAPBench-like geometry a batch is 32 windows of 100 x 71,721 float32 (28.7 MB
 each). Prints GB/s for: the whole batch as one block (``dst[:] = src``), the windows
 one ``np.copyto`` each from random rows, and the same from rows whose byte offsets are
-multiples of 64. glibc chooses streaming (non-temporal) stores only above a threshold
+multiples of 64, and with the batch lane's own loop (``np.positive`` over the bytes
+as unsigned ints, a ufunc loop with ordinary stores). glibc chooses streaming (non-temporal) stores only above a threshold
 derived from the L3 size it sees, so on a machine reporting a large L3 the windows go
 through the cache and the block does not; the second command lowers the threshold.
 """
@@ -50,6 +51,12 @@ def main() -> None:
 
         return run
 
+    bits_src, bits_dst = src.view(np.uint32), dst.view(np.uint32)
+
+    def ufunc() -> None:  # the batch lane's loop for same-dtype windows (consumer/_held.py)
+        for b, s in enumerate(anywhere):
+            np.positive(bits_src[s : s + a.window], out=bits_dst[b])
+
     flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
 
     def block() -> None:
@@ -59,6 +66,7 @@ def main() -> None:
     print(f"  one block          {_rate(nbytes, block, a.repeat):6.2f} GB/s")
     print(f"  windows, any row   {_rate(nbytes, windows(anywhere), a.repeat):6.2f} GB/s")
     print(f"  windows, 64-B rows {_rate(nbytes, windows(aligned), a.repeat):6.2f} GB/s")
+    print(f"  windows, ufunc     {_rate(nbytes, ufunc, a.repeat):6.2f} GB/s (np.positive, uint32)")
 
 
 if __name__ == "__main__":
