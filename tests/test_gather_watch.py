@@ -236,3 +236,19 @@ def test_a_held_slot_is_refilled_only_after_every_read_over_it_ended(monkeypatch
         lane.fill(storage, x + 1)
         assert overlaps and not any(overlaps), overlaps
         torch.testing.assert_close(storage, x + 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_windows_of_memcpy_size_are_copied_bit_for_bit(dtype):
+    """Windows of at least ``MEMCPY_FROM`` bytes take glibc's memcpy, smaller ones the
+    ufunc loop: both give the source's bytes (NaN payloads included)."""
+    itemsize = np.dtype(dtype).itemsize
+    row = _held.MEMCPY_FROM // itemsize // 2  # two rows: one window at the threshold
+    bits = np.random.default_rng(3).integers(0, 255, (9 * row * itemsize,), dtype=np.uint8)
+    src = torch.from_numpy(bits.view(dtype).reshape(9, row))
+    starts = [0, 7, 3, 3]
+    for window in (1, 2):  # below the threshold, then at it
+        out = torch.empty((len(starts), window, row), dtype=src.dtype)
+        _held.copy_windows(src, out, starts, window)
+        for b, s in enumerate(starts):
+            assert out[b].numpy().tobytes() == src[s : s + window].numpy().tobytes()

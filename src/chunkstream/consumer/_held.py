@@ -63,6 +63,12 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+#: Windows of at least this many bytes are copied by glibc's ``memcpy``, which writes
+#: with streaming stores above its non-temporal threshold (a share of the L3 it sees;
+#: ``GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=...`` sets it); smaller ones by a
+#: ufunc loop over the bytes as unsigned ints.
+MEMCPY_FROM = 4 << 20
+
 _BITS = {
     1: np.dtype(np.uint8),
     2: np.dtype(np.uint16),
@@ -98,6 +104,8 @@ def window_copy(
     if src is None or dst is None or mixed:
         return _torch_windows, src_t, out_t
     if src.dtype == dst.dtype and src.dtype.itemsize in _BITS:
+        if dst[:1].nbytes >= MEMCPY_FROM:  # a window this large: glibc's memcpy
+            return _numpy_windows, src, dst
         bits = _BITS[src.dtype.itemsize]  # the same bytes, copied by a ufunc loop
         return _bits_windows, src.view(bits), dst.view(bits)
     return _numpy_windows, src, dst
