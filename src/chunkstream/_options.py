@@ -6,12 +6,14 @@ a ``FutureWarning``, until :data:`MOVED_REMOVED_IN`)."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import fields, replace
-from typing import TypeVar
+from importlib import import_module
+from typing import Any, TypeVar
 
 from ._errors import ConfigError
 
-__all__ = ["MOVED_REMOVED_IN", "check_moved", "check_options"]
+__all__ = ["MOVED_REMOVED_IN", "check_moved", "check_options", "moved_name"]
 
 T = TypeVar("T")
 
@@ -78,3 +80,20 @@ def _same(a: object, b: object) -> bool:
         return bool(a == b)
     except (TypeError, ValueError):
         return False
+
+
+def moved_name(
+    package: str, table: Mapping[str, tuple[str, str, str]], name: str, where: str
+) -> Any:
+    """A public name that went private: ``table[name]`` is ``(module, its name there,
+    replacement)``, the module relative to ``package``; found with a ``FutureWarning``
+    naming the replacement until :data:`MOVED_REMOVED_IN` (``where``: the module the
+    user reached it through)."""
+    module, now, instead = table[name]
+    warnings.warn(
+        f"{where}.{name} is no longer public and will be removed in {MOVED_REMOVED_IN}: "
+        f"use {instead}.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return getattr(import_module(module, package), now)

@@ -1,8 +1,8 @@
 """The consumer side: batches of windows drawn inside a chunk, on its device, and augmentation."""
 
-import warnings
 from typing import Any
 
+from .._options import moved_name
 from ._augment import neighbour_union, zero_neurons_with_neighbours
 from ._batches import BatchStream
 from ._options import StreamOptions
@@ -31,14 +31,16 @@ __all__ = [
 ]
 
 # Public until 0.x: now private, still found for one release with a FutureWarning naming
-# what replaces them (name -> (private module, replacement)).
+# what replaces them (name -> (private module, its name there, replacement)).
 _MOVED = {
     "ChunkMixer": (
         "._mixing",
+        "ChunkMixer",
         "cs.BatchStream(loader, window=..., mix=M) (its shuffle buffer of the last M chunks)",
     ),
     "WindowSampler": (
         "._sampling",
+        "WindowSampler",
         "cs.sample_windows(chunk, batch_size, window) and cs.gather_windows(x, starts, window), "
         "or cs.BatchStream",
     ),
@@ -46,16 +48,8 @@ _MOVED = {
 
 
 def moved(name: str, where: str) -> Any:
-    """``name`` of :data:`_MOVED`, with a ``FutureWarning`` naming its replacement."""
-    module, instead = _MOVED[name]
-    warnings.warn(
-        f"{where}.{name} is no longer public and goes in the next release: use {instead}.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    from importlib import import_module
-
-    return getattr(import_module(module, __name__), name)
+    """``name`` of :data:`_MOVED` (:func:`chunkstream._options.moved_name`)."""
+    return moved_name(__name__, _MOVED, name, where)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,8 @@
 """The streaming pipeline: an epoch as a run of futures, host buffers, and ``ChunkLoader``."""
 
-import warnings
 from typing import Any
 
-from .._options import MOVED_REMOVED_IN
+from .._options import moved_name
 from ._chunk import Chunk
 from ._config import resolve_device
 from ._loader import ChunkLoader
@@ -38,17 +37,8 @@ _MOVED = {
 
 
 def moved(name: str, where: str) -> Any:
-    """``name`` of :data:`_MOVED`, with a ``FutureWarning`` naming its replacement."""
-    module, now, instead = _MOVED[name]
-    warnings.warn(
-        f"{where}.{name} is no longer public and will be removed in {MOVED_REMOVED_IN}: "
-        f"use {instead}.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    from importlib import import_module
-
-    return getattr(import_module(module, __name__), now)
+    """``name`` of :data:`_MOVED` (:func:`chunkstream._options.moved_name`)."""
+    return moved_name(__name__, _MOVED, name, where)
 
 
 def __getattr__(name: str) -> Any:
