@@ -75,11 +75,19 @@ def chunk_entries(folder: Path) -> list[Path]:
     return [p for p in entries(folder) if p.stat().st_size == CHUNK_NBYTES + 36]
 
 
-def start_worker(url: str, folder: Path, out: Path | str, *args: str, budget="none"):
+def start_worker(
+    url: str, folder: Path, out: Path | str, *args: str, budget="none", who: list[str] | None = None
+):
+    """``tests.cache_worker`` in a process of its own; ``who``: run as ``runuser -u who[0]``
+    (``who[1:]``: more runuser options), importing this checkout's ``chunkstream``."""
     command = [sys.executable, "-m", "tests.cache_worker", url, str(folder), str(budget),
                str(out), *args]  # fmt: skip
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    if who is not None:
+        env = ["env", f"PYTHONPATH={ROOT / 'src'}:{ROOT}"]
+        command = ["runuser", "-u", *who, "--", *env, *command]
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(process: subprocess.Popen) -> dict:

@@ -25,6 +25,7 @@ import chunkstream as cs
 from chunkstream.sources._cache_entry import TRAILER_SIZE, trailer
 from chunkstream.sources._remote import RemoteOptions
 from tests.faults import Server, serve
+from tests.test_cache import finish, start_worker
 
 T, F, ZCHUNK = 8192, 16, 1024
 N_CHUNKS = T // ZCHUNK
@@ -38,8 +39,9 @@ GROUP = "nogroup"  # nobody's primary group (gid 65534); root joins it with runu
 def served(tmp_path_factory) -> Iterator[tuple[Server, np.ndarray]]:
     root = tmp_path_factory.mktemp("trust-store")
     data = np.arange(T * F, dtype=np.float32).reshape(T, F)  # sums to 8,589,869,056
-    zarr.create_array(root / "x.zarr", shape=data.shape, chunks=(ZCHUNK, F), dtype="f4",
-                      compressors=None)[:] = data  # fmt: skip
+    zarr.create_array(
+        root / "x.zarr", shape=data.shape, chunks=(ZCHUNK, F), dtype="f4", compressors=None
+    )[:] = data
     for server in serve(root):
         yield server, data
 
@@ -108,23 +110,18 @@ def second_user(*, python: bool = True) -> None:
 def as_user(who: list[str], command: list[str], **kwargs) -> subprocess.CompletedProcess:
     """``command`` run by ``runuser -u who[0]`` (``who[1:]``: more runuser options)."""
     env = ["env", f"PYTHONPATH={ROOT / 'src'}:{ROOT}"]
-    return subprocess.run(["runuser", "-u", *who, "--", *env, *command], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, **kwargs)  # fmt: skip
+    return subprocess.run(
+        ["runuser", "-u", *who, "--", *env, *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
+    )
 
 
 def worker(url: str, folder: Path, *args: str, who: list[str] | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tests.cache_worker", url, str(folder), "none", "-", *args]
-    if who is not None:
-        env = ["env", f"PYTHONPATH={ROOT / 'src'}:{ROOT}"]
-        command = ["runuser", "-u", *who, "--", *env, *command]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-
-
-def finish(process: subprocess.Popen) -> dict:
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+    return start_worker(url, folder, "-", *args, who=who)
 
 
 def true_sha(data: np.ndarray) -> str:
@@ -144,9 +141,11 @@ def test_a_folder_another_user_made_is_read_through_never_swapped(server, served
     next epoch. Both epochs are the store's bytes, read through with one warning each."""
     second_user(python=False)
     url, data = f"{server.url}/x.zarr", served[1]
-    script = ("d=$(mktemp -d /tmp/pcache.XXXX) && mkdir -m 777 $d/entries $d/partial && "
-              "for i in $(seq 0 255); do mkdir -m 777 $d/entries/$(printf %02x $i); done && "
-              "chmod 777 $d && echo $d")  # fmt: skip
+    script = (
+        "d=$(mktemp -d /tmp/pcache.XXXX) && mkdir -m 777 $d/entries $d/partial && "
+        "for i in $(seq 0 255); do mkdir -m 777 $d/entries/$(printf %02x $i); done && "
+        "chmod 777 $d && echo $d"
+    )
     made = as_user(["nobody"], ["sh", "-c", script])
     assert made.returncode == 0, made.stderr
     folder = Path(made.stdout.strip())
@@ -169,9 +168,12 @@ def test_a_folder_another_user_made_is_read_through_never_swapped(server, served
             other = genuine[(i + 1) % len(genuine)].read_bytes()[:-TRAILER_SIZE]
             (stage / path.name).write_bytes(other + trailer(path.name, other))
         stage.chmod(0o755)
-        plant = " && ".join(f"cp {stage / p.name} {folder}/entries/{p.parent.name}/{p.name}.x "
-                            f"&& mv -f {folder}/entries/{p.parent.name}/{p.name}.x "
-                            f"{folder}/entries/{p.parent.name}/{p.name}" for p in genuine)  # fmt: skip
+        plant = " && ".join(
+            f"cp {stage / p.name} {folder}/entries/{p.parent.name}/{p.name}.x "
+            f"&& mv -f {folder}/entries/{p.parent.name}/{p.name}.x "
+            f"{folder}/entries/{p.parent.name}/{p.name}"
+            for p in genuine
+        )
         done = as_user(["nobody"], ["sh", "-c", plant])  # step 3
         assert done.returncode == 0, done.stderr
         assert len(chunk_entries(folder)) == N_CHUNKS
@@ -222,8 +224,10 @@ def test_a_group_shared_folder_works_for_two_users_of_the_group(server, served, 
     server.faults.set("/x.zarr/c/", "slow", times=None)  # the two fetch at once
     url, folder = f"{server.url}/x.zarr", lab_folder(shared_tmp)
     users = [["root", "-G", GROUP], ["nobody"]]
-    workers = [worker(url, folder, "--cache-group", GROUP, *(["--reverse"] * i), who=who)
-               for i, who in enumerate(users)]  # fmt: skip
+    workers = [
+        worker(url, folder, "--cache-group", GROUP, *(["--reverse"] * i), who=who)
+        for i, who in enumerate(users)
+    ]
     results = [finish(w) for w in workers]
     for result in results:
         assert result["sha256"] == true_sha(served[1]) and result["warnings"] == []
@@ -367,9 +371,25 @@ def test_bench_reports_a_cache_folder_it_does_not_trust(server, tmp_path, capsys
     url, folder = f"{server.url}/x.zarr", tmp_path / "cache"
     folder.mkdir()
     folder.chmod(0o777)
-    args = ["bench", url, "--cache", str(folder), "--chunk-size", "1024", "--chunks", "2",
-            "--prefetch", "1", "--workers", "1", "--train-ms", "0", "--device", "cpu",
-            "--no-progress"]  # fmt: skip
+    args = [
+        "bench",
+        url,
+        "--cache",
+        str(folder),
+        "--chunk-size",
+        "1024",
+        "--chunks",
+        "2",
+        "--prefetch",
+        "1",
+        "--workers",
+        "1",
+        "--train-ms",
+        "0",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     with pytest.warns(cs.CacheWarning, match="is not trusted"):
         assert main([*args, "--json"]) == 0
     cached = json.loads(capsys.readouterr().out)["cache"]

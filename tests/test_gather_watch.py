@@ -141,16 +141,21 @@ def _lane(loader, depth):
                      depth=depth, threads=2)  # fmt: skip
 
 
-def test_a_failed_batch_read_is_raised_at_its_own_turn(monkeypatch):
-    """Batches are read ahead, but a batch's error comes after every batch before it."""
+def _fail_reads_at(monkeypatch, start: int, error: BaseException) -> None:
+    """Batch reads whose first window starts at ``start`` raise ``error``; others copy."""
     copy = _held._bits_windows
 
-    def fails_at_the_third(src, dst, starts, window):
-        if starts[0] == 3:
-            raise OSError("bad sector")
+    def failing(src, dst, starts, window):
+        if starts[0] == start:
+            raise error
         copy(src, dst, starts, window)
 
-    monkeypatch.setattr(_held, "_bits_windows", fails_at_the_third)
+    monkeypatch.setattr(_held, "_bits_windows", failing)
+
+
+def test_a_failed_batch_read_is_raised_at_its_own_turn(monkeypatch):
+    """Batches are read ahead, but a batch's error comes after every batch before it."""
+    _fail_reads_at(monkeypatch, 3, OSError("bad sector"))
     with _loader() as loader:
         x = torch.arange(400, dtype=torch.float32).reshape(100, 4)
         batches = _lane(loader, 3).batches(
@@ -178,16 +183,9 @@ def test_every_set_a_batch_read_takes_is_given_back_once(monkeypatch):
         taken.append(id(buffers))
         return buffers
 
-    copy = _held._bits_windows
-
-    def fails_at_the_second(src, dst, starts, window):
-        if starts[0] == 1:
-            raise RuntimeError("read failed")
-        copy(src, dst, starts, window)
-
     monkeypatch.setattr(HostBufferPool, "release", counted_release)
     monkeypatch.setattr(HostBufferPool, "acquire", counted_acquire)
-    monkeypatch.setattr(_held, "_bits_windows", fails_at_the_second)
+    _fail_reads_at(monkeypatch, 1, RuntimeError("read failed"))
     with _loader() as loader:
         lane = _lane(loader, 2)
         x = torch.arange(400, dtype=torch.float32).reshape(100, 4)
