@@ -139,8 +139,17 @@ def _first_epochs(data, chunk: int, seconds: float) -> dict:
 
 def _run(src: Path, arm: str, seconds: float, quick: bool, geometry: str = "race") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
-    cmd = [sys.executable, "-m", "benchmarks.ab", "--child", arm, "--seconds", str(seconds),
-           "--geometry", geometry]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.ab",
+        "--child",
+        arm,
+        "--seconds",
+        str(seconds),
+        "--geometry",
+        geometry,
+    ]
     done = subprocess.run(
         cmd + (["--quick"] if quick else []),
         cwd=ROOT,
@@ -167,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0, help="per arm and tree")
     ap.add_argument("--quick", action="store_true", help="16,384 x 256, chunk 4,096")
-    ap.add_argument("--geometry", default="race", choices=list(GEOMETRIES),
-                    help="host/device arms: race (256 x 64 x 1,024) or zap (32 x 100 x 71,721)")  # fmt: skip
+    ap.add_argument(
+        "--geometry",
+        default="race",
+        choices=list(GEOMETRIES),
+        help="host/device arms: race (256 x 64 x 1,024) or zap (32 x 100 x 71,721)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

@@ -70,10 +70,10 @@ def _hit_path(cache, folder: Path, passes: int = 9) -> float:
 
 def _run(tree_src: Path, url: str, cache: Path, epochs: int) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{tree_src}:{ROOT}"}
-    command = [sys.executable, "-m", "benchmarks.cache_ab", "--child", url, str(cache),
-               str(epochs)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, check=True)  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.cache_ab", "--child", url, str(cache), str(epochs)]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -97,16 +97,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cache-ab-") as tmp:
         work = Path(tmp)
         other = work / "other"
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.against, "src"],
-                                 capture_output=True, check=True).stdout  # fmt: skip
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.against, "src"],
+            capture_output=True,
+            check=True,
+        ).stdout
         (work / "src.tar").write_bytes(archive)
         with tarfile.open(work / "src.tar") as tar:
             tar.extractall(other, filter="data")
         data = np.random.default_rng(0).standard_normal((args.steps, WIDTH)).astype(np.float32)
         data = np.round(data, 2)  # compressible, as recordings are
         store = work / "store"
-        zarr.create_array(store / "x.zarr", shape=data.shape, chunks=(CHUNK, WIDTH),
-                          dtype="f4", compressors=zarr.codecs.ZstdCodec(level=3))[:] = data  # fmt: skip
+        zarr.create_array(
+            store / "x.zarr",
+            shape=data.shape,
+            chunks=(CHUNK, WIDTH),
+            dtype="f4",
+            compressors=zarr.codecs.ZstdCodec(level=3),
+        )[:] = data
         trees = {"this": ROOT / "src", args.against: other / "src"}
         with throttled_server(store, 0.0, 1e6) as server:
             url = f"{server}/x.zarr"
@@ -123,13 +131,18 @@ def main() -> None:
                 ratio = this["gbps"] / that["gbps"]
                 ratios.append(ratio)
                 hits.append(that["hit_ms"] / this["hit_ms"])
-                print(f"round {r + 1} ({' then '.join(order)}): this {this['gbps']:.3f} "
-                      f"GB/s, {args.against} {that['gbps']:.3f} GB/s, ratio {ratio:.3f}; "
-                      f"hit path {this['hit_ms']:.2f} ms vs {that['hit_ms']:.2f} ms, "
-                      f"speed ratio {hits[-1]:.3f}", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} ({' then '.join(order)}): this {this['gbps']:.3f} "
+                    f"GB/s, {args.against} {that['gbps']:.3f} GB/s, ratio {ratio:.3f}; "
+                    f"hit path {this['hit_ms']:.2f} ms vs {that['hit_ms']:.2f} ms, "
+                    f"speed ratio {hits[-1]:.3f}",
+                    flush=True,
+                )
     for what, figures in (("warm epochs' GB/s", ratios), ("hit path's speed", hits)):
-        print(f"this / {args.against}, {what}: median {statistics.median(figures):.3f} "
-              f"(range {min(figures):.3f}-{max(figures):.3f}) over {len(figures)} rounds")  # fmt: skip
+        print(
+            f"this / {args.against}, {what}: median {statistics.median(figures):.3f} "
+            f"(range {min(figures):.3f}-{max(figures):.3f}) over {len(figures)} rounds"
+        )
 
 
 if __name__ == "__main__":

@@ -142,8 +142,15 @@ def _requests(geo: Geo, rng: np.random.Generator) -> list[Request]:
 
 
 def _host_tier(loader: cs.ChunkLoader, geo: Geo, threads: int) -> HostTier:
-    lane = BatchLane(loader, ("x",), window=geo.window, batch_size=geo.batch,
-                     device=torch.device("cpu"), depth=2, threads=threads)  # fmt: skip
+    lane = BatchLane(
+        loader,
+        ("x",),
+        window=geo.window,
+        batch_size=geo.batch,
+        device=torch.device("cpu"),
+        depth=2,
+        threads=threads,
+    )
     return HostTier(lane)
 
 

@@ -122,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                 got["prefetch"].append(_measure(users_batches, args.seconds))
             finally:
                 users.close()
-            print(f"round {r}: " + ", ".join(
-                f"{arm} {v[-1]['batches_per_s']:.2f} batches/s {v[-1]['cpu_ms_per_batch']:.0f} CPU ms/batch"
-                for arm, v in got.items()), flush=True)  # fmt: skip
+            print(
+                f"round {r}: "
+                + ", ".join(
+                    f"{arm} {v[-1]['batches_per_s']:.2f} batches/s {v[-1]['cpu_ms_per_batch']:.0f} CPU ms/batch"
+                    for arm, v in got.items()
+                ),
+                flush=True,
+            )
         buffer = stream.buffer.describe()
         batches.close()
     ratios = [

@@ -152,16 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--val-steps", type=int, default=80)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (a model this small runs fastest on one)")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (a model this small runs fastest on one)",
+    )
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
 
     # Runs of different lengths: every window's latent lives in its own run's part of the bank.
     lengths = [args.timesteps + 256 * i for i in range(args.runs)]
-    runs = [simulate(n, args.neurons, args.stim_dims, args.latent, seed=1 + i)
-            for i, n in enumerate(lengths)]  # fmt: skip
+    runs = [
+        simulate(n, args.neurons, args.stim_dims, args.latent, seed=1 + i)
+        for i, n in enumerate(lengths)
+    ]
     held_out = simulate(args.timesteps // 2, args.neurons, args.stim_dims, args.latent, seed=99)
     phases = torch.randint(0, TIME_UNITS, (args.neurons,))  # drawn once per run
     first = torch.tensor(bank_rows(lengths))
@@ -204,9 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     assert rest == whole[cut:], "a mid-epoch resume must give the same latent indices"
 
     val, baseline = validate(model, held_out, phases, args)
-    print(json.dumps({"train": losses, "val": val, "val_baseline": baseline,
-                      "resumed_batches": len(rest), "bank": int(first[-1]),
-                      "buffer": stream.buffer.describe()}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "train": losses,
+                "val": val,
+                "val_baseline": baseline,
+                "resumed_batches": len(rest),
+                "bank": int(first[-1]),
+                "buffer": stream.buffer.describe(),
+            }
+        )
+    )
     return 0
 
 

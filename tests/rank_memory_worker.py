@@ -18,13 +18,17 @@ def _epoch(store: str, out: str, rank: int, world: int) -> None:
     import chunkstream as cs
 
     src = cs.ZarrSource(store)
-    plan = cs.plan_epoch(total_timesteps=len(src), chunk_size=4096, batch_size=32,
-                         world_size=world)  # fmt: skip
+    plan = cs.plan_epoch(total_timesteps=len(src), chunk_size=4096, batch_size=32, world_size=world)
     with cs.ChunkLoader(src, chunk_size=4096, device="cpu") as loader:
         stream = cs.BatchStream(loader, window=64, plan=plan)
         batches = sum(1 for _ in stream)
-        report = {"batches": batches, "expected": len(stream), "mix": stream.mix,
-                  "describe": stream.buffer.describe(), "terms": stream.buffer.terms}  # fmt: skip
+        report = {
+            "batches": batches,
+            "expected": len(stream),
+            "mix": stream.mix,
+            "describe": stream.buffer.describe(),
+            "terms": stream.buffer.terms,
+        }
     src.close()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)

@@ -17,8 +17,13 @@ _ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chunkstream", *args], capture_output=True,
-                          text=True, timeout=120, env=env or _ENV)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "chunkstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env or _ENV,
+    )
 
 
 def test_no_command_is_a_usage_error(capsys):
@@ -38,13 +43,20 @@ def test_help_is_plain_text(command, capsys):
 
 
 def test_help_imports_neither_torch_nor_zarr():
-    code = ("import sys\nfrom chunkstream.cli import main\n"
-            "for args in ([], *([c] for c in sys.argv[1:])):\n"
-            "    try: main([*args, '--help'])\n"
-            "    except SystemExit: pass\n"
-            "print(sorted(m for m in ('torch', 'zarr', 'numcodecs') if m in sys.modules))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, *_COMMANDS], capture_output=True,
-                          text=True, timeout=120, env=_ENV)  # fmt: skip
+    code = (
+        "import sys\nfrom chunkstream.cli import main\n"
+        "for args in ([], *([c] for c in sys.argv[1:])):\n"
+        "    try: main([*args, '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(m for m in ('torch', 'zarr', 'numcodecs') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *_COMMANDS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_ENV,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
 
@@ -55,8 +67,10 @@ def test_debug_shows_the_traceback_a_user_error_hides(tmp_path):
     plain = _run("inspect", missing, env=env)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
     assert plain.stderr.startswith("chunkstream inspect: error: path")
-    for run in (_run("--debug", "inspect", missing, env=env),
-                _run("inspect", missing, env={**env, "CHUNKSTREAM_DEBUG": "1"})):  # fmt: skip
+    for run in (
+        _run("--debug", "inspect", missing, env=env),
+        _run("inspect", missing, env={**env, "CHUNKSTREAM_DEBUG": "1"}),
+    ):
         assert run.returncode != 0
         assert "Traceback (most recent call last)" in run.stderr
         assert "SourceNotFoundError" in run.stderr

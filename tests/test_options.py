@@ -70,9 +70,16 @@ def test_another_loaders_settings_are_its_keywords_and_options():
         c = first.config
         starts = [chunk.start for chunk in first.epoch()]
     assert (c.prefetch, c.workers, c.host_slots) == (3, 1, 3)
-    with cs.ChunkLoader(_source(), chunk_size=c.chunk_size, device="cpu", prefetch=c.prefetch,
-                        gpu_prefetch=c.gpu_prefetch, workers=c.workers, seed=5,
-                        options=first.options) as second:  # fmt: skip
+    with cs.ChunkLoader(
+        _source(),
+        chunk_size=c.chunk_size,
+        device="cpu",
+        prefetch=c.prefetch,
+        gpu_prefetch=c.gpu_prefetch,
+        workers=c.workers,
+        seed=5,
+        options=first.options,
+    ) as second:
         assert second.config == c and second.options is first.options
         assert [chunk.start for chunk in second.epoch()] == starts
     with pytest.raises(dataclasses.FrozenInstanceError):  # the resolved settings: read-only
@@ -82,8 +89,15 @@ def test_another_loaders_settings_are_its_keywords_and_options():
 def test_config_still_stands_for_the_depths_for_one_release():
     """``ChunkLoader(config=...)`` is deprecated (issue 47 part 5): it warns, naming the
     keywords and ``options=``, and still gives the same loader until 0.3."""
-    with cs.ChunkLoader(_source(), 100, device="cpu", prefetch=3, workers=1, seed=5,
-                        options=cs.LoaderOptions(host_slots=3)) as first:  # fmt: skip
+    with cs.ChunkLoader(
+        _source(),
+        100,
+        device="cpu",
+        prefetch=3,
+        workers=1,
+        seed=5,
+        options=cs.LoaderOptions(host_slots=3),
+    ) as first:
         config = first.config
         starts = [c.start for c in first.epoch()]
     says = r"ChunkLoader\(config=\.\.\.\) is deprecated .* 0\.3; pass the keywords and options="

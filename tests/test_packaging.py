@@ -80,8 +80,9 @@ def test_every_imported_package_is_declared_and_every_declared_one_used():
 
 def test_all_is_the_user_features_and_dev_the_tools():
     (everything,) = PROJECT["optional-dependencies"]["all"]
-    assert not _DEV_TOOLS & {canonicalize_name(n) for e in Requirement(everything).extras
-                             for n in _extra(e)}  # fmt: skip
+    assert not _DEV_TOOLS & {
+        canonicalize_name(n) for e in Requirement(everything).extras for n in _extra(e)
+    }
     (dev,) = PROJECT["optional-dependencies"]["dev"]
     assert Requirement(dev).extras == {"test", "lint", "docs"}
     for script in (ROOT / "dev", ROOT / ".ci" / "run"):
@@ -107,10 +108,19 @@ def _built_metadata(root: Path, where: Path | None = None) -> str:
     out = copy / "meta"
     out.mkdir()
     made = subprocess.run(
-        [sys.executable, "-c", "import sys; from setuptools import build_meta; "
-         "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))", str(out)],
-        cwd=copy, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.split()[-1]  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta; "
+            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))",
+            str(out),
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()[-1]
     return (out / made / "METADATA").read_text()
 
 
@@ -161,14 +171,34 @@ def _plan(tmp_path: Path, metadata: str) -> list[tuple[str, str]]:
     wheel = _wheel(tmp_path, "chunkstream", chunkstream.__version__, metadata)
     report = tmp_path / "report.json"
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    env = {k: v for k, v in env.items() if not k.startswith("PIP_") or k in
-           {"PIP_CONFIG_FILE", "PIP_DISABLE_PIP_VERSION_CHECK"}}  # fmt: skip
+    env = {
+        k: v
+        for k, v in env.items()
+        if not k.startswith("PIP_") or k in {"PIP_CONFIG_FILE", "PIP_DISABLE_PIP_VERSION_CHECK"}
+    }
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-         "--dry-run", "--quiet", "--report", str(report), "--no-index", "--find-links",
-         str(links), str(wheel)],
-        env=env, check=True, timeout=120, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--report",
+            str(report),
+            "--no-index",
+            "--find-links",
+            str(links),
+            str(wheel),
+        ],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     return [
         (i["metadata"]["name"], i["metadata"]["version"])
         for i in json.loads(report.read_text())["install"]

@@ -65,8 +65,24 @@ def test_a_bar_shows_on_a_terminal_only_and_never_when_disabled(monkeypatch):
 def test_convert_shows_its_verification(tmp_path, monkeypatch, capsys):
     err = terminal(monkeypatch)
     run, out = tmp_path / "run", tmp_path / "out"
-    assert main(["synth", str(run), "-T", "200", "-N", "30", "--stim-dims", "6",
-                 "--chunks", "40,30,4", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "synth",
+                str(run),
+                "-T",
+                "200",
+                "-N",
+                "30",
+                "--stim-dims",
+                "6",
+                "--chunks",
+                "40,30,4",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert err.getvalue() == ""  # --no-progress: no bar, terminal or not
     argv = ["convert", str(run), str(out), "--flyvis", "--stim-dims", "6", "--chunk-mb", "0.01"]
     assert main(argv) == 0
@@ -89,9 +105,26 @@ def served(tmp_path) -> tuple[str, str]:
 def test_every_bench_mode_shows_progress(served, tmp_path, monkeypatch, capsys):
     url, local = served
     err = terminal(monkeypatch)
-    argv = ["bench", url, "--local", local, "--cache", str(tmp_path / "cache"),
-            "--chunk-size", "100", "--chunks", "3", "--prefetch", "1,2", "--workers", "1",
-            "--train-ms", "0", "--device", "cpu"]  # fmt: skip
+    argv = [
+        "bench",
+        url,
+        "--local",
+        local,
+        "--cache",
+        str(tmp_path / "cache"),
+        "--chunk-size",
+        "100",
+        "--chunks",
+        "3",
+        "--prefetch",
+        "1,2",
+        "--workers",
+        "1",
+        "--train-ms",
+        "0",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     text = err.getvalue()
     assert finished(text, "bench") == 2  # the (prefetch, workers) settings

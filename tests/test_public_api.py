@@ -90,8 +90,11 @@ def test_loader_config_is_private_and_still_found_for_one_release():
 
     for module in (cs, pipeline):
         assert "LoaderConfig" not in module.__all__
-        with pytest.warns(FutureWarning, match=r"LoaderConfig is no longer public .*0\.3.*"
-                          r"keywords and options=cs\.LoaderOptions"):  # fmt: skip
+        with pytest.warns(
+            FutureWarning,
+            match=r"LoaderConfig is no longer public .*0\.3.*"
+            r"keywords and options=cs\.LoaderOptions",
+        ):
             assert module.LoaderConfig is ResolvedSettings
         with pytest.raises(AttributeError):
             module.NoSuchName  # noqa: B018

@@ -37,8 +37,13 @@ ROWS, COLUMNS = 4096, 4096  # one stored chunk: 64 MiB of float32
 def store(tmp_path_factory) -> Path:
     """32 chunks of 64 MiB; random bytes (zstd keeps them about as large), each chunk its own."""
     path = tmp_path_factory.mktemp("rank-memory") / "x.zarr"
-    arr = zarr.create_array(path, shape=(32 * ROWS, COLUMNS), chunks=(ROWS, COLUMNS),
-                            dtype="float32", compressors=ZstdCodec(level=1))  # fmt: skip
+    arr = zarr.create_array(
+        path,
+        shape=(32 * ROWS, COLUMNS),
+        chunks=(ROWS, COLUMNS),
+        dtype="float32",
+        compressors=ZstdCodec(level=1),
+    )
     block = np.random.default_rng(0).standard_normal((ROWS, COLUMNS), dtype=np.float32)
     for k in range(32):
         block[0, 0] = k
@@ -61,8 +66,13 @@ def _run(group: Path, command: list[str]) -> tuple[subprocess.CompletedProcess, 
     group's peak usage and how many processes the kernel killed there."""
     join = f'echo $$ > "{group}/cgroup.procs" && exec "$@"'
     try:
-        done = subprocess.run(["sh", "-c", join, "sh", *command], env=_env(),
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", join, "sh", *command],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         peak = int((group / "memory.max_usage_in_bytes").read_text())
         oom = (group / "memory.oom_control").read_text().split()
         kills = int(oom[oom.index("oom_kill") + 1]) if "oom_kill" in oom else 0
@@ -77,8 +87,9 @@ def _reports(out: Path, n: int) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize(("ranks", "limit"), [(4, 4 * GIB), (2, 3 * GIB)],
-                         ids=["4-ranks-in-4GiB", "2-ranks-in-3GiB"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ranks", "limit"), [(4, 4 * GIB), (2, 3 * GIB)], ids=["4-ranks-in-4GiB", "2-ranks-in-3GiB"]
+)
 def test_ranks_in_one_limit_with_64_mib_chunks_all_finish(tmp_path, store, ranks, limit):
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with the gloo backend is not available")
@@ -88,10 +99,18 @@ def test_ranks_in_one_limit_with_64_mib_chunks_all_finish(tmp_path, store, ranks
     out = tmp_path / "out"
     out.mkdir()
     torchrun = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        str(WORKER), "rank", str(store), str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={ranks}",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(WORKER),
+        "rank",
+        str(store),
+        str(out),
+    ]
     done, peak, kills = _run(group, torchrun)
     assert done.returncode == 0 and kills == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
     assert peak <= limit
@@ -109,8 +128,9 @@ def test_one_process_in_3_gib_is_not_refused(tmp_path, store):
     group = cgroups.memory_group(3 * GIB)
     out = tmp_path / "out"
     out.mkdir()
-    done, _, kills = _run(group, [sys.executable, str(WORKER), "alone", str(group),
-                                     str(store), str(out)])  # fmt: skip
+    done, _, kills = _run(
+        group, [sys.executable, str(WORKER), "alone", str(group), str(store), str(out)]
+    )
     assert done.returncode == 0 and kills == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
     (report,) = _reports(out, 1)
     assert report["batches"] == report["expected"] > 0 and report["mix"] > 1, report

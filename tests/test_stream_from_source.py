@@ -61,8 +61,13 @@ def test_a_stream_from_a_zarr_source_streams_an_epoch_of_true_windows_and_closes
 def test_a_stream_from_a_source_takes_a_plan_and_loader_settings(path):
     with cs.ZarrSource(path) as source:
         plan = cs.plan_epoch(T, 1024, BATCH)
-        with cs.BatchStream(source, window=WINDOW, plan=plan, device="cpu",
-                            loader_options={"seed": 7, "sampling": "shuffled"}) as stream:  # fmt: skip
+        with cs.BatchStream(
+            source,
+            window=WINDOW,
+            plan=plan,
+            device="cpu",
+            loader_options={"seed": 7, "sampling": "shuffled"},
+        ) as stream:
             assert stream.loader.rows == 1024 and stream.loader.plan.seed == 7
             assert stream.batch_size == BATCH and len(stream) == plan.batches_per_epoch
             assert len(list(stream)) == len(stream)
@@ -75,8 +80,13 @@ def test_the_loader_first_form_leaves_closing_to_the_loader(path):
             next(iter(s))
         assert not loader.closed  # the stream's close() is the loader's to make
         with pytest.raises(cs.ConfigError, match="loader_options"):
-            cs.BatchStream(loader, window=WINDOW, batch_size=BATCH, batches_per_chunk=2,
-                           loader_options={"seed": 1})  # fmt: skip
+            cs.BatchStream(
+                loader,
+                window=WINDOW,
+                batch_size=BATCH,
+                batches_per_chunk=2,
+                loader_options={"seed": 1},
+            )
 
 
 def test_a_failed_stream_closes_the_loader_it_built(path):

@@ -25,9 +25,22 @@ def _recordings(tmp_path):
 
 
 def _config(**kw):
-    base = dict(chunk_size=300, batch_size=8, epochs=1, hidden_dim=16, latent_dim=8,
-                device="cpu", progress=False, tensorboard=False, workers=1, seed=3,
-                data_field="data", stim_field=None, time_units=2, evolve_multiple_steps=3)  # fmt: skip
+    base = dict(
+        chunk_size=300,
+        batch_size=8,
+        epochs=1,
+        hidden_dim=16,
+        latent_dim=8,
+        device="cpu",
+        progress=False,
+        tensorboard=False,
+        workers=1,
+        seed=3,
+        data_field="data",
+        stim_field=None,
+        time_units=2,
+        evolve_multiple_steps=3,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -151,8 +164,12 @@ def test_the_trainer_baseline_counts_the_unpadded_values_and_refuses_an_old_chec
     mean, var = _unpadded_moments([np.concatenate(w) for w in windows], 8)
     np.testing.assert_allclose(trainer.moments.mean.cpu().numpy(), mean, rtol=1e-9)
     np.testing.assert_allclose(trainer.moments.var.cpu().numpy(), var, rtol=1e-9)
-    real = np.concatenate([((np.concatenate(w) - mean[: a.shape[1]]) ** 2).ravel()
-                           for w, a in zip(windows, arrays, strict=True)])  # fmt: skip
+    real = np.concatenate(
+        [
+            ((np.concatenate(w) - mean[: a.shape[1]]) ** 2).ravel()
+            for w, a in zip(windows, arrays, strict=True)
+        ]
+    )
     assert result.baseline_train == pytest.approx(real.mean(), rel=1e-9)
     # A checkpoint whose moments counted the padding (no per-neuron counts) is refused.
     path = tmp_path / "run" / "checkpoint.pt"

@@ -54,22 +54,35 @@ def _truncate(file: Path) -> None:
 
 
 def _v2_blosc(path: Path) -> Path:
-    arr = zarr.create_array(path, shape=(100, 4), chunks=(10, 4), dtype="f4", zarr_format=2,
-                            compressors=numcodecs.Blosc(cname="lz4"))  # fmt: skip
+    arr = zarr.create_array(
+        path,
+        shape=(100, 4),
+        chunks=(10, 4),
+        dtype="f4",
+        zarr_format=2,
+        compressors=numcodecs.Blosc(cname="lz4"),
+    )
     arr[:] = DATA
     return path / "0.0"
 
 
 def _v3_blosc(path: Path) -> Path:
-    arr = zarr.create_array(path, shape=(100, 4), chunks=(10, 4), dtype="f4",
-                            compressors=BloscCodec(cname="lz4"))  # fmt: skip
+    arr = zarr.create_array(
+        path, shape=(100, 4), chunks=(10, 4), dtype="f4", compressors=BloscCodec(cname="lz4")
+    )
     arr[:] = DATA
     return path / "c" / "0" / "0"
 
 
 def _v3_shard(path: Path) -> Path:
-    arr = zarr.create_array(path, shape=(100, 4), chunks=(10, 4), shards=(50, 4), dtype="f4",
-                            compressors=BloscCodec(cname="lz4"))  # fmt: skip
+    arr = zarr.create_array(
+        path,
+        shape=(100, 4),
+        chunks=(10, 4),
+        shards=(50, 4),
+        dtype="f4",
+        compressors=BloscCodec(cname="lz4"),
+    )
     arr[:] = DATA
     return path / "c" / "0" / "0"
 

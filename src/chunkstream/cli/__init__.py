@@ -64,8 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code) if isinstance(exc.code, int) else 2
     if getattr(args, "func", None) is None:  # a usage error, as argparse's convention
         parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: a command is required (see {parser.prog} --help)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{parser.prog}: error: a command is required (see {parser.prog} --help)",
+            file=sys.stderr,
+        )
         return 2
     from .._errors import ChunkstreamError, FieldSelectionError
 

@@ -196,8 +196,18 @@ class BatchStream:
                 "loader with those settings.",
             )
         try:
-            self._init(loader, window, batch_size, batches_per_chunk, plan, mix, buffer, device,
-                       fields, options)  # fmt: skip
+            self._init(
+                loader,
+                window,
+                batch_size,
+                batches_per_chunk,
+                plan,
+                mix,
+                buffer,
+                device,
+                fields,
+                options,
+            )
         except BaseException:
             self.close()
             raise
