@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
@@ -213,6 +214,21 @@ class Executor:
             busy = dict(self._busy)
         stacks = (thread_stack(thread, what) for thread, what in busy.items())
         return [stack for stack in stacks if stack is not None]
+
+    def close_within(self, seconds: float, who: str, why: str, stacklevel: int = 3) -> list[str]:
+        """:meth:`close` with a deadline ``seconds`` from now; threads still inside a call
+        (daemons, left to end with the process) are said in a ``RuntimeWarning`` naming
+        ``who`` they are and ``why`` a call may not return (``stacklevel`` as for
+        ``warnings.warn``, counted from the caller of this method's caller)."""
+        alive = self.close(time.monotonic() + seconds)
+        if alive:
+            warnings.warn(
+                f"chunkstream: {who} threads {alive} did not stop within {seconds} s ({why}); "
+                "they are daemon threads and end with the process",
+                RuntimeWarning,
+                stacklevel=stacklevel,
+            )
+        return alive
 
     def close(self, deadline: float) -> list[str]:
         """Cancel queued calls, stop the threads, join them until ``deadline`` (monotonic);

@@ -50,8 +50,6 @@ import os
 import struct
 import sys
 import threading
-import time
-import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -117,15 +115,8 @@ def _executor(threads: int) -> Executor:
 def _close(pool: Executor) -> None:
     """Stop ``pool``'s threads, waiting up to :data:`RELEASE_S`; a thread still inside a
     read is a daemon, left to end with the process, and said in a warning."""
-    alive = pool.close(time.monotonic() + RELEASE_S)
-    if alive:
-        warnings.warn(
-            f"chunkstream: decode threads {alive} did not stop within {RELEASE_S} s (a read "
-            "that never returns, e.g. on a dead mount); they are daemon threads and end with "
-            "the process",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    why = "a read that never returns, e.g. on a dead mount"
+    pool.close_within(RELEASE_S, "decode", why, stacklevel=4)
 
 
 class DecodePool:

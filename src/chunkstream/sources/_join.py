@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 import weakref
 from collections.abc import Mapping
 from functools import partial
@@ -200,15 +199,7 @@ class JoinSource(SourceBase):
         if self._closed:
             return
         self._closed = True
-        alive = self._pool.close(time.monotonic() + CLOSE_S)
-        if alive:
-            warnings.warn(
-                f"chunkstream: JoinSource threads {alive} did not stop within {CLOSE_S} s (a "
-                "part's read that never returns); they are daemon threads and end with the "
-                "process",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        self._pool.close_within(CLOSE_S, "JoinSource", "a part's read that never returns")
         for _, part, _ in self._parts:
             part.close()
 
