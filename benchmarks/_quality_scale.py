@@ -21,7 +21,7 @@ ratio to i.i.d.:
 * ``pieces=k + buffer <share>``: the same buffer of pieced chunks, at
   :data:`PIECED_SHARES` (what the trainer's default ``pieces="auto"`` streams);
 * ``defaults``: ``TrainConfig``'s defaults (``pieces="auto"``, ``mix="auto"``:
-  the library's one policy, :mod:`chunkstream.consumer._defaults`), sized from
+  the library's one policy, :mod:`chunkstream._memory._defaults`), sized from
   the host memory the job may use (here, the whole split);
 * ``defaults, 25% cap``: the same with the host memory capped
   (``CHUNKSTREAM_HOST_MEMORY``) so that ``mix="auto"`` holds at most
@@ -235,7 +235,7 @@ def _host_cap(nbytes: int | None):
 def _cap_for(trainer, share: float) -> int:
     """Host memory under which ``mix="auto"`` holds ``share`` of the split at most: the
     policy gives the buffer ``HOST_SHARE`` of what it leaves beside the loader's arena."""
-    from chunkstream.consumer import HOST_SHARE
+    from chunkstream._memory import HOST_SHARE
 
     chunk = trainer._mixer_chunk_bytes()
     pass_chunks = max(1, trainer.plan.chunks_per_epoch // trainer.config.passes_per_epoch)

@@ -49,10 +49,10 @@ import numpy as np
 import torch
 
 import chunkstream as cs
+from chunkstream.consumer._shuffle import HostTier
 
 # The tier is private: the benchmark measures the hot path without the loader's reads.
-from chunkstream.consumer._lane import BatchLane, Request, default_gather_threads
-from chunkstream.consumer._shuffle import HostTier
+from chunkstream.pipeline._lane import BatchLane, Request, default_gather_threads
 
 
 @dataclass(frozen=True)

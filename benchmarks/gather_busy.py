@@ -10,7 +10,7 @@ batch_size=256)``, the consumer doing nothing with a batch but dropping it. Arms
   starts from ``sample_windows`` and one ``index_select`` over an ``unfold``
   view (torch's intra-op pool, fresh pages per batch);
 * ``device``: ``BatchStream(buffer="device")``: the pooled CPU gather
-  (:mod:`chunkstream.consumer._lane`), a fresh batch tensor per batch;
+  (:mod:`chunkstream.pipeline._lane`), a fresh batch tensor per batch;
 * ``host``: ``BatchStream()`` with the default ``buffer="auto"`` (the host tier on
   the CPU): gathered ahead into reused slots.
 

@@ -53,7 +53,7 @@ def main() -> None:
 
     bits_src, bits_dst = src.view(np.uint32), dst.view(np.uint32)
 
-    def ufunc() -> None:  # the batch lane's loop for same-dtype windows (consumer/_held.py)
+    def ufunc() -> None:  # the batch lane's loop for same-dtype windows (pipeline/_held.py)
         for b, s in enumerate(anywhere):
             np.positive(bits_src[s : s + a.window], out=bits_dst[b])
 

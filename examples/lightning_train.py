@@ -74,14 +74,21 @@ class StreamingData(L.LightningDataModule):
 
     def __init__(self, data: Path, *, chunk_size: int, batch_size: int, window: int) -> None:
         super().__init__()
-        self.data, self.chunk_size, self.batch_size, self.window = data, chunk_size, batch_size, window
+        self.data, self.chunk_size, self.batch_size, self.window = (
+            data,
+            chunk_size,
+            batch_size,
+            window,
+        )
         self.source: cs.Source | None = None
         self.loader: cs.ChunkLoader | None = None
         self.stream: cs.BatchStream | None = None
 
     def setup(self, stage: str) -> None:
         self.source = cs.flyvis.open(self.data, column="voltage", stim_dims=DEMO["stim_dims"])
-        plan = cs.plan_epoch(len(self.source), chunk_size=self.chunk_size, batch_size=self.batch_size)
+        plan = cs.plan_epoch(
+            len(self.source), chunk_size=self.chunk_size, batch_size=self.batch_size
+        )
         self.loader = cs.ChunkLoader(
             self.source,
             chunk_size=self.chunk_size,
@@ -139,11 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     # Lightning 2.6 checks for pytree leaves in a way torch >= 2.10 deprecates; the warning is
     # about Lightning's code, not this script's, so only it is silenced.
     warnings.filterwarnings(
-        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
     )
     if args.resume:  # resuming means the checkpoint folder holds checkpoints: say it is fine
         warnings.filterwarnings(
-            "ignore", message=r"Checkpoint directory .* exists and is not empty", category=UserWarning
+            "ignore",
+            message=r"Checkpoint directory .* exists and is not empty",
+            category=UserWarning,
         )
     L.seed_everything(0, verbose=False)
     model = NextStep(DEMO["neurons"], DEMO["stim_dims"], record=args.record)

@@ -261,7 +261,7 @@ def test_no_loss_text_is_computed_while_the_bar_is_off(monkeypatch):
 
 
 def test_the_csr_is_uploaded_once_per_array():
-    from chunkstream.consumer import _augment
+    from chunkstream.compat import _augment
 
     indptr = np.array([0, 2, 3, 3, 5])
     indices = np.array([1, 2, 0, 3, 6])  # a column beyond the rows: the union holds it

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import chunkstream as cs
-from chunkstream._memory import ENV_HOST_MEMORY
-from chunkstream.consumer import choose_tier
-from chunkstream.consumer._defaults import DEVICE_MIX
+from chunkstream._memory import ENV_HOST_MEMORY, choose_tier
+from chunkstream._memory._defaults import DEVICE_MIX
 from tests.flat import loader_from
 
 T, CHUNK, WINDOW = 4000, 200, 16
@@ -134,8 +133,8 @@ def test_the_trainer_on_cuda_takes_the_host_tier_where_it_holds_more(tmp_path):
 
 
 def test_a_cuda_loaders_device_tier_says_what_the_host_tier_would_hold(monkeypatch):
+    from chunkstream._memory._buffer import host_tier_hint
     from chunkstream.consumer import BufferInfo
-    from chunkstream.consumer._tiers import host_tier_hint
 
     monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 40 * 10**7))
     info = BufferInfo("device", 4, 4 * 10**7, 0.05, 4, "as sized")  # 4 of 80 chunks of 10 MB

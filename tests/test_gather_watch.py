@@ -18,9 +18,9 @@ import torch
 
 import chunkstream as cs
 from chunkstream._memory import HostBufferPool
-from chunkstream.consumer import _held
-from chunkstream.consumer import _lane as _lane_module
-from chunkstream.consumer._lane import BatchLane, Request
+from chunkstream.pipeline import _held
+from chunkstream.pipeline import _lane as _lane_module
+from chunkstream.pipeline._lane import BatchLane, Request
 
 T, WIDTH, WINDOW, BATCH = 4096, 8, 16, 32
 
@@ -200,7 +200,7 @@ def test_every_set_a_batch_read_takes_is_given_back_once(monkeypatch):
 
 
 def test_a_held_slot_is_refilled_only_after_every_read_over_it_ended(monkeypatch):
-    """The ownership rule (consumer/_lane.py): batch reads left in flight by a consumer
+    """The ownership rule (pipeline/_lane.py): batch reads left in flight by a consumer
     that stopped early are waited for before the refill writes the rows they read."""
     reading, overlaps = [0], []
     lock = threading.Lock()

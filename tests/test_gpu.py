@@ -355,7 +355,7 @@ def test_moments_merge_in_bounded_blocks_on_the_device():
 def test_neighbour_union_uploads_once_and_syncs_once():
     import warnings
 
-    from chunkstream.consumer import _augment
+    from chunkstream.compat import _augment
 
     rng = np.random.default_rng(0)
     degree = rng.integers(0, 6, 500)

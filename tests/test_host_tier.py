@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import chunkstream as cs
-from chunkstream.consumer._held import copy_windows
-from chunkstream.consumer._tiers import BufferInfo, choose_tier, quality_note
+from chunkstream._memory._buffer import BufferInfo, choose_tier, quality_note
+from chunkstream.pipeline._held import copy_windows
 from tests.flat import loader_from, stream_from
 from tests.stores import make_array
 
@@ -330,7 +330,7 @@ def test_breaking_out_with_batches_gathered_ahead_gives_their_slots_back(store):
 
 def test_the_default_gather_threads_are_this_ranks_share_of_the_cores(monkeypatch):
     from chunkstream._memory import thread_budget
-    from chunkstream.consumer._lane import default_gather_threads
+    from chunkstream.pipeline._lane import default_gather_threads
 
     cores = thread_budget()
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -19,7 +19,7 @@ from chunkstream._memory import (
     parse_memory,
     read_node_share,
 )
-from chunkstream.consumer._defaults import host_fit
+from chunkstream._memory._defaults import host_fit
 
 from . import cgroups
 

@@ -79,6 +79,25 @@ def test_the_mixer_and_the_sampler_are_private_and_still_found_for_one_release()
             module.NoSuchName  # noqa: B018
 
 
+def test_the_augmentation_moved_to_compat_and_is_still_found_under_consumer_for_one_release():
+    """The original's augmentation lives beside its batch sampler in ``chunkstream.compat``
+    (issue 47: ``consumer/`` keeps only what draws batches); ``cs.neighbour_union`` and
+    ``cs.zero_neurons_with_neighbours`` are unchanged, and the ``chunkstream.consumer``
+    spellings resolve for one release with a ``FutureWarning`` naming ``cs.``'s."""
+    import pytest
+
+    from chunkstream import compat, consumer
+
+    assert cs.neighbour_union is compat.neighbour_union
+    assert cs.zero_neurons_with_neighbours is compat.zero_neurons_with_neighbours
+    for name in ("neighbour_union", "zero_neurons_with_neighbours"):
+        assert name in cs.__all__ and name not in consumer.__all__
+        with pytest.warns(
+            FutureWarning, match=rf"consumer\.{name} is no longer public.*cs\.{name}"
+        ):
+            assert getattr(consumer, name) is getattr(compat, name)
+
+
 def test_loader_config_is_private_and_still_found_for_one_release():
     """``LoaderConfig`` left the public API (issue 47 part 5: ``LoaderOptions`` is the one
     settings type users pass): ``cs.LoaderConfig`` and ``chunkstream.pipeline.LoaderConfig``

@@ -9,13 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkstream import ConfigError
-from chunkstream.compat import sample_batch_within_chunk
-from chunkstream.consumer import (
-    gather_windows,
+from chunkstream.compat import (
     neighbour_union,
-    sample_windows,
+    sample_batch_within_chunk,
     zero_neurons_with_neighbours,
 )
+from chunkstream.consumer import gather_windows, sample_windows
 from chunkstream.consumer._sampling import WindowSampler
 from chunkstream.pipeline import Chunk
 
@@ -157,7 +156,7 @@ def test_compat_sample_batch_uses_the_union():
 def test_the_csr_cache_drops_a_dead_arrays_device_copy_at_once():
     import gc
 
-    from chunkstream.consumer import _augment
+    from chunkstream.compat import _augment
 
     indptr = np.array([0, 2, 3, 3, 5])
     indices = np.array([1, 2, 0, 3, 4])

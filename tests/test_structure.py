@@ -20,7 +20,7 @@ PACKAGE = ROOT / "src" / "chunkstream"
 
 # Found by these tests and left to the developer who owns the code, each to be removed
 # here with its fix: an entry that no longer occurs fails too, so this list only shrinks.
-# (Issue 42 fixed the two it held: the tier is chosen once, in consumer._tiers.)
+# (Issue 42 fixed the two it held: the tier is chosen once, in _memory._buffer.)
 PENDING_CIRCLES: list[list[str]] = []
 PENDING_PRIVATE: list[str] = []
 

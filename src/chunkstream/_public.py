@@ -24,14 +24,13 @@ from ._errors import (
     SourceError,
     SourceNotFoundError,
 )
+from .compat import neighbour_union, zero_neurons_with_neighbours
 from .consumer import (
     BatchStream,
     StreamOptions,
     gather_windows,
-    neighbour_union,
     sample_windows,
     staggered_observations,
-    zero_neurons_with_neighbours,
 )
 from .pipeline import Chunk, ChunkLoader, LoaderOptions
 from .plans import (

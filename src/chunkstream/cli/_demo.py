@@ -351,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
     trace = trainer.loader.stats.export_trace(out / "trace.json")  # Perfetto / chrome://tracing
     print()
     print(result_table(result))
-    from ..consumer import quality_note
+    from .._memory import quality_note
 
     quality = quality_note(_buffer_share(result.memory)) if result.memory.get("mixer") else ""
     if quality:

@@ -222,7 +222,7 @@ def buffer_summary(args: argparse.Namespace, report, pieces: dict | None, share)
     """The shuffle buffer the run's ``BatchStream(mix=, buffer=)`` would hold."""
     import torch
 
-    from ..consumer import choose_tier, plan_buffer
+    from .._memory import choose_tier, plan_buffer
 
     mix = args.mix if args.mix == "auto" else _int_arg(args.mix, "--mix")
     if pieces is not None and pieces["chunks_per_pass"]:

@@ -14,11 +14,16 @@ in the same order, each ``chunk_size`` long (``(0, T)`` when ``chunk_size > T``)
 compat deliberately differs is listed in the migration guide (docs/guide/migrate.md).
 """
 
-from ..consumer import sample_batch_within_chunk
 from ..plans import calculate_chunk_params
 from ..stats import ChunkLatencyStats
+from ._augment import sample_batch_within_chunk
 from ._helpers import create_zarr_loader
 from ._loaders import GuideRandomChunkLoader, PipelineChunkLoader, RandomChunkLoader
+
+# The package's internal face for the rest of chunkstream (public as cs.neighbour_union and
+# cs.zero_neurons_with_neighbours: the original's augmentation, beside its batch sampler).
+from ._augment import neighbour_union as neighbour_union  # isort: skip
+from ._augment import zero_neurons_with_neighbours as zero_neurons_with_neighbours  # isort: skip
 
 __all__ = [
     "ChunkLatencyStats",

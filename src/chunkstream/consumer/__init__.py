@@ -1,33 +1,21 @@
-"""The consumer side: batches of windows drawn inside a chunk, on its device, and augmentation."""
+"""The consumer side: batches of windows drawn inside a chunk or a shuffle buffer, on a device."""
 
 from typing import Any
 
+from .._memory import BufferInfo
 from .._options import moved_name
-from ._augment import neighbour_union, zero_neurons_with_neighbours
 from ._batches import BatchStream
 from ._options import StreamOptions
 from ._sampling import gather_windows, sample_windows
 from ._staggered import staggered_observations
-from ._tiers import BufferInfo
-
-# The package's internal face for the rest of chunkstream (not public API).
-from ._augment import sample_batch_within_chunk as sample_batch_within_chunk  # isort: skip
-from ._defaults import HOST_SHARE as HOST_SHARE  # isort: skip
-from ._defaults import batch_sets_nbytes as batch_sets_nbytes  # isort: skip
-from ._tiers import choose_tier as choose_tier  # isort: skip
-from ._tiers import default_buffer as default_buffer  # isort: skip
-from ._tiers import plan_buffer as plan_buffer  # isort: skip
-from ._tiers import quality_note as quality_note  # isort: skip
 
 __all__ = [
     "BatchStream",
     "BufferInfo",
     "StreamOptions",
     "gather_windows",
-    "neighbour_union",
     "sample_windows",
     "staggered_observations",
-    "zero_neurons_with_neighbours",
 ]
 
 # Public until 0.x: now private, still found for one release with a FutureWarning naming
@@ -37,6 +25,17 @@ _MOVED = {
         "._mixing",
         "ChunkMixer",
         "cs.BatchStream(loader, window=..., mix=M) (its shuffle buffer of the last M chunks)",
+    ),
+    "neighbour_union": (
+        "chunkstream.compat",
+        "neighbour_union",
+        "cs.neighbour_union (the original's augmentation now lives in chunkstream.compat)",
+    ),
+    "zero_neurons_with_neighbours": (
+        "chunkstream.compat",
+        "zero_neurons_with_neighbours",
+        "cs.zero_neurons_with_neighbours (the original's augmentation now lives in "
+        "chunkstream.compat)",
     ),
     "WindowSampler": (
         "._sampling",

@@ -45,20 +45,27 @@ import torch
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._executor import Cancelled
+from .._memory import batch_sets_bytes, choose_tier, host_tier_hint, stream_buffer
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
-from ..pipeline import RECORDING_KEY, START_KEY, Chunk, ChunkLoader
+from ..pipeline import (
+    RECORDING_KEY,
+    START_KEY,
+    BatchLane,
+    Chunk,
+    ChunkLoader,
+    Request,
+    check_gather_threads,
+    compute_dtype,
+)
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key
 from ..sources import Recordings, Source
-from ._defaults import batch_sets_nbytes
-from ._lane import BatchLane, Request, check_gather_threads
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._owned import owned_loader
-from ._sampling import _compute_dtype, check_align
+from ._sampling import check_align
 from ._settings import check_window, choose_fields, epoch_length, plan_defaults
 from ._shuffle import BufferTier, DeviceTier, HostTier
-from ._tiers import BufferInfo, choose_tier, host_tier_hint, plan_buffer
 
 __all__ = ["BatchStream"]
 
@@ -101,7 +108,7 @@ class BatchStream:
         Memory: ``mix`` chunks of the chosen fields copied into storage the
         stream owns, where ``buffer`` says; the loader's own buffers are
         released as before. ``"auto"`` sizes it for the tier
-        (:mod:`chunkstream.consumer._defaults`: on the host tier half of what
+        (:mod:`chunkstream._memory._defaults`: on the host tier half of what
         this rank's part of the job's memory leaves beside the loader, cgroup
         limits and the job's ranks on the node included, up to the whole split;
         :attr:`buffer` says what was chosen, from what memory, and why). The
@@ -113,7 +120,7 @@ class BatchStream:
         original's behaviour). An int larger than the chunks of one pass is
         refused.
     buffer, device:
-        Where the shuffle buffer lives (:mod:`chunkstream.consumer._tiers`) and
+        Where the shuffle buffer lives (:mod:`chunkstream._memory._buffer`) and
         where batches go (``None``: the loader's device). ``"device"``: on the
         loader's device, batches gathered there. ``"host"``: in one host arena,
         each batch gathered on the host into a few reused slots and, with
@@ -268,7 +275,7 @@ class BatchStream:
             "seed", seed, minimum=0, fix="Pass a non-negative seed, or None for the loader's."
         )
         self._key = seed_key(self.seed)
-        _compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
+        compute_dtype(dtype, torch.float32)  # refuse a bad dtype now, not at the first batch
         self.dtype = dtype
         self.align = check_align(align)
         self.device = loader.device if device is None else resolve_device(device)
@@ -287,8 +294,30 @@ class BatchStream:
                 minimum=1,
                 fix="Pass a budget in bytes for the host tier's buffer, or None.",
             )
+        # The batch lane's sets (none where the device tier gathers on a CUDA loader's
+        # device), counted before the buffer is sized.
+        lane_sets = 0
+        if tier == "host" or loader.device.type == "cpu":
+            lane_sets = batch_sets_bytes(
+                loader.source.fields or {},
+                self.fields,
+                batch_size=self.batch_size,
+                window=self.window,
+                batch_prefetch=self.batch_prefetch,
+                cuda=self.device.type == "cuda",
+                dtype=self.dtype,
+            )
         #: The shuffle buffer: tier, chunks, bytes, share of the split, pieces per batch, why.
-        self.buffer = self._size_buffer(mix, tier, why, host_memory)
+        self.buffer = stream_buffer(
+            loader,
+            self.fields,
+            mix=mix,
+            tier=tier,
+            why=why,
+            device=self.device,
+            host_memory=host_memory,
+            batch_sets=lane_sets,
+        )
         self.mix = self.buffer.mix
         _log.info("%s", self.buffer.describe())
         if self.buffer.note and self.mix > 1:
@@ -296,7 +325,7 @@ class BatchStream:
         if mix in (None, "auto") and tier == "device" and self.device.type == "cuda":
             _log.info("%s", host_tier_hint(self.buffer, self.device))
         # The shuffle buffer's tier, chosen once (chunkstream.consumer._shuffle). Host
-        # storage is read by the loader's own batch lane (chunkstream.consumer._lane).
+        # storage is read by the loader's own batch lane (chunkstream.pipeline._lane).
         lane = BatchLane(
             loader,
             self.fields,
@@ -328,61 +357,6 @@ class BatchStream:
         # The current run (one per iter(), or the one load_state_dict prepared) and the
         # state of the last batch it delivered (see _Run).
         self._run = _Run(None)
-
-    def _size_buffer(self, mix: object, tier: str, why: str, host_memory: int | None) -> BufferInfo:
-        """The tier and ``mix`` (``"auto"`` sized for the tier), as a :class:`BufferInfo`."""
-        loader = self.loader
-        specs = loader.source.fields or {}
-        chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in self.fields if n in specs)
-        segments = loader.plan.segments
-        split = segments.timesteps if segments is not None else len(loader.source)
-        pass_chunks = loader.chunks_per_pass or -(-split // loader.rows)
-        if mix is None:  # the default: "auto" once the fields' sizes are known
-            mix = "auto" if chunk_nbytes else 1
-            if not chunk_nbytes:
-                why += "; mix=1: the source's fields are unknown until its first read"
-        if mix == "auto" and not chunk_nbytes:
-            raise ConfigError.bad(
-                "mix",
-                mix,
-                "an int until the source's fields are known (its first read)",
-                "Pass mix as a number of chunks.",
-            )
-        loader_nbytes = loader.config.arena_bytes(
-            loader.rows * sum(f.step_nbytes for f in specs.values()),
-            on_cuda=loader.device.type == "cuda",
-        )
-        return plan_buffer(
-            mix,
-            tier,
-            chunk_nbytes=chunk_nbytes,
-            pass_chunks=pass_chunks,
-            pieces=int(loader.plan.pieces),
-            device=self.device,
-            host_memory=host_memory,
-            loader_nbytes=loader_nbytes,
-            why=why,
-            share=loader.share,
-            held={"the batch sets": self._batch_sets_nbytes(tier)},
-        )
-
-    def _batch_sets_nbytes(self, tier: str) -> int:
-        """Host bytes of the batch lane's buffer sets (none where the device tier gathers
-        on a CUDA loader's device): counted in the budget before the buffer is sized."""
-        loader = self.loader
-        if tier != "host" and loader.device.type != "cpu":
-            return 0
-        specs = loader.source.fields or {}
-        step = 0
-        for name in self.fields:  # in the compute dtype where one is given
-            spec = specs.get(name)
-            if spec is not None:
-                itemsize = spec.dtype.itemsize if self.dtype is None else self.dtype.itemsize
-                step += spec.step_nbytes // spec.dtype.itemsize * itemsize
-        cuda = self.device.type == "cuda"
-        return batch_sets_nbytes(
-            self.batch_size * self.window * step, self.batch_prefetch, cuda=cuda
-        )
 
     def close(self) -> None:
         """Close the loader this stream built from a source (joined within its deadline);

@@ -33,7 +33,7 @@ owns, ``mix * rows`` timesteps per field, where its ``tier``
 (:mod:`chunkstream.consumer._shuffle`) says: on the chunk's device (device
 memory on CUDA), or for the host tier in one arena of host memory made at the
 first chunk and filled by the loader's batch readers (the refill,
-:mod:`chunkstream.consumer._lane`). It drops the loader's chunk at once,
+:mod:`chunkstream.pipeline._lane`). It drops the loader's chunk at once,
 so the loader's buffers (its pinned or host arena, its device chunks) are never
 held by the mixer and its own memory bounds are unchanged. On a device the copy
 is one ``copy_`` per field per chunk, queued on the current stream after the
@@ -50,12 +50,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._errors import ConfigError, check_int
+from .._errors import ConfigError
+from .._memory import check_mix
 from ..pipeline import Chunk, TimeTable
 from ._sampling import check_align, gather_windows, local_pieces, piece_starts
 from ._shuffle import BufferTier, DeviceTier
 
-__all__ = ["ChunkMixer", "Event", "check_mix"]
+__all__ = ["ChunkMixer", "Event"]
 
 Point = tuple[object, int]  # (loader state before the oldest chunk to re-read, how many)
 
@@ -72,19 +73,6 @@ class Event(NamedTuple):
     chunk: Chunk
     at: Point
     after: Point
-
-
-def check_mix(mix: object) -> int:
-    """``mix`` as an int >= 1, or a :class:`ConfigError` naming it."""
-    return check_int(
-        "mix",
-        mix,
-        1,
-        "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
-        "the last 8 chunks (memory: mix chunks held by the consumer; BatchStream also "
-        "takes mix='auto').",
-        expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
-    )
 
 
 class ChunkMixer:

@@ -10,7 +10,7 @@
   source;
 * **plan**: ``plan=`` when given (its chunk size), else one pass per epoch over
   the source (:func:`~chunkstream.plan_epoch`, this job's world size);
-* **device**: the tier's (:func:`~._tiers.choose_tier` with no loader yet): the
+* **device**: the tier's (:func:`~chunkstream._memory.choose_tier` with no loader yet): the
   loader reads to host memory for the host tier, to the batches' device for the
   device tier.
 
@@ -27,12 +27,11 @@ import torch
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import arena_bytes, node_share
+from .._memory import arena_bytes, choose_tier, node_share
 from ..distributed import resolve_rank
 from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import EpochPlan, plan_epoch
 from ..sources import Source, check_source, stored_time_chunk
-from ._tiers import choose_tier
 
 __all__ = ["CHUNK_BYTES", "CHUNK_SHARE", "default_chunk_size", "owned_loader"]
 

@@ -22,7 +22,7 @@ drawn exactly as when ``align`` is not passed. Two ways to draw them:
 device with one ``index_select`` over an ``unfold`` view of the chunk (no host
 round trip, no index tensor, nothing allocated but the batch, or nothing at all
 with ``out=``); on the CPU with one slice copy per window in the calling thread
-(:mod:`._held`), which keeps its speed on a busy machine.
+(:mod:`chunkstream.pipeline._held`), which keeps its speed on a busy machine.
 With ``dtype=`` a float16 chunk stays float16 on the device and only the batch
 is converted (bool and integer fields keep their dtype).
 
@@ -39,9 +39,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._errors import ConfigError, check_int
-from ..pipeline import Chunk
+from ..pipeline import Chunk, check_host_starts, compute_dtype, copy_windows
 from ..plans import Piece, window_in_chunk
-from ._held import check_host_starts, copy_windows
 
 __all__ = [
     "WindowSampler",
@@ -317,7 +316,7 @@ def gather_windows(
     values in ``[0, len(tensor) - window]`` (on a device checked by the kernel,
     so no value is read back to the host; on the CPU checked here, a
     :class:`ConfigError`). The CPU gather copies each window in the calling
-    thread (one slice copy each, :mod:`chunkstream.consumer._held`), not on
+    thread (one slice copy each, :mod:`chunkstream.pipeline._held`), not on
     torch's intra-op pool; a tensor
     that requires grad takes ``index_select``. ``out``, when given, is filled and
     returned (shape ``(B, window, *rest)``, the result's dtype, ``tensor``'s
@@ -333,7 +332,7 @@ def gather_windows(
     if tensor.dim() < 1:
         raise ConfigError.bad("tensor", "a 0-d tensor", "a tensor with a time axis 0")
     _num_starts(int(tensor.shape[0]), window)
-    target = _compute_dtype(dtype, tensor.dtype)
+    target = compute_dtype(dtype, tensor.dtype)
     if starts.device != tensor.device or starts.dtype != torch.long or starts.dim() != 1:
         raise ConfigError.bad(
             "starts",
@@ -370,7 +369,7 @@ def _gather_on_host(
     out: torch.Tensor | None,
     target: torch.dtype,
 ) -> torch.Tensor:
-    """The CPU gather: one slice copy per window, in this thread (:mod:`._held`)."""
+    """The CPU gather: one slice copy per window, in this thread (:mod:`chunkstream.pipeline._held`)."""
     values = check_host_starts(starts, int(tensor.shape[0]), window)
     shape = (len(values), window, *tensor.shape[1:])
     if out is None:
@@ -384,22 +383,3 @@ def _gather_on_host(
         )
     copy_windows(tensor, out, values, window)
     return out
-
-
-# The compute dtypes a floating-point chunk may be converted to in the gather.
-COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _compute_dtype(dtype: object, stored: torch.dtype) -> torch.dtype:
-    """The dtype a chunk of ``stored`` dtype gathers into, given ``dtype=``."""
-    if dtype is None:
-        return stored
-    if not any(dtype is d for d in COMPUTE_DTYPES):  # `is`: a numpy dtype's == would convert
-        raise ConfigError.bad(
-            "dtype",
-            dtype,
-            f"None or one of {', '.join(map(str, COMPUTE_DTYPES))}",
-            "Pass a floating torch dtype such as torch.float32 (masks and indices keep "
-            "their stored dtype on their own).",
-        )
-    return dtype if stored.is_floating_point else stored

@@ -10,8 +10,8 @@ batch's starts and the stream state that resumes right after that batch, which
 travels with the batch to the consumer (Grain's ``(element, state)``).
 
 * :class:`HostTier`: the buffer in one pageable host arena, a
-  :class:`~._held.HeldSource`; each batch is a chunk of one-window pieces read
-  from it by the loader's own run machinery (:class:`~._lane.BatchLane`: the
+  :class:`~chunkstream.pipeline._held.HeldSource`; each batch is a chunk of one-window pieces read
+  from it by the loader's own run machinery (:class:`~chunkstream.pipeline._lane.BatchLane`: the
   loader's batch readers, on CUDA its transfer thread and stream), ``depth``
   batches ahead, every wait under the loader's ``close()`` and stall watchdog.
 * :class:`DeviceTier`: the buffer on the chunks' device. On CUDA each batch is
@@ -28,11 +28,11 @@ from typing import Any, Protocol
 import torch
 
 from .._memory import HostBufferPool
+from ..pipeline import BatchLane, Request
 from ..sources import FieldSpec
-from ._lane import BatchLane, Request
 from ._sampling import gather_windows
 
-__all__ = ["BufferTier", "DeviceTier", "HostTier", "Request"]
+__all__ = ["BufferTier", "DeviceTier", "HostTier"]
 
 
 class BufferTier(Protocol):

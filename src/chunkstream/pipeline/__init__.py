@@ -11,8 +11,14 @@ from ._options import LoaderOptions
 # The package's internal face for the rest of chunkstream (not public API).
 from ._chunk import hand_over as hand_over  # isort: skip
 from ._config import ResolvedSettings as ResolvedSettings  # isort: skip
+from ._held import check_host_starts as check_host_starts  # isort: skip
+from ._held import compute_dtype as compute_dtype  # isort: skip
+from ._held import copy_windows as copy_windows  # isort: skip
 from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
+from ._lane import BatchLane as BatchLane  # isort: skip
+from ._lane import Request as Request  # isort: skip
+from ._lane import check_gather_threads as check_gather_threads  # isort: skip
 from ._run import EpochRun as EpochRun  # isort: skip
 from ._run import Turn as Turn  # isort: skip
 from ._stages import receive as receive  # isort: skip

@@ -244,7 +244,7 @@ def copy_to_device(
     """:func:`copy_on_stream` of ``host`` (views of ``buffers``, a slot of ``pool``), the
     slot given back behind the copy's done event, or after a failure part-way behind a
     fence (:func:`_release_after_failed_copy`), exactly as :func:`copy_job` does for a
-    chunk: the batch lane (:mod:`chunkstream.consumer._lane`) takes this path."""
+    chunk: the batch lane (:mod:`chunkstream.pipeline._lane`) takes this path."""
     try:
         tensors, events = copy_on_stream(host, device, stream)
     except BaseException:

@@ -178,7 +178,7 @@ class EpochRun:
         """Wait until every read this run submitted has finished or was cancelled, also
         after :meth:`drop` (a started read runs to its end); whether they all did before
         ``stop()`` turned true. What a consumer that reuses the memory the reads read from
-        (the shuffle buffer's refill, :mod:`chunkstream.consumer._lane`) waits for."""
+        (the shuffle buffer's refill, :mod:`chunkstream.pipeline._lane`) waits for."""
         for ref in list(self._made):
             read = ref()
             if read is not None and not wait_done(read, stop):

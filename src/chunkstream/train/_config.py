@@ -39,7 +39,7 @@ class TrainConfig:
     the last ``mix`` chunks (``BatchStream(mix=)``, a
     shuffle buffer of chunks, kept across epochs), each chunk still feeding
     its share of batches; ``mix="auto"`` is ``BatchStream``'s default, sized by
-    the same policy (:mod:`chunkstream.consumer._defaults`): the largest share
+    the same policy (:mod:`chunkstream._memory._defaults`): the largest share
     of the training split the job's host memory allows (cgroup limits
     included), on the host tier where that holds more than the device tier
     may (on CUDA each batch is then gathered on the host and copied to the

@@ -60,10 +60,10 @@ import torch
 from torch import nn
 
 from .._errors import ConfigError
-from .._memory import arena_bytes
+from .._memory import arena_bytes, batch_sets_bytes, default_buffer
 from .._progress import progress_bar
 from .._resume import check_checkpoint_config
-from ..consumer import BatchStream, StreamOptions, batch_sets_nbytes, default_buffer
+from ..consumer import BatchStream, StreamOptions
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
@@ -462,11 +462,14 @@ class Trainer:
 
     def _batch_sets_nbytes(self) -> int:
         """Bytes of the stream's host batch sets (its default ``batch_prefetch``)."""
-        fields = self.source.fields
-        batch = self.config.batch_size * self.config.window
-        nbytes = batch * sum(fields[n].step_nbytes for n in self._mixed_fields)
-        cuda = self.device.type == "cuda"
-        return batch_sets_nbytes(nbytes, StreamOptions().batch_prefetch, cuda=cuda)
+        return batch_sets_bytes(
+            self.source.fields,
+            self._mixed_fields,
+            batch_size=self.config.batch_size,
+            window=self.config.window,
+            batch_prefetch=StreamOptions().batch_prefetch,
+            cuda=self.device.type == "cuda",
+        )
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""

@@ -42,12 +42,14 @@ import torch
 
 from .._errors import LoaderClosedError, check_int
 from .._executor import Cancelled
-from .._memory import BufferSet, HostBufferPool, PinnedSlotPool, thread_budget
-from ..pipeline import ChunkLoader, Delivery, EpochRun, Turn, copy_to_device, receive, times_to
+from .._memory import BufferSet, HostBufferPool, PinnedSlotPool, batch_sets, thread_budget
 from ..sources import FieldSpec
-from ._defaults import batch_sets
-from ._held import HeldSource, as_numpy, copy_rows, numpy_dtype
-from ._sampling import _compute_dtype
+from ._held import HeldSource, as_numpy, compute_dtype, copy_rows, numpy_dtype
+from ._jobs import Delivery, copy_to_device
+from ._loader import ChunkLoader
+from ._run import EpochRun, Turn
+from ._stages import receive
+from ._times import times_to
 
 __all__ = ["BatchLane", "Request", "check_gather_threads", "default_gather_threads"]
 
@@ -197,7 +199,7 @@ class BatchLane:
         if self._pool is None or layout != self._layout:
             if self._pool is not None:
                 self._pool.close(self.loader.config.close_timeout)
-            sets = batch_sets(self.depth, cuda=cuda)  # counted in the budget (_batches.py)
+            sets = batch_sets(self.depth, cuda=cuda)  # counted in the budget (_memory/_stream.py)
             if cuda:
                 pool: Any = PinnedSlotPool(specs, self.batch_size, slots=sets, device=self.device)
             else:
@@ -253,7 +255,7 @@ class BatchLane:
         lane = self.loader.lane(self.threads, self.device)
         cuda = lane.copier is not None
         held = HeldSource({n: storage[n] for n in self.fields})
-        targets = {n: _compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
+        targets = {n: compute_dtype(self.dtype, storage[n].dtype) for n in self.fields}
         read_as = {n: storage[n].dtype for n in self.fields} if cuda else targets
         pool = self._pool_for(held, read_as, cuda)
         requests = requests if isinstance(requests, list) else list(requests)

@@ -7,7 +7,7 @@ Two tiers (``BatchStream(buffer=)``):
 * ``"host"``: the buffer's chunks in one host arena allocated at the first
   chunk, each batch read on the host by the loader's batch readers into a few
   reused buffer sets and, on CUDA, copied to the device on the loader's transfer
-  stream (:mod:`._lane`). The loader then runs on the CPU (``ChunkLoader(device="cpu")``)
+  stream (:mod:`chunkstream.pipeline._lane`). The loader then runs on the CPU (``ChunkLoader(device="cpu")``)
   and ``BatchStream(device="cuda")`` names where batches go; device memory is
   the batches in flight. Host memory is the larger and cheaper one, so the
   buffer can hold a large share of the training split.
@@ -36,11 +36,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .._errors import ConfigError
-from .._memory import NodeShare, node_share
+from .._errors import ConfigError, check_int
 from .._text import format_bytes
 from ._defaults import DEVICE_MIX, DEVICE_SHARE, HOST_SHARE, device_fit, host_fit, host_terms
-from ._mixing import check_mix
+from ._node import NodeShare, node_share
 
 __all__ = [
     "DEVICE_MIX",
@@ -48,6 +47,7 @@ __all__ = [
     "HOST_SHARE",
     "BufferInfo",
     "check_buffer",
+    "check_mix",
     "choose_tier",
     "default_buffer",
     "host_tier_hint",
@@ -65,6 +65,19 @@ NOTE_BELOW = 0.10
 _QUALITY = ((0.02, "~6%"), (0.09, "~2-3%"), (0.25, "~1%"))
 
 _BUFFERS = ("auto", "host", "device")
+
+
+def check_mix(mix: object) -> int:
+    """``mix`` as an int >= 1, or a :class:`ConfigError` naming it."""
+    return check_int(
+        "mix",
+        mix,
+        1,
+        "Pass mix=1 to draw each batch from one chunk, or e.g. mix=8 to draw it over "
+        "the last 8 chunks (memory: mix chunks held by the consumer; BatchStream also "
+        "takes mix='auto').",
+        expected="an int >= 1 (chunks held and mixed per batch; 1: no mixing)",
+    )
 
 
 def check_buffer(buffer: object) -> str:
@@ -108,7 +121,7 @@ class BufferInfo:
     of 3 GiB (...), 2 ranks on this node (LOCAL_WORLD_SIZE); 1 CPU of 2 (affinity),
     1 thread for this rank``; '' when no host memory was read); ``terms``: on the
     host tier, every term of this rank's host memory as ``(what, bytes)``
-    (:func:`~chunkstream.consumer._defaults.host_terms`: the process when it sized,
+    (:func:`~chunkstream._memory._defaults.host_terms`: the process when it sized,
     the loader's arena, the batch sets and whatever else the caller counted, the
     buffer, what is left), one line each in :meth:`describe`.
     """

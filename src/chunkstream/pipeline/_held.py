@@ -1,7 +1,7 @@
 """The held chunks as a source, and the tight window copies a batch is read with.
 
 The shuffle buffer's storage (one tensor per field, ``mix * rows`` timesteps,
-on the host: :meth:`~._shuffle.HostTier.store`) is a :class:`HeldSource`: a
+on the host: :meth:`~chunkstream.consumer._shuffle.HostTier.store`) is a :class:`HeldSource`: a
 :class:`~chunkstream.sources.Source` whose fields are the stream's and whose
 time axis is the storage's rows. A batch is a chunk of ``B`` one-window pieces
 drawn over it, and :meth:`HeldSource.read_windows` reads those pieces into a
@@ -37,6 +37,7 @@ __all__ = [
     "HeldSource",
     "as_numpy",
     "check_host_starts",
+    "compute_dtype",
     "copy_rows",
     "copy_windows",
     "numpy_dtype",
@@ -124,6 +125,25 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
     else:
         a[...] = b
+
+
+# The compute dtypes a floating-point chunk may be converted to in the gather.
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compute_dtype(dtype: object, stored: torch.dtype) -> torch.dtype:
+    """The dtype a chunk of ``stored`` dtype gathers into, given ``dtype=``."""
+    if dtype is None:
+        return stored
+    if not any(dtype is d for d in COMPUTE_DTYPES):  # `is`: a numpy dtype's == would convert
+        raise ConfigError.bad(
+            "dtype",
+            dtype,
+            f"None or one of {', '.join(map(str, COMPUTE_DTYPES))}",
+            "Pass a floating torch dtype such as torch.float32 (masks and indices keep "
+            "their stored dtype on their own).",
+        )
+    return dtype if stored.is_floating_point else stored
 
 
 def check_host_starts(starts: torch.Tensor, length: int, window: int) -> list[int]:

@@ -17,7 +17,7 @@ largest share the job's memory allows.
   every term;
 * **device tier**: at most :data:`DEVICE_MIX` chunks, and no more than
   :data:`DEVICE_SHARE` of the device's memory;
-* **the tier** is chosen in one place, :func:`chunkstream.consumer.choose_tier`,
+* **the tier** is chosen in one place, :func:`~._buffer.choose_tier`,
   with these sizes.
 
 The smallest working configuration is the loader's own arena and no buffer
@@ -32,8 +32,8 @@ from collections.abc import Mapping
 
 import torch
 
-from .._memory import NodeShare, node_share
 from .._text import format_bytes
+from ._node import NodeShare, node_share
 
 __all__ = [
     "DEVICE_MIX",

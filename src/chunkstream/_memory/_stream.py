@@ -1,0 +1,95 @@
+"""What a stream of batches holds beside its loader: the batch lane's sets and the shuffle buffer.
+
+One count for every consumer that builds a :class:`~chunkstream.BatchStream` (the
+stream itself, the reference trainer): :func:`batch_sets_bytes` is the batch lane's
+buffer sets in the compute dtype, counted in this rank's budget (a ``held`` term)
+*before* the buffer is sized; :func:`stream_buffer` sizes the buffer of a stream over
+an existing loader (its chunk length, plan, arena and node share) by the defaults'
+policy (:mod:`._defaults`, :func:`~._buffer.plan_buffer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .._errors import ConfigError
+from ._buffer import BufferInfo, plan_buffer
+from ._defaults import batch_sets_nbytes
+
+__all__ = ["batch_sets_bytes", "stream_buffer"]
+
+
+def batch_sets_bytes(
+    specs: Mapping[str, Any],
+    fields: Iterable[str],
+    *,
+    batch_size: int,
+    window: int,
+    batch_prefetch: int,
+    cuda: bool,
+    dtype: torch.dtype | None = None,
+) -> int:
+    """Host bytes of a stream's batch sets: :func:`~._defaults.batch_sets` sets of one
+    batch of ``fields`` (``specs``: the source's :class:`~chunkstream.sources.FieldSpec`
+    by name; a field not known yet counts nothing), each field in ``dtype`` where given
+    (the compute dtype), else its stored one."""
+    step = 0
+    for name in fields:
+        spec = specs.get(name)
+        if spec is not None:
+            itemsize = spec.dtype.itemsize if dtype is None else dtype.itemsize
+            step += spec.step_nbytes // spec.dtype.itemsize * itemsize
+    return batch_sets_nbytes(batch_size * window * step, batch_prefetch, cuda=cuda)
+
+
+def stream_buffer(
+    loader: Any,
+    fields: tuple[str, ...],
+    *,
+    mix: object,
+    tier: str,
+    why: str,
+    device: torch.device,
+    host_memory: int | None,
+    batch_sets: int,
+) -> BufferInfo:
+    """The :class:`~._buffer.BufferInfo` of a stream over ``loader`` (a
+    :class:`~chunkstream.ChunkLoader`) holding ``fields``: ``mix`` (``None``: ``"auto"``,
+    or 1 while the source's fields are unknown) on ``tier``, beside the loader's arena
+    and the ``batch_sets`` bytes of its batch lane."""
+    specs = loader.source.fields or {}
+    chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in fields if n in specs)
+    segments = loader.plan.segments
+    split = segments.timesteps if segments is not None else len(loader.source)
+    pass_chunks = loader.chunks_per_pass or -(-split // loader.rows)
+    if mix is None:  # the default: "auto" once the fields' sizes are known
+        mix = "auto" if chunk_nbytes else 1
+        if not chunk_nbytes:
+            why += "; mix=1: the source's fields are unknown until its first read"
+    if mix == "auto" and not chunk_nbytes:
+        raise ConfigError.bad(
+            "mix",
+            mix,
+            "an int until the source's fields are known (its first read)",
+            "Pass mix as a number of chunks.",
+        )
+    loader_nbytes = loader.config.arena_bytes(
+        loader.rows * sum(f.step_nbytes for f in specs.values()),
+        on_cuda=loader.device.type == "cuda",
+    )
+    return plan_buffer(
+        mix,
+        tier,
+        chunk_nbytes=chunk_nbytes,
+        pass_chunks=pass_chunks,
+        pieces=int(loader.plan.pieces),
+        device=device,
+        host_memory=host_memory,
+        loader_nbytes=loader_nbytes,
+        why=why,
+        share=loader.share,
+        held={"the batch sets": batch_sets},
+    )
