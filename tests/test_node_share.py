@@ -143,6 +143,10 @@ def test_the_share_splits_memory_and_threads_over_the_ranks_and_says_so(tmp_path
         "256 MiB; 2.4 GiB left under the job's limit of 3 GiB"
     )
     assert "2 ranks on this node (LOCAL_WORLD_SIZE); 2 CPUs of 2 (affinity)" in share.describe()
+    # the CPU half alone (the demo's threads row), without the memory line
+    assert (
+        share.describe_cpus() == "2 CPUs of 2 (affinity), 2 ranks on this node (LOCAL_WORLD_SIZE)"
+    )
     # the loader's arena is refused against this rank's share, not the whole room
     check_arena_fits(GIB, share)
     with pytest.raises(cs.ConfigError, match=r"do not fit this rank.s share.*2 ranks"):

@@ -146,6 +146,12 @@ class NodeShare:
             f"{ranks}; {cpus}, {threads}"
         )
 
+    def describe_cpus(self) -> str:
+        """The CPU half of :meth:`describe`, e.g. ``1 CPU of 2 (affinity), 2 ranks on this
+        node (LOCAL_WORLD_SIZE)`` (the thread count is the caller's to show)."""
+        cpus = f"{_plural(self.cpus, 'CPU')} of {self.node_cpus} ({self.cpus_source})"
+        return f"{cpus}, {_plural(self.ranks, 'rank')} on this node ({self.ranks_source})"
+
 
 # -- CPUs -------------------------------------------------------------------
 

@@ -477,7 +477,7 @@ def result_table(result) -> str:
             _share(loader, m.get("mixer"), m["train_split"]),
         ),
         ("host peak RSS", format_bytes(m["host_peak_rss"]), "whole process"),
-        ("threads (this rank)", str(share.threads), share.describe()),
+        ("threads (this rank)", str(share.threads), share.describe_cpus()),
         *(
             [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
             if getattr(result.buffer, "memory", "")

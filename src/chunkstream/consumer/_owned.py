@@ -27,9 +27,9 @@ import torch
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import arena_bytes, choose_tier, node_share
+from .._memory import choose_tier, node_share
 from ..distributed import resolve_rank
-from ..pipeline import ChunkLoader, LoaderOptions
+from ..pipeline import ChunkLoader, LoaderOptions, ResolvedSettings, loader_settings
 from ..plans import EpochPlan, plan_epoch
 from ..sources import Source, check_source, stored_time_chunk
 
@@ -93,12 +93,23 @@ def owned_loader(
         chunk_size = plan.chunk_size
         kwargs.pop("chunk_size", None)
     step = sum(f.step_nbytes for f in source.fields.values())
+    # The arena the loader will allocate on the CPU (the larger: the tier is not chosen
+    # yet), from its settings resolved as the loader resolves them.
+    settings = loader_settings(
+        chunk_size,
+        prefetch=kwargs.get("prefetch"),
+        gpu_prefetch=kwargs.get("gpu_prefetch"),
+        workers=kwargs.get("workers"),
+        options=options,
+        config=None,
+    )
+    config, rows = ResolvedSettings.for_source(source, on_cuda=False, **settings)
     tier, _ = choose_tier(
         buffer,
         where,
         chunk_nbytes=chunk_size * step,
         pass_chunks=max(1, plan.chunks_per_epoch),
-        loader_nbytes=arena_bytes(chunk_size * step, on_cuda=False, prefetch=2, workers=2),
+        loader_nbytes=config.arena_bytes(rows * step, on_cuda=False),
         share=share,
     )
     loader_device = torch.device("cpu") if tier == "host" else where

@@ -19,6 +19,7 @@ from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._lane import BatchLane as BatchLane  # isort: skip
 from ._lane import Request as Request  # isort: skip
 from ._lane import check_gather_threads as check_gather_threads  # isort: skip
+from ._options import loader_settings as loader_settings  # isort: skip
 from ._run import EpochRun as EpochRun  # isort: skip
 from ._run import Turn as Turn  # isort: skip
 from ._stages import receive as receive  # isort: skip
