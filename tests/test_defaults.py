@@ -142,3 +142,40 @@ def test_a_cuda_loaders_device_tier_says_what_the_host_tier_would_hold(monkeypat
     assert "the host tier would hold 50.0%" in hint and "device='cpu'" in hint
     monkeypatch.setenv(ENV_HOST_MEMORY, str(2 * 3 * 10**7))
     assert "would hold" not in host_tier_hint(info, torch.device("cuda:0"))
+
+
+def test_a_zarr_sources_decode_scratch_is_a_term_of_the_budget(tmp_path, monkeypatch):
+    """The fast path's decode threads each keep one stored chunk and a read buffer per
+    source they decode for: counted in the rank's budget beside the loader's arena and the
+    batch sets (issue 47: every byte the library allocates counted once), and said."""
+    from chunkstream.sources import decode_scratch_nbytes
+    from chunkstream.sources._fastzarr import READ_BUFFER
+    from tests.stores import make_array, random_data
+
+    make_array(tmp_path / "a.zarr", random_data((T, 8)), chunks=(CHUNK, 8))
+    make_array(tmp_path / "b.zarr", random_data((T, 8), seed=1), chunks=(CHUNK // 2, 8))
+    per_chunk = CHUNK * 8 * 4 + READ_BUFFER
+    with cs.ZarrSource(str(tmp_path / "a.zarr"), read_threads=3) as a:
+        assert a.uses_fast_path and decode_scratch_nbytes(a) == 3 * per_chunk
+    a = cs.ZarrSource(str(tmp_path / "a.zarr"), read_threads=2)
+    b = cs.ZarrSource(str(tmp_path / "b.zarr"), read_threads=2)
+    both = cs.Recordings([a, b])  # each recording's reader keeps its own per thread
+    scratch = 2 * per_chunk + 2 * (CHUNK // 2 * 8 * 4 + READ_BUFFER)
+    assert decode_scratch_nbytes(both) == scratch
+    assert decode_scratch_nbytes(cs.NumpySource({"x": np.zeros((T, 8), np.float32)})) == 0
+    with cs.ChunkLoader(both, CHUNK, device="cpu") as ld:
+        plan = cs.plan_epoch(total_timesteps=len(both), chunk_size=CHUNK, batch_size=8)
+        stream = cs.BatchStream(ld, window=WINDOW, plan=plan)
+        terms = dict(stream.buffer.terms)
+        assert terms["decode scratch"] == scratch
+        assert "  decode scratch: " in stream.buffer.describe()
+        # the buffer is sized from what is left beside every term
+        shown = stream.buffer.describe().splitlines()
+        assert [line.split(":")[0].strip() for line in shown[1:]] == [
+            "this process when it sized",
+            "the loader's arena",
+            "the batch sets",
+            "decode scratch",
+            "the shuffle buffer",
+            "left for the model, the heap and the page cache",
+        ]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chunkstream import ConfigError
-from chunkstream.sources import NumpySource, ZarrSource
+from chunkstream.sources import NumpySource, ZarrSource, decode_scratch_nbytes
 from chunkstream.tools import write_synthetic
 from chunkstream.train import (
     PIECES_AUTO,
@@ -252,8 +252,10 @@ def test_mix_auto_is_the_defaults_policy_sized_from_the_jobs_host_memory(
     # the job's memory capped: half of what it leaves beside the loader's arena (counted
     # once) and the stream's batch sets, in whole chunks
     chunk = 512 * (24 + 6) * 4
-    beside = trainer._loader_nbytes() + trainer._batch_sets_nbytes()
+    scratch = decode_scratch_nbytes(flyvis_source)  # the fast path's per-thread chunk
+    beside = trainer._loader_nbytes() + trainer._batch_sets_nbytes() + scratch
     assert dict(trainer.buffer.terms)["the batch sets"] == trainer._batch_sets_nbytes() > 0
+    assert dict(trainer.buffer.terms)["decode scratch"] == scratch > 0
     monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(beside + 4 * chunk))
     capped = Trainer(flyvis_source, _config(epochs=1))
     assert capped.mix == 2 and "CHUNKSTREAM_HOST_MEMORY" in capped.buffer.memory

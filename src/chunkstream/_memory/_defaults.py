@@ -130,7 +130,7 @@ def host_terms(
     if share is not None:
         terms.append(("this process when it sized", share.process_bytes))
     terms.append(("the loader's arena", int(loader_nbytes)))
-    terms += [(name, int(n)) for name, n in (held or {}).items()]
+    terms += [(name, int(n)) for name, n in (held or {}).items() if n]  # what is held
     terms.append(("the shuffle buffer", int(buffer_nbytes)))
     if share is not None:
         used = sum(n for _, n in terms[1:])

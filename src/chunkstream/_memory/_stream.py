@@ -54,12 +54,13 @@ def stream_buffer(
     why: str,
     device: torch.device,
     host_memory: int | None,
-    batch_sets: int,
+    held: Mapping[str, int],
 ) -> BufferInfo:
     """The :class:`~._buffer.BufferInfo` of a stream over ``loader`` (a
     :class:`~chunkstream.ChunkLoader`) holding ``fields``: ``mix`` (``None``: ``"auto"``,
     or 1 while the source's fields are unknown) on ``tier``, beside the loader's arena
-    and the ``batch_sets`` bytes of its batch lane."""
+    and what else the rank allocates for the stream, by name (``held``: the batch lane's
+    sets, :func:`batch_sets_bytes`; the source's decode scratch)."""
     specs = loader.source.fields or {}
     chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in fields if n in specs)
     segments = loader.plan.segments
@@ -91,5 +92,5 @@ def stream_buffer(
         loader_nbytes=loader_nbytes,
         why=why,
         share=loader.share,
-        held={"the batch sets": batch_sets},
+        held=held,
     )

@@ -59,7 +59,7 @@ from ..pipeline import (
     compute_dtype,
 )
 from ..plans import M64, EpochPlan, Uneven, hash_words, seed_key
-from ..sources import Recordings, Source
+from ..sources import Recordings, Source, decode_scratch_nbytes
 from ._mixing import ChunkMixer, Event
 from ._options import StreamOptions
 from ._owned import owned_loader
@@ -316,7 +316,10 @@ class BatchStream:
             why=why,
             device=self.device,
             host_memory=host_memory,
-            batch_sets=lane_sets,
+            held={
+                "the batch sets": lane_sets,
+                "decode scratch": decode_scratch_nbytes(loader.source),
+            },
         )
         self.mix = self.buffer.mix
         _log.info("%s", self.buffer.describe())

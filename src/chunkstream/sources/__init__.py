@@ -16,6 +16,7 @@ from ._base import check_source as check_source  # isort: skip
 from ._base import HandsOver as HandsOver  # isort: skip
 from ._base import LearnsFields as LearnsFields  # isort: skip
 from ._base import describe_source as describe_source  # isort: skip
+from ._base import decode_scratch_nbytes as decode_scratch_nbytes  # isort: skip
 from ._base import stored_time_chunk as stored_time_chunk  # isort: skip
 from ._base import source_caches as source_caches  # isort: skip
 from ._base import window_nbytes as window_nbytes  # isort: skip

@@ -47,6 +47,7 @@ __all__ = [
     "check_dtype",
     "check_lengths",
     "check_source",
+    "decode_scratch_nbytes",
     "field_context",
     "field_of",
     "settle",
@@ -179,6 +180,14 @@ def source_caches(source: object) -> list[Any]:
     for member in getattr(source, "recordings", {}).values():
         found += [c for c in source_caches(member) if all(c is not f for f in found)]
     return found
+
+
+def decode_scratch_nbytes(source: object) -> int:
+    """Host bytes ``source``'s decoders may hold beside the loader's buffers, at most: its
+    ``scratch_nbytes`` (a ``ZarrSource`` on the fast path: one stored chunk and a read
+    buffer per decode thread, each thread keeping its own; a composite source the sum of
+    its parts'); 0 for a source that reads straight into the caller's buffer."""
+    return max(0, int(getattr(source, "scratch_nbytes", 0)))
 
 
 def stored_time_chunk(source: object) -> int:

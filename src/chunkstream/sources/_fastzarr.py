@@ -421,6 +421,12 @@ class FastChunkReader:
 
         return run
 
+    @property
+    def thread_scratch_nbytes(self) -> int:
+        """Host bytes one decode thread keeps for this reader, at most: a stored chunk
+        (:meth:`_scratch`) and a read buffer (:data:`READ_BUFFER`)."""
+        return self._chunk_nbytes + READ_BUFFER
+
     def _scratch(self) -> np.ndarray:
         scratch = getattr(self._local, "scratch", None)  # per-thread buffer, reused
         if scratch is None:

@@ -85,6 +85,8 @@ class ZarrGroupSource(SourceBase):
         }
         #: A multiple of every array's stored time chunk: a start on it is on each grid.
         self.time_chunk = math.lcm(*(p.time_chunk for p in self._parts))
+        #: Host bytes the arrays' decoders keep, at most.
+        self.scratch_nbytes = sum(p.scratch_nbytes for p in self._parts)
         caches = [p.cache for p in self._parts if p.cache is not None]
         self.cache: GroupCache | None = GroupCache(caches) if caches else None
 

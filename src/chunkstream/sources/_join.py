@@ -38,6 +38,7 @@ from ._base import (
     FieldSpec,
     Source,
     SourceBase,
+    decode_scratch_nbytes,
     describe_source,
     field_of,
     settle,
@@ -152,6 +153,8 @@ class JoinSource(SourceBase):
         #: whose every point is on each part's grid, so a piece aligned to it decodes
         #: whole stored chunks of every part (a part without a grid counts as 1).
         self.time_chunk = math.lcm(*(stored_time_chunk(part) for _, part, _ in self._parts))
+        #: Host bytes its parts' decoders keep, at most (:func:`decode_scratch_nbytes`).
+        self.scratch_nbytes = sum(decode_scratch_nbytes(part) for _, part, _ in self._parts)
         self._pool = Executor("join", read_threads)
         # A join collected unclosed stops its idle threads too (they are not waited for).
         weakref.finalize(self, _stop, self._pool).atexit = False

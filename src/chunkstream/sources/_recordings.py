@@ -50,7 +50,15 @@ import numpy as np
 
 from .._errors import ConfigError, FieldDtypeError
 from ..plans import Segments
-from ._base import FieldSpec, Source, SourceBase, describe_source, stored_time_chunk, window_nbytes
+from ._base import (
+    FieldSpec,
+    Source,
+    SourceBase,
+    decode_scratch_nbytes,
+    describe_source,
+    stored_time_chunk,
+    window_nbytes,
+)
 
 __all__ = ["MASK_SUFFIX", "RECORDING_FIELD", "Recordings"]
 
@@ -90,6 +98,8 @@ class Recordings(SourceBase):
         #: recording starts on a multiple of it, so pieces aligned to it decode whole
         #: stored chunks of every recording.
         self.time_chunk = math.lcm(*(stored_time_chunk(p) for p in parts))
+        #: Host bytes the recordings' decoders keep, at most (:func:`decode_scratch_nbytes`).
+        self.scratch_nbytes = sum(decode_scratch_nbytes(p) for p in parts)
         offsets, at = [], 0
         for n in self.lengths:
             at = -(-at // self.time_chunk) * self.time_chunk

@@ -69,6 +69,7 @@ from .._errors import (
     ReadAmplificationWarning,
     check_int,
 )
+from .._memory import thread_budget
 from ._base import FieldSpec, SourceBase, check_dtype, check_lengths, field_context, window_nbytes
 from ._cache import NodeCache
 from ._cached_store import CachedObjectStore, chunk_fetcher
@@ -234,6 +235,8 @@ class ZarrSource(SourceBase):
         if mode == "open":
             check_all_chunks(arr, self._selections, self._len, self.path, local)
         self._fast: FastChunkReader | None = None
+        #: Host bytes the decode threads keep for this source, at most (0 off the fast path).
+        self.scratch_nbytes = 0
         self._checks: ReadChecks | None = None
         chosen = choose_engine(arr, engine, self.path, local, read_threads)
         #: Which engine decodes: "chunkstream", "zarrs" or "zarr".
@@ -266,6 +269,8 @@ class ZarrSource(SourceBase):
                 fetch=None if local is not None else chunk_fetcher(arr, self.path),
                 where=self.path,
             )
+            threads = read_threads if read_threads is not None else thread_budget()
+            self.scratch_nbytes = threads * self._fast.thread_scratch_nbytes
 
     @property
     def uses_fast_path(self) -> bool:

@@ -67,7 +67,7 @@ from ..consumer import BatchStream, StreamOptions
 from ..distributed import is_distributed, resolve_rank
 from ..pipeline import ChunkLoader, LoaderOptions
 from ..plans import plan_epoch
-from ..sources import stored_time_chunk
+from ..sources import decode_scratch_nbytes, stored_time_chunk
 from ._config import EpochRecord, TrainConfig, TrainResult
 from ._data import TimeSlice
 from ._heldout import HeldOut, evaluate, held_out_parts, recordings_config, split_source
@@ -150,7 +150,10 @@ class Trainer:
             pass_chunks=max(1, self.plan.chunks_per_epoch // c.passes_per_epoch),
             pieces=self.pieces,
             loader_nbytes=self._loader_nbytes(),
-            held={"the batch sets": self._batch_sets_nbytes()},
+            held={
+                "the batch sets": self._batch_sets_nbytes(),
+                "decode scratch": decode_scratch_nbytes(source),
+            },
         )
         self.mix = self.buffer.mix
         #: Batches gathered on the host and copied to a CUDA device through pinned slots
