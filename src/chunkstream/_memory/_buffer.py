@@ -122,8 +122,9 @@ class BufferInfo:
     1 thread for this rank``; '' when no host memory was read); ``terms``: on the
     host tier, every term of this rank's host memory as ``(what, bytes)``
     (:func:`~chunkstream._memory._defaults.host_terms`: the process when it sized,
-    the loader's arena, the batch sets, the source's decode scratch and whatever else the caller counted, the
-    buffer, what is left), one line each in :meth:`describe`.
+    the loader's arena, the batch sets, the source's decode scratch and whatever
+    else the caller counted, the buffer, what is left), one line each in
+    :meth:`describe`.
     """
 
     tier: str
