@@ -140,9 +140,13 @@ def _close(obj: Any) -> None:
 _BEFORE = ("call", "c_call")
 
 
-def _counts(frame: Any, event: str, arg: Any, keep: str) -> bool:
-    """Whether this profile event is a moment (:class:`Call` counts these)."""
-    if event not in _BEFORE or keep not in frame.f_code.co_filename:
+def _counts(frame: Any, event: str, arg: Any, keep: str | tuple[str, ...]) -> bool:
+    """Whether this profile event is a moment (:class:`Call` counts these): ``keep`` is one
+    substring of the file's path, or several (any of them)."""
+    if event not in _BEFORE:
+        return False
+    name = frame.f_code.co_filename
+    if not any(k in name for k in ((keep,) if isinstance(keep, str) else keep)):
         return False
     return not (event == "c_call" and getattr(arg, "__name__", "") in ("__exit__", "release"))
 
@@ -151,7 +155,7 @@ def call_sites(
     make: Callable[[], T],
     body: Callable[[T, list], None],
     *,
-    keep: str = "chunkstream",
+    keep: str | tuple[str, ...] = "chunkstream",
     close: Callable[[T], None] = _close,
 ) -> list[tuple[int, str]]:
     """The profile events in files whose path contains ``keep`` (counted as
@@ -196,7 +200,7 @@ def preempt(
     handler: Callable[[T], Any] = save_and_close,
     closed_error: type[BaseException] | tuple[type[BaseException], ...] = (),
     hang_s: float = 30.0,
-    keep: str = "chunkstream",
+    keep: str | tuple[str, ...] = "chunkstream",
     close: Callable[[T], None] = _close,
 ) -> list[Trial[T]]:
     """One trial per moment: a fresh ``make()``, ``body(obj, log)`` on the main thread,
@@ -224,7 +228,7 @@ def _trial(
     handler: Callable[[T], Any],
     closed_error: Any,
     hang_s: float,
-    keep: str,
+    keep: str | tuple[str, ...],
     close: Callable[[T], None],
 ) -> Trial[T]:
     trial: Trial[T] = Trial(moment)

@@ -41,6 +41,9 @@ PER_CHUNK, CHUNKS = 4, 5
 PER_EPOCH = PER_CHUNK * CHUNKS
 EPOCHS = 2
 CLOSE_TIMEOUT = 2.0
+# The consumer's code on the main thread: consumer/ and the batch lane the loader runs it
+# with (pipeline/_lane.py, pipeline/_held.py).
+CONSUMER = ("/consumer/", "/pipeline/_lane.py", "/pipeline/_held.py")
 
 _t = np.arange(T, dtype=np.float32)
 ARRAYS = {"x": np.stack([_t, -_t], axis=1), "s": (2 * _t)[:, None].repeat(3, axis=1)}
@@ -200,7 +203,7 @@ def _check(trials: list[Trial], tier: str, *, resumes: int = 4) -> None:
 
 @pytest.mark.parametrize("tier", list(TIERS))
 def test_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
-    found = _found(tier, "consumer")
+    found = _found(tier, CONSUMER)
     # The sweep reaches into the gather, the mixer, the tiers: functions the main thread
     # enters at every batch, whatever the threads beside it have done. Which of them a
     # sampled moment lands in depends on how far those threads got (a wait that polls
@@ -213,15 +216,15 @@ def test_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
         assert name in reached, sorted(reached)
     assert len(found) > 20
     moments = _spread([k for k, _ in found], 40)
-    trials = _trials(tier, [Call(k) for k in moments], save_and_close, "consumer")
+    trials = _trials(tier, [Call(k) for k in moments], save_and_close, CONSUMER)
     assert sum(t.fired > 0 for t in trials) > 0.9 * len(trials)
     _check(trials, tier)
 
 
 @pytest.mark.parametrize("tier", ["device-mix3", "host-mix3"])
 def test_load_state_dict_from_a_handler_at_every_consumer_function(tier):
-    moments = _spread(_sites(tier, "consumer"), 15)
-    trials = _trials(tier, [Call(k) for k in moments], save_reload_and_close, "consumer")
+    moments = _spread(_sites(tier, CONSUMER), 15)
+    trials = _trials(tier, [Call(k) for k in moments], save_reload_and_close, CONSUMER)
     _check(trials, tier, resumes=2)
 
 
@@ -247,8 +250,8 @@ def test_control_calls_from_another_thread_while_the_main_thread_iterates(tier):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tier", list(GPU_TIERS))
 def test_on_cuda_a_handler_inside_every_consumer_function_checkpoints_and_closes(tier):
-    moments = _spread(_sites(tier, "consumer"), 30)
-    trials = _trials(tier, [Call(k) for k in moments], save_and_close, "consumer")
+    moments = _spread(_sites(tier, CONSUMER), 30)
+    trials = _trials(tier, [Call(k) for k in moments], save_and_close, CONSUMER)
     _check(trials, tier)
 
 
