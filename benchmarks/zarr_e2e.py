@@ -7,10 +7,11 @@
 The store: zarr v3, float32, ``T x 1,024`` (``--timesteps``, default 262,144: 1 GiB),
 chunks of 1,024 x 1,024, ``zstd`` (``ZstdCodec(level=3)``, which the fast path decodes;
 ``--codec blosc-zstd`` for the tests' codec), holding a smooth random walk per column
-(so zstd does some work: the compression ratio is printed). It is written once by
-:func:`chunkstream.flyvis.write_array` under ``benchmarks/_data/`` (``--data``) and
-reused; its files are read once before timing, so the page cache is warm. Batches are
-the race's: 256 windows of 64 steps x 1,024 float32 (64 MiB).
+rounded to steps of 2**-10 (so zstd does some work, as on a recording: the compression
+ratio is printed). It is written once by :func:`chunkstream.flyvis.write_array` under
+``benchmarks/_data/`` (``--data``) and reused; its files are read once before timing, so
+the page cache is warm. Batches are the race's: 256 windows of 64 steps x 1,024 float32
+(64 MiB).
 
 Arms, each run for ``--seconds`` per round, rounds alternating the arms' order (so load
 on a shared machine hits them alike):
@@ -64,11 +65,14 @@ TIMESTEPS, QUICK_TIMESTEPS = 262_144, 16_384
 DATA = Path(__file__).resolve().parent / "_data"
 ARMS = ("memcpy", "stream", "tier", "decode")
 MEMCPY_THREADS = 2
+QUANTUM = np.float32(2.0**-10)
 WARMUP = 4  # batches (or chunks) taken before an arm's first timing
 
 
 def _walk(timesteps: int, seed: int = 0) -> np.ndarray:
-    """A smooth random walk per column, float32: steps of ~1e-2 around per-column levels."""
+    """A smooth random walk per column, float32: steps of ~1e-2 around per-column levels,
+    rounded to multiples of :data:`QUANTUM` (a recording's ADC steps: about 14 significant
+    bits, where full float32 noise would leave zstd nothing to do)."""
     rng = np.random.default_rng(seed)
     out = np.empty((timesteps, WIDTH), dtype=np.float32)
     level = rng.standard_normal(WIDTH, dtype=np.float32)
@@ -77,12 +81,14 @@ def _walk(timesteps: int, seed: int = 0) -> np.ndarray:
         np.cumsum(steps * np.float32(0.01), axis=0, out=out[lo : lo + len(steps)])
         out[lo : lo + len(steps)] += level
         level = out[lo + len(steps) - 1].copy()
+    np.round(out / QUANTUM, out=out)
+    out *= QUANTUM
     return out
 
 
 def store(data_dir: Path, timesteps: int, codec: str) -> Path:
     """The store's path: written once (to a side path, renamed when whole), then reused."""
-    path = data_dir / f"e2e-{codec}-T{timesteps}-N{WIDTH}-c{STORED}.zarr"
+    path = data_dir / f"e2e-{codec}-q10-T{timesteps}-N{WIDTH}-c{STORED}.zarr"
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -142,17 +148,36 @@ class Bench:
         self.stream.close()
         self.decoder.close()
 
+    def _tier(self, seconds: float) -> dict[str, float]:
+        """``benchmarks.gather._tier``, its set-up outside the CPU clock too."""
+        geo = self.geo
+        source = cs.NumpySource({"x": self.data[: geo.chunk]})  # the loader lends its executors
+        with cs.ChunkLoader(source, geo.chunk, device="cpu", seed=0) as loader:
+            tier = gather._host_tier(loader, geo, self.threads)
+            storage = gather._tier_storage(tier, self.data)
+            rng = np.random.default_rng(3)
+            batches = _forever(lambda: tier.batches(storage, gather._requests(geo, rng)))
+            try:
+                for _ in range(WARMUP):
+                    next(batches)
+                return _timed(lambda: next(batches), seconds)
+            finally:
+                batches.close()
+
     @property
     def batch_bytes(self) -> int:
         return self.geo.batch_bytes
 
     def run(self, arm: str, seconds: float) -> dict[str, float]:
         if arm == "memcpy":
+            c0 = time.process_time()
             n, wall = gather._memcpy(self.data, self.geo, MEMCPY_THREADS, seconds)
-            return {"n": n, "wall": wall, "bytes": n * self.batch_bytes}
+            # gather's 3 warm-up copies ran on the same clock: their share taken out
+            cpu = (time.process_time() - c0) * n / (n + 3)
+            return {"n": n, "wall": wall, "cpu": cpu, "bytes": n * self.batch_bytes}
         if arm == "tier":
-            n, wall = gather._tier(self.data, self.geo, self.threads, seconds)
-            return {"n": n, "wall": wall, "bytes": n * self.batch_bytes}
+            out = self._tier(seconds)
+            return {**out, "bytes": out["n"] * self.batch_bytes}
         if arm == "decode":
             out = _timed(lambda: next(self._chunks), seconds)
             return {**out, "bytes": out["n"] * self.decoder.chunk_bytes}
@@ -173,44 +198,64 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.2f}"
 
 
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    """The median over rounds of ``key`` per byte."""
+    return statistics.median(r[key] / r["bytes"] for r in runs)
+
+
 def report(bench: Bench, got: dict[str, list[dict[str, float]]]) -> list[str]:
     """The summary and the breakdown, as lines."""
     gbps = {a: [r["bytes"] / r["wall"] / 1e9 for r in rs] for a, rs in got.items()}
-    rows = [("arm", "median GB/s", "batches/s", "x memcpy", "per round (x memcpy)")]
+    rows = [("arm", "median GB/s", "batches/s", "CPU s/GB", "x memcpy", "per round (x memcpy)")]
     for arm, values in gbps.items():
         rate = statistics.median(values) * 1e9 / bench.batch_bytes
-        cells = [arm, f"{statistics.median(values):.2f}", f"{rate:.1f}" if arm != "decode" else "-"]
+        cells = [arm, f"{statistics.median(values):.2f}", f"{rate:.1f}" if arm != "decode" else "-",
+                 f"{_median(got[arm], 'cpu') * 1e9:.3f}"]  # fmt: skip
         if "memcpy" in gbps and arm != "memcpy":
             ratios = [a / b for a, b in zip(values, gbps["memcpy"], strict=True)]
             cells += [f"{statistics.median(ratios):.2f}x", ", ".join(f"{x:.2f}" for x in ratios)]
         rows.append(cells)
-    lines = ["", "summary (medians over rounds):", *format_table(rows, align="<>>>")]
+    lines = ["", "summary (medians over rounds):", *format_table(rows, align="<>>>>")]
     if "stream" not in got:
         return lines
     s = got["stream"]
     cpu = statistics.median(r["cpu"] / r["n"] for r in s)
     stall = statistics.median(r["wait"] / r["wall"] for r in s)
-    lines.append(f"  stream: {_ms(cpu)} CPU ms per batch (process); consumer waited for "
-                 f"chunks {stall:.1%} of the time")  # fmt: skip
+    busy = statistics.median(r["cpu"] / r["wall"] for r in s)
+    cores = len(os.sched_getaffinity(0))
+    lines.append(f"  stream: {_ms(cpu)} CPU ms per batch (process), {busy:.2f} of {cores} cores "
+                 f"busy (at {cores} whole cores: {cores / cpu:.0f} batches/s); the consumer "
+                 f"waited for chunks {stall:.1%} of the time")  # fmt: skip
     if not {"memcpy", "tier", "decode"} <= set(got):
         return lines
     loader = bench.stream.loader
     per_chunk = bench.stream.batches_per_chunk
     decoded = loader.chunk_bytes / per_chunk  # the stream's loader's bytes per batch
-    med = {a: statistics.median(v) * 1e9 for a, v in gbps.items()}
-    stream_s = bench.batch_bytes / med["stream"]
+    wall = {a: 1 / (statistics.median(v) * 1e9) for a, v in gbps.items()}  # seconds per byte
+    cpus = {a: _median(rs, "cpu") for a, rs in got.items()}  # CPU seconds per byte
+    size = bench.batch_bytes
     parts = [
-        ("gather (1 / tier)", bench.batch_bytes / med["tier"]),
-        (f"decode ({format_bytes(decoded)} at the decode arm's rate)", decoded / med["decode"]),
-        (f"refill copy ({format_bytes(decoded)} at memcpy speed)", decoded / med["memcpy"]),
+        ("gather (the tier arm)", size, "tier"),
+        (f"decode ({format_bytes(decoded)} at the decode arm's rate)", decoded, "decode"),
+        (f"refill copy ({format_bytes(decoded)} at memcpy's rate)", decoded, "memcpy"),
     ]
-    left = stream_s - sum(t for _, t in parts)
-    rows = [("per batch of the stream", "ms", "share")]
-    rows += [(what, _ms(t), f"{t / stream_s:.0%}") for what, t in [*parts, ("left (overheads, waits)", left)]]  # fmt: skip
-    rows += [("stream, measured", _ms(stream_s), "100%"),
-             ("memcpy of the batch's bytes (the bound)", _ms(bench.batch_bytes / med["memcpy"]),
-              f"{bench.batch_bytes / med['memcpy'] / stream_s:.0%}")]  # fmt: skip
-    lines += ["", "where the stream's time goes:", *format_table(rows, align="<>>")]
+    whole = {"wall": size * wall["stream"], "cpu": size * cpus["stream"]}
+    rows = [("per batch of the stream", "wall ms", "share", "CPU ms", "share")]
+
+    def row(what: str, w: float, c: float) -> tuple[str, ...]:
+        return (what, _ms(w), f"{w / whole['wall']:.0%}", _ms(c), f"{c / whole['cpu']:.0%}")
+
+    rows += [row(what, n * wall[arm], n * cpus[arm]) for what, n, arm in parts]
+    left = {k: whole[k] - sum(n * (wall if k == "wall" else cpus)[arm] for _, n, arm in parts)
+            for k in whole}  # fmt: skip
+    rows += [
+        row("left (overheads, waits)", left["wall"], left["cpu"]),
+        row("stream, measured", whole["wall"], whole["cpu"]),
+        row(
+            "memcpy of the batch's bytes (the bound)", size * wall["memcpy"], size * cpus["memcpy"]
+        ),
+    ]
+    lines += ["", "where the stream's time goes:", *format_table(rows, align="<>>>>")]
     lines.append(f"  the stream's loader: chunks of {bench.chunk_size:,} steps "
                  f"({format_bytes(loader.chunk_bytes)}), {per_chunk} batches per chunk, "
                  f"{bench.stream.chunks_per_epoch} chunks per epoch; stream mix={bench.stream.mix}")  # fmt: skip
@@ -230,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (0.5 if args.quick else 5.0)
     timesteps = args.timesteps or (QUICK_TIMESTEPS if args.quick else TIMESTEPS)
+    if timesteps < BATCH * WINDOW:  # the memcpy arm copies one batch's bytes out of the data
+        ap.error(f"--timesteps {timesteps}: at least {BATCH * WINDOW:,} (one batch's bytes)")
     arms = args.arms.split(",")
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
@@ -258,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 line = f"  round {r} {arm:7}: {res['bytes'] / res['wall'] / 1e9:6.2f} GB/s"
                 line += f" ({res['n']} {'chunks' if arm == 'decode' else 'batches'})"
                 if arm == "stream":
-                    line += (f"; {1e3 * res['cpu'] / res['n']:.1f} CPU ms/batch; loader: "
-                             f"{res['chunks']} chunks, waited {res['wait']:.3f} s, read "
-                             f"{1e3 * res['read']:.0f} ms each (median)")  # fmt: skip
+                    line += f"; {1e3 * res['cpu'] / res['n']:.1f} CPU ms/batch; loader: "
+                    line += f"{res['chunks']} chunks, waited {res['wait']:.3f} s"
+                    if res["chunks"]:
+                        line += f", read {1e3 * res['read']:.0f} ms each (median)"
                 print(line, flush=True)
         print("\n".join(report(bench, got)))
         print("\nthe stream's loader (LatencyStats; its epoch clock also ran during other arms):")
