@@ -125,13 +125,13 @@ class Bench:
 
     def __init__(self, path: Path, timesteps: int) -> None:
         self.path = path
-        self.geo = gather.Geo("e2e", timesteps, WIDTH, WINDOW, BATCH, STORED)
         self.data = np.asarray(zarr.open_array(str(path), mode="r")[...])
         # The README's first example: the stream builds and owns its loader.
         self.stream = cs.BatchStream(cs.ZarrSource(str(path)), window=WINDOW, batch_size=BATCH,
                                      device="cpu")  # fmt: skip
         loader = self.stream.loader
         self.chunk_size = loader.config.chunk_size
+        # the geometry of benchmarks.gather, with the stream's chunk for the tier's loader
         self.geo = gather.Geo("e2e", timesteps, WIDTH, WINDOW, BATCH, self.chunk_size)
         self._batches = _forever(lambda: iter(self.stream))
         for _ in range(WARMUP):
