@@ -125,7 +125,6 @@ class Bench:
 
     def __init__(self, path: Path, timesteps: int) -> None:
         self.path = path
-        self.data = np.asarray(zarr.open_array(str(path), mode="r")[...])
         # The README's first example: the stream builds and owns its loader.
         self.stream = cs.BatchStream(cs.ZarrSource(str(path)), window=WINDOW, batch_size=BATCH,
                                      device="cpu")  # fmt: skip
@@ -133,6 +132,8 @@ class Bench:
         self.chunk_size = loader.config.chunk_size
         # the geometry of benchmarks.gather, with the stream's chunk for the tier's loader
         self.geo = gather.Geo("e2e", timesteps, WIDTH, WINDOW, BATCH, self.chunk_size)
+        # After the stream sized its buffer, which counts what the process holds.
+        self.data = np.asarray(zarr.open_array(str(path), mode="r")[...])
         self._batches = _forever(lambda: iter(self.stream))
         for _ in range(WARMUP):
             next(self._batches)
