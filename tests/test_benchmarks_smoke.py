@@ -296,3 +296,18 @@ def test_quality_race_on_recordings_runs_and_renders(tmp_path: Path) -> None:
     assert 0 < arms["defaults"]["runs"][0]["share"] <= 0.25
     text = "\n".join(qr.recordings_section(res, "cmd"))
     assert "| defaults |" in text and "quality on 4 recordings" in text
+
+
+def test_the_zarr_end_to_end_benchmark_runs_and_says_where_the_time_goes(
+    tmp_path: Path, capsys
+) -> None:
+    from benchmarks import zarr_e2e
+
+    argv = ["--quick", "--seconds", "0.05", "--data", str(tmp_path)]
+    assert zarr_e2e.main(argv) == 0
+    out = capsys.readouterr().out
+    assert ", ratio " in out  # the store's compression ratio
+    for arm in zarr_e2e.ARMS:
+        assert f"round 0 {arm}" in out
+    assert "where the stream's time goes:" in out and "left (overheads, waits)" in out
+    assert "shuffle buffer: host tier" in out and "load after:" in out
