@@ -75,6 +75,7 @@ from ._cached_store import CachedObjectStore, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import DecodePool, FastChunkReader, decode_pool
+from ._leave import read_selection
 from ._open import open_zarr_array
 from ._read_checks import ReadChecks, check_all_chunks
 from ._remote import (
@@ -293,7 +294,7 @@ class ZarrSource(SourceBase):
                 try:
                     # zarr writes into the wrapped array in place: no intermediate copy
                     with store_errors(self.path, f"timesteps [{start}, {stop}) of field {name!r}"):
-                        self.array.get_basic_selection(index, out=nd_buffer.from_numpy_array(view))
+                        read_selection(self.array, index, nd_buffer.from_numpy_array(view))
                 except FrameError as exc:
                     raise self._corrupt(name, sel, start, stop, str(exc)) from exc
                 except ChunkstreamError:
