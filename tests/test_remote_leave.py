@@ -48,9 +48,15 @@ def test_closing_a_loader_leaves_a_read_stalled_on_the_server(server):
     options = {"chunkstream": cs.RemoteOptions(timeout=30, retries=4)}
     try:
         with cs.ZarrSource(f"{server.url}/x.zarr", storage_options=options) as source:
-            loader = cs.ChunkLoader(source, WINDOW, device="cpu", workers=1, prefetch=1,
-                                    sampling="sequential",
-                                    options=cs.LoaderOptions(read_retries=0))  # fmt: skip
+            loader = cs.ChunkLoader(
+                source,
+                WINDOW,
+                device="cpu",
+                workers=1,
+                prefetch=1,
+                sampling="sequential",
+                options=cs.LoaderOptions(read_retries=0),
+            )
             chunks = iter(loader.epoch(2))
             assert next(chunks).start == 0
             _wait_for(lambda: server.faults.hits >= 1, "window 1's stalled request")

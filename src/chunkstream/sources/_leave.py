@@ -84,15 +84,30 @@ def _track(loop: asyncio.AbstractEventLoop) -> None:
         _installed.add(id(loop))
 
 
-async def _scoped(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+class _Read:
+    """One read's outcome, written on zarr's loop and read by its reader once ``ended``."""
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.task: asyncio.Task | None = None
+
+    def finished(self, task: asyncio.Task) -> None:  # the task's done callback
+        self.cancelled = task.cancelled()
+        self.ended.set()
+
+
+async def _scoped(make: Callable[[], Coroutine[Any, Any, Any]], read: _Read) -> None:
     """``await make()``; if it fails or is cancelled, cancel (and wait for) every task it
     started that is still pending. After a success every request has ended; what is still
     pending was meant to outlive the read (the node-local cache's entry writes)."""
     tasks: set[asyncio.Task] = set()
     _scope.set(tasks)  # this task's own context: the tasks it starts inherit the set
     try:
-        return await make()
-    except BaseException:
+        await make()
+    except BaseException as exc:
+        read.error = exc
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
@@ -114,39 +129,36 @@ def read_selection(array: zarr.Array, selection: Any, out: Any) -> None:
     _track(loop)
     indexer = BasicIndexer(selection, array.shape, array.metadata.chunk_grid)
     prototype = default_buffer_prototype()
+    read = _Read()
 
     def make() -> Coroutine[Any, Any, Any]:  # made on the loop: no coroutine left unawaited
         return array.async_array._get_selection(indexer, out=out, prototype=prototype)
 
-    ended = threading.Event()
-    holder: list[asyncio.Task] = []
-
     def start() -> None:
         # a fresh context: the read's scope is its own, whatever the loop thread ran before
-        task = loop.create_task(_scoped(make), context=contextvars.Context())
-        task.add_done_callback(lambda _: ended.set())
-        holder.append(task)
+        read.task = loop.create_task(_scoped(make, read), context=contextvars.Context())
+        read.task.add_done_callback(read.finished)
 
     def cancel() -> None:  # after start(): the loop runs its callbacks in order
-        holder[0].cancel()
+        if read.task is not None:
+            read.task.cancel()
 
     loop.call_soon_threadsafe(start)
     stop = _stop.get()
     left = False
     try:
-        while not ended.wait(POLL_S):
+        while not read.ended.wait(POLL_S):
             if stop is not None and stop():
                 left = True
                 break
     finally:
-        if not ended.is_set():  # left, or interrupted (KeyboardInterrupt): cancel it
+        if not read.ended.is_set():  # left, or interrupted (KeyboardInterrupt): cancel it
             loop.call_soon_threadsafe(cancel)
-            ended.wait(LEAVE_S + POLL_S)
+            read.ended.wait(LEAVE_S + POLL_S)
     if left:
         raise Cancelled("the read was left: its run was dropped or its loader closed")
-    task = holder[0]
-    if task.cancelled():  # cancelled by someone else (zarr's loop stopping at exit)
+    if read.cancelled or isinstance(read.error, asyncio.CancelledError):
+        # cancelled by someone else (zarr's loop stopping at exit)
         raise Cancelled("the read's task on zarr's event loop was cancelled")
-    error = task.exception()
-    if error is not None:
-        raise error
+    if read.error is not None:
+        raise read.error
