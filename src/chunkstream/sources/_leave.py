@@ -107,13 +107,16 @@ async def _scoped(make: Callable[[], Coroutine[Any, Any, Any]], read: _Read) -> 
     try:
         await make()
     except BaseException as exc:
+        # kept for the reader, not raised out of the task (asyncio would log it unretrieved);
+        # a cancellation is raised on, so that the task ends cancelled
         read.error = exc
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=LEAVE_S)
-        raise
+        if isinstance(exc, asyncio.CancelledError):
+            raise
 
 
 def read_selection(array: zarr.Array, selection: Any, out: Any) -> None:
