@@ -11,8 +11,9 @@ engines" has the race that set the default):
   also for an unsharded remote array read through the node-local cache
   (``cache=``, :mod:`._cached_store`), whose chunk bytes are fetched, not read;
 * the **general path** for everything else (remote, other codecs):
-  ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
-  caller's buffer without an extra copy, decoded by zarr's own pipeline
+  zarr's basic selection with ``out=NDBuffer``, which writes into the caller's
+  buffer without an extra copy (:func:`._leave.read_selection`: a dropped run leaves
+  it, and a failed one leaves no request running), decoded by zarr's own pipeline
   (engine ``"zarr"``) or by the zarrs Rust pipeline (engine ``"zarrs"``,
   :mod:`._zarrs`, opt-in).
 
