@@ -20,6 +20,7 @@ import numpy as np
 
 from .._errors import ChunkLoadError, ChunkstreamError, NonFiniteError
 from ._base import Source, describe_source, field_of
+from ._leave import leave_when
 
 __all__ = ["call_with_retries", "read_owned_window", "read_window", "reading"]
 
@@ -99,10 +100,12 @@ def call_with_retries(
 ) -> _T:
     """``call()``, retried up to ``retries`` times after a transient error (I/O and network
     hiccups, not bad data or a missing path), waiting ``_RETRY_BACKOFF_S * 2**attempt``
-    between tries; the last error is raised as it is."""
+    between tries; the last error is raised as it is. A zarr read inside ``call`` is left
+    once ``cancelled()`` (:func:`~._leave.leave_when`)."""
     for attempt in range(retries + 1):
         try:
-            return call()
+            with leave_when(cancelled):  # a zarr read in flight is left once cancelled
+                return call()
         except Exception as exc:
             if attempt == retries or not _transient(exc) or cancelled():
                 raise

@@ -11,8 +11,9 @@ engines" has the race that set the default):
   also for an unsharded remote array read through the node-local cache
   (``cache=``, :mod:`._cached_store`), whose chunk bytes are fetched, not read;
 * the **general path** for everything else (remote, other codecs):
-  ``zarr.Array.get_basic_selection(..., out=NDBuffer)``, which writes into the
-  caller's buffer without an extra copy, decoded by zarr's own pipeline
+  zarr's basic selection with ``out=NDBuffer``, which writes into the caller's
+  buffer without an extra copy (:func:`._leave.read_selection`: a dropped run leaves
+  it, and a failed one leaves no request running), decoded by zarr's own pipeline
   (engine ``"zarr"``) or by the zarrs Rust pipeline (engine ``"zarrs"``,
   :mod:`._zarrs`, opt-in).
 
@@ -76,6 +77,7 @@ from ._cached_store import CachedObjectStore, chunk_fetcher
 from ._checked_codecs import FrameError
 from ._engines import ENGINES, choose_engine, read_checks
 from ._fastzarr import DecodePool, FastChunkReader, decode_pool
+from ._leave import read_selection
 from ._open import open_zarr_array
 from ._read_checks import ReadChecks, check_all_chunks
 from ._remote import (
@@ -298,7 +300,7 @@ class ZarrSource(SourceBase):
                 try:
                     # zarr writes into the wrapped array in place: no intermediate copy
                     with store_errors(self.path, f"timesteps [{start}, {stop}) of field {name!r}"):
-                        self.array.get_basic_selection(index, out=nd_buffer.from_numpy_array(view))
+                        read_selection(self.array, index, nd_buffer.from_numpy_array(view))
                 except FrameError as exc:
                     raise self._corrupt(name, sel, start, stop, str(exc)) from exc
                 except ChunkstreamError:
