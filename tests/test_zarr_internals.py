@@ -103,3 +103,30 @@ def test_a_corrupt_chunk_is_refused_through_each_checked_codec(tmp_path, make, c
     assert any(type(c) is codec for c in used)
     with pytest.raises(cs.CorruptChunkError):
         arr[0:10]  # one chunk (one inner chunk of the shard: zarr's partial decode)
+
+
+def test_the_internals_a_leavable_remote_read_calls_are_there():
+    """``sources/_leave.py`` runs zarr's basic selection as a task it can cancel, through
+    ``AsyncArray._get_selection`` and zarr's loop: under this zarr they are there as
+    called (else reads fall back to ``get_basic_selection``, correct but not leavable)."""
+    from chunkstream.sources import _leave
+
+    assert _leave.changed_internals() == []
+    assert _leave._leavable()
+
+
+@pytest.mark.parametrize("leavable", [True, False])
+def test_the_general_path_reads_the_same_leavable_or_not(tmp_path, monkeypatch, leavable):
+    """zarr's own pipeline (engine "zarr") reads the true rows through the leavable read
+    and through the fallback a changed zarr would get."""
+    from chunkstream.sources import _leave
+
+    monkeypatch.setattr(_leave, "_leavable", lambda: leavable)
+    zarr.create_array(str(tmp_path / "a.zarr"), data=DATA, chunks=(16, 4), zarr_format=3)
+    with cs.ZarrSource(str(tmp_path / "a.zarr"), engine="zarr") as source:
+        assert not source.uses_fast_path
+        out = {
+            name: np.empty((37, *spec.shape), spec.dtype) for name, spec in source.fields.items()
+        }
+        source.read_into(21, 58, out)
+    np.testing.assert_array_equal(next(iter(out.values())), DATA[21:58])

@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
+import inspect
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -35,7 +37,7 @@ import zarr.core.sync
 
 from .._executor import POLL_S, Cancelled
 
-__all__ = ["LEAVE_S", "leave_when", "read_selection"]
+__all__ = ["LEAVE_S", "changed_internals", "leave_when", "read_selection"]
 
 #: How long the end of a read waits for its cancelled tasks to finish.
 LEAVE_S = 2.0
@@ -119,12 +121,42 @@ async def _scoped(make: Callable[[], Coroutine[Any, Any, Any]], read: _Read) -> 
             raise
 
 
+# The zarr internals a leavable read calls, as ``get_basic_selection`` calls them
+# (zarr 3.1): checked once, so a zarr that changed them reads through zarr's own
+# ``get_basic_selection`` (correct, only no longer leavable) instead of failing.
+_SELECTION_PARAMS = ("self", "indexer", "prototype", "out", "fields")
+
+
+def changed_internals() -> list[str]:
+    """The zarr internals :func:`read_selection` calls that this zarr lacks as called."""
+    from zarr.core.array import AsyncArray
+
+    changed = []
+    method = getattr(AsyncArray, "_get_selection", None)
+    if method is None or tuple(inspect.signature(method).parameters) != _SELECTION_PARAMS:
+        changed.append(f"AsyncArray._get_selection{_SELECTION_PARAMS}")
+    for name in ("_get_loop", "_get_executor", "_executor"):
+        if not hasattr(zarr.core.sync, name):
+            changed.append(f"zarr.core.sync.{name}")
+    return changed
+
+
+@functools.cache
+def _leavable() -> bool:
+    return not changed_internals()
+
+
 def read_selection(array: zarr.Array, selection: Any, out: Any) -> None:
     """``array.get_basic_selection(selection, out=out)`` (``out`` an ``NDBuffer``), left
     with :class:`~chunkstream._executor.Cancelled` once the :func:`leave_when` stop says so
-    (see the module docs)."""
+    (see the module docs); zarr's own call, not leavable, under a zarr whose internals
+    changed (:func:`changed_internals`)."""
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.indexing import BasicIndexer
+
+    if not _leavable():
+        array.get_basic_selection(selection, out=out)
+        return
 
     loop = zarr.core.sync._get_loop()
     if zarr.core.sync._executor is None and zarr.config.get("threading.max_workers") is not None:
