@@ -337,3 +337,57 @@ def test_the_default_gather_threads_are_this_ranks_share_of_the_cores(monkeypatc
     assert default_gather_threads() == max(1, min(4, cores))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))
     assert default_gather_threads() == 1  # more ranks than cores: the caller alone
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_a_gather_in_the_callers_loop_splits_over_an_open_cpu_loaders_readers(monkeypatch, budget):
+    """``cs.gather_windows`` on the CPU with a CPU loader open splits a batch's windows over
+    the caller and the loader's readers (issue 47: the readers, idle between chunks, are the
+    loader's own threads); the batch is bit-exact whoever copied which part (parts a reader
+    has not started are copied by the caller), and with the loader closed the caller copies
+    it alone. No assertion on which thread copied what."""
+    from chunkstream.pipeline import _held
+
+    monkeypatch.setattr(_held, "thread_budget", lambda: budget)
+    data = torch.randn(4096, 512)
+    starts = torch.randint(0, 4096 - 32 + 1, (96,))
+    want = torch.stack([data[s : s + 32] for s in starts.tolist()])
+    assert want.nbytes >= _held.SPLIT_FROM
+    source = cs.NumpySource({"x": np.zeros((1024, 4), np.float32)})
+    with cs.ChunkLoader(source, 256, device="cpu", workers=2) as loader:
+        for _ in loader.epoch(2):  # the readers at work beside the gathers too
+            assert torch.equal(cs.gather_windows(data, starts, 32), want)
+        out = torch.empty_like(want)
+        for _ in range(5):
+            assert cs.gather_windows(data, starts, 32, out=out) is out
+            assert torch.equal(out, want)
+    assert loader._executors[0].closed
+    assert torch.equal(cs.gather_windows(data, starts, 32), want)  # the caller alone
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("chunkstream-read")]
+
+
+def test_a_failed_part_of_a_split_gather_is_raised_in_the_caller(monkeypatch):
+    """A part copied on a reader that raises reaches the caller as that error."""
+    from chunkstream.pipeline import _held
+
+    monkeypatch.setattr(_held, "thread_budget", lambda: 2)
+    real = _held.copy_windows
+
+    def fails_on_readers(src, out, starts, window):
+        if threading.current_thread().name.startswith("chunkstream-read"):
+            raise OSError("injected: a part failed on a reader")
+        real(src, out, starts, window)
+
+    monkeypatch.setattr(_held, "copy_windows", fails_on_readers)
+    data = torch.randn(4096, 512)
+    starts = torch.randint(0, 4096 - 32 + 1, (96,))
+    source = cs.NumpySource({"x": np.zeros((1024, 4), np.float32)})
+    with cs.ChunkLoader(source, 256, device="cpu", workers=1) as loader:
+        list(loader.epoch(1))
+        for _ in range(20):  # a reader takes a part in some of them (which: not asserted)
+            try:
+                got = cs.gather_windows(data, starts, 32)
+            except OSError as exc:
+                assert "injected" in str(exc)
+            else:
+                assert torch.equal(got, torch.stack([data[s : s + 32] for s in starts.tolist()]))

@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._errors import ConfigError, check_int
-from ..pipeline import Chunk, check_host_starts, compute_dtype, copy_windows
+from ..pipeline import Chunk, check_host_starts, compute_dtype, gather_on_lent
 from ..plans import Piece, window_in_chunk
 
 __all__ = [
@@ -369,7 +369,8 @@ def _gather_on_host(
     out: torch.Tensor | None,
     target: torch.dtype,
 ) -> torch.Tensor:
-    """The CPU gather: one slice copy per window, in this thread (:mod:`chunkstream.pipeline._held`)."""
+    """The CPU gather: one slice copy per window, in this thread and the readers of an open
+    CPU loader (:func:`~chunkstream.pipeline._held.gather_on_lent`)."""
     values = check_host_starts(starts, int(tensor.shape[0]), window)
     shape = (len(values), window, *tensor.shape[1:])
     if out is None:
@@ -381,5 +382,5 @@ def _gather_on_host(
             f"a {target} tensor of shape {shape} on the cpu",
             "Allocate out with the batch's shape and the dtype it is converted to.",
         )
-    copy_windows(tensor, out, values, window)
+    gather_on_lent(tensor, out, values, window)
     return out

@@ -14,6 +14,7 @@ from ._config import ResolvedSettings as ResolvedSettings  # isort: skip
 from ._held import check_host_starts as check_host_starts  # isort: skip
 from ._held import compute_dtype as compute_dtype  # isort: skip
 from ._held import copy_windows as copy_windows  # isort: skip
+from ._held import gather_on_lent as gather_on_lent  # isort: skip
 from ._jobs import Delivery as Delivery  # isort: skip
 from ._jobs import copy_to_device as copy_to_device  # isort: skip
 from ._lane import BatchLane as BatchLane  # isort: skip

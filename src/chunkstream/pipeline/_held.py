@@ -25,12 +25,16 @@ every read over those rows has finished (the ownership rule, :mod:`._lane`).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
 from .._errors import ConfigError
+from .._executor import Executor, done_within
+from .._memory import thread_budget
 from ..sources import FieldSpec
 
 __all__ = [
@@ -40,6 +44,8 @@ __all__ = [
     "compute_dtype",
     "copy_rows",
     "copy_windows",
+    "gather_on_lent",
+    "lend",
     "numpy_dtype",
 ]
 
@@ -116,6 +122,50 @@ def copy_windows(src: torch.Tensor, out: torch.Tensor, starts: list[int], window
     """``out[b] = src[starts[b] : starts[b] + window]`` for every ``b``, in this thread."""
     copy, a, b = window_copy(src, out)
     copy(a, b, starts, window)
+
+
+#: The readers of the CPU loaders open now (:func:`lend`): a gather in the caller's own
+#: loop (``cs.gather_windows`` on the CPU) splits its windows over the caller and them.
+_LENT: weakref.WeakSet[Executor] = weakref.WeakSet()
+#: A batch smaller than this is copied by the caller alone (a split would cost more).
+SPLIT_FROM = 1 << 20
+
+
+def lend(readers: Executor) -> None:
+    """Let gathers in the caller's loop use ``readers`` (a CPU loader's; until they close)."""
+    _LENT.add(readers)
+
+
+def gather_on_lent(src: torch.Tensor, out: torch.Tensor, starts: list[int], window: int) -> None:
+    """:func:`copy_windows`, its windows split over this thread and an open CPU loader's
+    readers (:func:`lend`; at most this process's thread budget in all).
+
+    This thread copies the first part, then every part no reader has started (it
+    cancels it and copies it itself), then waits for the parts readers are copying:
+    busy readers (a chunk's read) never make a gather wait behind them, and a gather
+    is never slower than this thread alone. A part's error is raised here.
+    """
+    readers = next((r for r in list(_LENT) if not r.closed), None)
+    parts = 1 if readers is None else min(thread_budget(), 1 + len(readers.threads))
+    if parts < 2 or out.nbytes < SPLIT_FROM or len(starts) < 2 * parts:
+        copy_windows(src, out, starts, window)
+        return
+    cut = [round(k * len(starts) / parts) for k in range(parts + 1)]
+    spans = list(itertools.pairwise(cut))
+
+    def part(lo: int, hi: int) -> None:
+        copy_windows(src, out[lo:hi], starts[lo:hi], window)
+
+    lent = [(readers.submit(part, lo, hi, what="gather"), lo, hi) for lo, hi in spans[1:]]
+    part(*spans[0])
+    for future, lo, hi in lent:
+        if future.cancel():  # still queued (or its executor closed): copied here
+            part(lo, hi)
+    for future, _, _ in lent:
+        while not done_within(future):  # a reader is copying it: at most 1/parts of the batch
+            pass
+        if not future.cancelled():
+            future.result(timeout=0)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:

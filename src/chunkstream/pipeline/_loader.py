@@ -49,6 +49,7 @@ from ..sources import (
 from ..stats import WAIT, ChunkRecord, LatencyStats, profiled
 from ._chunk import Chunk
 from ._config import ResolvedSettings, resolve_device
+from ._held import lend
 from ._jobs import learn_fields
 from ._options import LoaderOptions, loader_settings
 from ._resident import make_resident
@@ -282,7 +283,10 @@ class ChunkLoader:
         loader, so a loader the user drops is collected."""
         # Every CUDA thread binds the loader's device first (a new thread starts on device 0).
         init = device_binder(self.device) if on_cuda else None
-        self._owned.executors.append(Executor("read", self.config.workers, init))
+        readers = Executor("read", self.config.workers, init)
+        self._owned.executors.append(readers)
+        if not on_cuda:  # idle between chunks: they help cs.gather_windows in the user's loop
+            lend(readers)
         if self._stage.transfer is not None:
             self._owned.executors.append(Executor("transfer", 1, init))
 
