@@ -129,8 +129,7 @@ class NodeShare:
         """One line, e.g. ``host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's
         limit of 3 GiB, 2 ranks on this node (LOCAL_WORLD_SIZE); 1 CPU of 2 (affinity)``."""
         memory = self.memory.describe().removeprefix("host memory: ")
-        ranks = f"{_plural(self.ranks, 'rank')} on this node ({self.ranks_source})"
-        cpus = f"{_plural(self.cpus, 'CPU')} of {self.node_cpus} ({self.cpus_source})"
+        ranks, cpus = self._ranks_text(), self._cpus_text()
         threads = f"{_plural(self.threads, 'thread')} for this rank"
         if self.ranks == 1:
             return f"host memory: {memory}, {ranks}; {cpus}, {threads}"
@@ -149,8 +148,13 @@ class NodeShare:
     def describe_cpus(self) -> str:
         """The CPU half of :meth:`describe`, e.g. ``1 CPU of 2 (affinity), 2 ranks on this
         node (LOCAL_WORLD_SIZE)`` (the thread count is the caller's to show)."""
-        cpus = f"{_plural(self.cpus, 'CPU')} of {self.node_cpus} ({self.cpus_source})"
-        return f"{cpus}, {_plural(self.ranks, 'rank')} on this node ({self.ranks_source})"
+        return f"{self._cpus_text()}, {self._ranks_text()}"
+
+    def _ranks_text(self) -> str:
+        return f"{_plural(self.ranks, 'rank')} on this node ({self.ranks_source})"
+
+    def _cpus_text(self) -> str:
+        return f"{_plural(self.cpus, 'CPU')} of {self.node_cpus} ({self.cpus_source})"
 
 
 # -- CPUs -------------------------------------------------------------------

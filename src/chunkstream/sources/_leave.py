@@ -34,6 +34,9 @@ from typing import Any
 
 import zarr
 import zarr.core.sync
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.indexing import BasicIndexer
 
 from .._executor import POLL_S, Cancelled
 
@@ -129,8 +132,6 @@ _SELECTION_PARAMS = ("self", "indexer", "prototype", "out", "fields")
 
 def changed_internals() -> list[str]:
     """The zarr internals :func:`read_selection` calls that this zarr lacks as called."""
-    from zarr.core.array import AsyncArray
-
     changed = []
     method = getattr(AsyncArray, "_get_selection", None)
     if method is None or tuple(inspect.signature(method).parameters) != _SELECTION_PARAMS:
@@ -151,9 +152,6 @@ def read_selection(array: zarr.Array, selection: Any, out: Any) -> None:
     with :class:`~chunkstream._executor.Cancelled` once the :func:`leave_when` stop says so
     (see the module docs); zarr's own call, not leavable, under a zarr whose internals
     changed (:func:`changed_internals`)."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.indexing import BasicIndexer
-
     if not _leavable():
         array.get_basic_selection(selection, out=out)
         return
