@@ -391,3 +391,26 @@ def test_a_failed_part_of_a_split_gather_is_raised_in_the_caller(monkeypatch):
                 assert "injected" in str(exc)
             else:
                 assert torch.equal(got, torch.stack([data[s : s + 32] for s in starts.tolist()]))
+
+
+def test_a_split_gather_copies_the_parts_readers_closed_since_they_were_picked_refuse(
+    monkeypatch,
+):
+    """Readers picked while open but closed before the parts reach them (a loader closed
+    from another thread) refuse the parts: the caller copies them, and the batch is whole."""
+    import weakref
+
+    from chunkstream._executor import Executor
+    from chunkstream.pipeline import _held
+
+    class ClosedAfterPicked(Executor):
+        closed = property(lambda self: False)  # open when picked, closed at submit
+
+    readers = ClosedAfterPicked("read", 1)
+    readers.close(0.0)
+    monkeypatch.setattr(_held, "_LENT", weakref.WeakSet([readers]))
+    monkeypatch.setattr(_held, "thread_budget", lambda: 2)
+    data = torch.randn(4096, 512)
+    starts = torch.randint(0, 4096 - 32 + 1, (96,))
+    want = torch.stack([data[s : s + 32] for s in starts.tolist()])
+    assert torch.equal(cs.gather_windows(data, starts, 32), want)

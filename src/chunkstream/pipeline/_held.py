@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, LoaderClosedError
 from .._executor import Executor, done_within
 from .._memory import thread_budget
 from ..sources import FieldSpec
@@ -158,14 +158,19 @@ def gather_on_lent(src: torch.Tensor, out: torch.Tensor, starts: list[int], wind
 
     lent = [(readers.submit(part, lo, hi, what="gather"), lo, hi) for lo, hi in spans[1:]]
     part(*spans[0])
+    running = []
     for future, lo, hi in lent:
-        if future.cancel():  # still queued (or its executor closed): copied here
+        # Still queued, or refused by readers that closed since they were picked (a
+        # loader closed from another thread or a signal handler): copied here.
+        refused = future.done() and isinstance(future.exception(), LoaderClosedError)
+        if future.cancel() or refused:
             part(lo, hi)
-    for future, _, _ in lent:
+        else:
+            running.append(future)
+    for future in running:
         while not done_within(future):  # a reader is copying it: at most 1/parts of the batch
             pass
-        if not future.cancelled():
-            future.result(timeout=0)
+        future.result(timeout=0)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
