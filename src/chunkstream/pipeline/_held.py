@@ -160,17 +160,17 @@ def gather_on_lent(src: torch.Tensor, out: torch.Tensor, starts: list[int], wind
     part(*spans[0])
     running = []
     for future, lo, hi in lent:
-        # Still queued, or refused by readers that closed since they were picked (a
-        # loader closed from another thread or a signal handler): copied here.
-        refused = future.done() and isinstance(future.exception(), LoaderClosedError)
-        if future.cancel() or refused:
+        if future.cancel():  # still queued (or its readers closed meanwhile): copied here
             part(lo, hi)
         else:
-            running.append(future)
-    for future in running:
+            running.append((future, lo, hi))
+    for future, lo, hi in running:
         while not done_within(future):  # a reader is copying it: at most 1/parts of the batch
             pass
-        future.result(timeout=0)
+        try:
+            future.result(timeout=0)
+        except LoaderClosedError:  # refused by readers that closed since they were picked
+            part(lo, hi)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
