@@ -272,12 +272,23 @@ def _faults(servers: dict, data: np.ndarray, geo: RemoteGeometry) -> dict:
     return out
 
 
+def row_meets_contract(row: dict) -> bool:
+    """Whether one fault row (:func:`_fault_row`) meets the contract: identical data after
+    transient faults, and a ``ChunkLoadError`` naming the chunk's URL and the window for a
+    persistent one (a row that failed outright misses it)."""
+    return ("failed" not in row and row["transient_identical"] and row["raised"] == "ChunkLoadError"
+            and row["names_url"] and row["names_window"])  # fmt: skip
+
+
+def contract_misses(faults: dict, name: str) -> dict[str, dict]:
+    """``"server/kind"`` -> the row, for every row of store ``name`` that misses the contract."""
+    return {f"{server}/{kind}": faults[server][name][kind] for server in faults for kind in KINDS
+            if not row_meets_contract(faults[server][name][kind])}  # fmt: skip
+
+
 def contract_met(faults: dict, name: str) -> bool:
-    """Whether store ``name`` met the fault contract on every server and fault kind
-    (a row that failed outright misses it)."""
-    rows = [faults[server][name][kind] for server in faults for kind in KINDS]
-    return all("failed" not in r and r["transient_identical"] and r["raised"] == "ChunkLoadError"
-               and r["names_url"] and r["names_window"] for r in rows)  # fmt: skip
+    """Whether store ``name`` met the fault contract on every server and fault kind."""
+    return not contract_misses(faults, name)
 
 
 def _ratio(figures: dict) -> float | None:

@@ -9,9 +9,10 @@ its name (the mixer's ``Event``), and it knows these kinds:
 * threads and their synchronisation: ``Thread``, ``Timer``, ``Lock``, ``RLock``,
   ``Condition``, ``Event``, ``Semaphore``, ``BoundedSemaphore``, ``Barrier``,
   ``local``, ``start_new_thread``, ``interrupt_main``;
-* queues, futures and executors: ``SimpleQueue``, ``Queue``, ``Future``,
-  ``Executor`` (chunkstream's), ``ThreadPoolExecutor``, ``ProcessPoolExecutor``,
-  ``wait`` and ``as_completed`` of ``concurrent.futures``;
+* queues, futures and executors: ``SimpleQueue``, ``Queue``, ``Future`` (and
+  chunkstream's ``GatedFuture``), ``Executor`` (chunkstream's), ``ThreadPoolExecutor``,
+  ``ProcessPoolExecutor``, ``wait`` and ``as_completed`` of ``concurrent.futures``; a
+  class deriving from one of these uses it;
 * time: ``sleep`` (``time.sleep`` and ``asyncio.sleep``);
 * calls onto an event loop: ``sync`` and ``collect_aiterator`` (zarr's loop thread),
   ``create_task`` (a task on the running loop, whatever the receiver),
@@ -125,6 +126,8 @@ def _kind(name: str) -> str | None:
         return last if parts[0] == "zarr" else None
     if last == "register":
         return "atexit" if parts[0] == "atexit" else None
+    if last == "GatedFuture":
+        return "Future"  # chunkstream's own Future (_executor.py), waited for on its gate
     if last == "Executor" and parts[0] != "concurrent":
         return "Executor"  # chunkstream's own (concurrent.futures.Executor is abstract)
     return last if last in BY_NAME else None
@@ -152,6 +155,8 @@ def used(path: Path) -> set[str]:
             found.add("result()")  # a bound .result handed on, to be called later
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names += [_dotted(d) for d in node.decorator_list]
+            if isinstance(node, ast.ClassDef):  # a subclass of a primitive is one
+                names += [_dotted(b) for b in node.bases]
             if node.name == "__del__":
                 found.add("__del__")
         elif isinstance(node, ast.With | ast.AsyncWith):

@@ -172,6 +172,7 @@ def test_a_store_that_fails_is_recorded_and_shown_not_raised(monkeypatch, tmp_pa
     reason = r["throughput"]["s3"]["fsspec"]["failed"]
     assert "NotFound" in reason or "missing.zarr" in reason, reason
     assert r["decision"]["obstore_over_fsspec"] == {"http": None, "s3": None}
+    assert _remote.contract_misses(r["faults"], "obstore") == {}
     assert r["decision"]["contract_met"] == {"obstore": True, "fsspec": False}
     (tmp_path / "remote.json").write_text(
         json.dumps(

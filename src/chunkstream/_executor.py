@@ -16,6 +16,7 @@ one is the watchdog's, docs/architecture.md rows 8 and 10).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import sys
 import threading
@@ -24,6 +25,11 @@ import traceback
 import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from concurrent.futures._base import (  # Future's states, unchanged since Python 3.2
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+)
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ __all__ = [
     "POLL_S",
     "Cancelled",
     "Executor",
+    "GatedFuture",
     "done_within",
     "helper_stacks",
     "thread_stack",
@@ -42,14 +49,78 @@ __all__ = [
 POLL_S = 0.1  # every wait in the pipeline polls at this interval (errors, close, watchdog)
 
 
+class GatedFuture(Future):
+    """A :class:`~concurrent.futures.Future` that can be waited for without its condition.
+
+    ``Future``'s waits take ``with self._condition``, whose ``__enter__`` is Python code:
+    a signal handler that raises (``sys.exit``, a preemption handler) can run between the
+    lock's acquire and the ``with`` body, leaving the condition held by the main thread
+    for good, and the worker's ``set_result`` on it then never returns (seen once in CI).
+    Here finishing also opens a plain lock (the gate, held from construction), released
+    from the worker (a release never blocks), and :func:`done_within` waits on the gate's
+    C ``acquire``: an exception landing around it can only leave the gate held, and a
+    later wait then reads the finished state instead. Every future the executors make is
+    one (:meth:`Executor.submit`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._opened = itertools.count()  # next() is atomic: the gate opens exactly once
+        self._claims = itertools.count()
+
+    def claim(self) -> bool:
+        """Whether this caller is the first to claim the call: the worker about to run it
+        (:class:`Executor`) or the thread that submitted it, taking it back to run
+        itself (once taken back, no worker runs it and the future never finishes).
+        ``Future.cancel`` would take the future's condition; this is one atomic
+        ``next()``, which no signal handler can interrupt halfway."""
+        return next(self._claims) == 0
+
+    def _open(self) -> None:
+        if next(self._opened) == 0:
+            self._gate.release()
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self._open()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._open()
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self._open()
+        return cancelled
+
+    # The two state reads, without the condition (one attribute read, atomic under the
+    # GIL): the consumer asks them of pending reads while it waits (a failed later read).
+    def done(self) -> bool:
+        return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+
+    def cancelled(self) -> bool:
+        return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
+
+
 def done_within(future: Future, timeout: float = POLL_S) -> bool:
     """Wait up to ``timeout`` for ``future`` to finish (or be cancelled); whether it did.
 
-    Waits on the future's own condition (a reentrant lock), never through
-    ``concurrent.futures.wait``, whose waiter sets a plain-lock event from ``cancel()``:
-    a signal handler that cancels the future (``close()``) while its own thread is
+    A :class:`GatedFuture` is waited for on its gate, never on the future's condition
+    (the class says why); any other future on its own condition (a reentrant lock),
+    never through ``concurrent.futures.wait``, whose waiter sets a plain-lock event from
+    ``cancel()``: a handler that cancels the future (``close()``) while its own thread is
     inside that wait would block on the lock its interrupted frame holds.
     """
+    if isinstance(future, GatedFuture):
+        if future.done():
+            return True
+        if future._gate.acquire(timeout=timeout):
+            future._gate.release()  # open for every other waiter
+            return True
+        return future.done()  # a wait interrupted after its acquire left the gate held
     try:
         future.exception(timeout)
     except CancelledError:
@@ -125,7 +196,7 @@ class Executor:
         first: int = 0,
     ) -> None:
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Future, Callable, tuple, str] | None]
+        self._queue: queue.SimpleQueue[tuple[GatedFuture, Callable, tuple, str] | None]
         self._queue = queue.SimpleQueue()
         self._busy: dict[threading.Thread, str] = {}
         self._lock = threading.Lock()
@@ -147,10 +218,14 @@ class Executor:
         return self._closed
 
     def submit(
-        self, fn: Callable[..., Any], *args: Any, what: str = "", future: Future | None = None
-    ) -> Future:
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        what: str = "",
+        future: GatedFuture | None = None,
+    ) -> GatedFuture:
         """Run ``fn(*args)`` in a worker; its value or exception lands in ``future``."""
-        future = Future() if future is None else future
+        future = GatedFuture() if future is None else future
         if self.fatal is not None:
             future.set_exception(self.fatal)
         elif self._closed:
@@ -181,13 +256,13 @@ class Executor:
     def _run_one(
         self,
         me: threading.Thread,
-        future: Future,
+        future: GatedFuture,
         fn: Callable,
         args: tuple,
         what: str,
         failed: BaseException | None,
     ) -> None:
-        if not future.set_running_or_notify_cancel():
+        if not future.claim() or not future.set_running_or_notify_cancel():
             return
         if failed is not None:
             future.set_exception(failed)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from .._errors import ConfigError, LoaderClosedError
+from .._errors import ConfigError
 from .._executor import Executor, done_within
 from .._memory import thread_budget
 from ..sources import FieldSpec
@@ -141,9 +141,12 @@ def gather_on_lent(src: torch.Tensor, out: torch.Tensor, starts: list[int], wind
     readers (:func:`lend`; at most this process's thread budget in all).
 
     This thread copies the first part, then every part no reader has started (it
-    cancels it and copies it itself), then waits for the parts readers are copying:
-    busy readers (a chunk's read) never make a gather wait behind them, and a gather
-    is never slower than this thread alone. A part's error is raised here.
+    claims it back and copies it itself: one atomic step, where ``Future.cancel``
+    would take the future's condition, which a signal handler raising in this thread
+    could leave held), then waits for the parts readers are copying: busy readers (a
+    chunk's read) never make a gather wait behind them, and a gather is never slower
+    than this thread alone. A part refused by readers that closed since they were
+    picked was never claimed by one, so it is copied here. A part's error is raised here.
     """
     readers = next((r for r in list(_LENT) if not r.closed), None)
     parts = 1 if readers is None else min(thread_budget(), 1 + len(readers.threads))
@@ -160,17 +163,14 @@ def gather_on_lent(src: torch.Tensor, out: torch.Tensor, starts: list[int], wind
     part(*spans[0])
     running = []
     for future, lo, hi in lent:
-        if future.cancel():  # still queued (or its readers closed meanwhile): copied here
+        if future.claim():  # no reader started it (or its readers closed): copied here
             part(lo, hi)
         else:
-            running.append((future, lo, hi))
-    for future, lo, hi in running:
+            running.append(future)
+    for future in running:
         while not done_within(future):  # a reader is copying it: at most 1/parts of the batch
             pass
-        try:
-            future.result(timeout=0)
-        except LoaderClosedError:  # refused by readers that closed since they were picked
-            part(lo, hi)
+        future.result(timeout=0)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ import torch
 
 from .._device import device_binder
 from .._errors import LoaderClosedError, LoaderStalledError
-from .._executor import POLL_S, Executor, done_within, helper_stacks
+from .._executor import POLL_S, Executor, GatedFuture, done_within, helper_stacks
 from .._memory import HostBufferPool, NodeShare, PinnedSlotPool, check_arena_fits, node_share
 from .._options import check_moved, check_options
 from .._resume import check_loader_state
@@ -224,7 +224,7 @@ class ChunkLoader:
         )
         # The host buffers, as a future: made here, or for a source that learns its
         # fields by the first epoch's first job (learn_fields), which every read waits for.
-        self._pool_made: Future = Future()
+        self._pool_made: Future = GatedFuture()
         # The window whose arrays the learning job keeps for the first epoch's read of it
         # (None until that job is queued); forgotten when that epoch is dropped, should
         # its read never come: the first drop pops it from ``_unread`` (one atomic pop, so

@@ -120,7 +120,7 @@ class EpochRun:
             delivery = [copy for copy, _, _ in list(self._copies)]
         else:
             delivery = [read for _, read, _ in list(self._reads)]
-        return sum(1 for _ in takewhile(Future.done, delivery))
+        return sum(1 for _ in takewhile(lambda future: future.done(), delivery))
 
     def failed(self) -> Future | None:
         """A future of a later window that already failed, if any (raised at once)."""
