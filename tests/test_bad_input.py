@@ -454,6 +454,8 @@ CASES = [
      cs.CorruptChunkError, ValueError, ["x.zarr/c/1/0", "truncated", "Rewrite the array"]),
     ("NumpySource.arrays.empty", lambda t: cs.NumpySource({}),
      cs.ConfigError, ValueError, ["arrays={}", "non-empty mapping"]),
+    ("NumpySource.arrays.bare", lambda t: cs.NumpySource(np.zeros((4, 2))),
+     cs.ConfigError, ValueError, ["arrays='ndarray'", "mapping", "cs.NumpySource({'data': array})"]),
     ("NumpySource.arrays.type", lambda t: cs.NumpySource({"a": [1, 2]}),
      cs.ConfigError, ValueError, ["arrays['a']", "'list'", "numpy array or .npy path"]),
     ("NumpySource.arrays.missing", lambda t: _npy(t, ".npy", False),

@@ -103,3 +103,35 @@ def test_the_default_chunk_size_is_whole_stored_chunks_within_the_budget():
     assert default_chunk_size(source, window=100, host_bytes=32 << 20) == 1024  # 1/32 of it
     assert default_chunk_size(source, window=5000, host_bytes=1 << 20) == 5000  # a window
     assert default_chunk_size(cs.NumpySource({"x": data[:300]}), window=10) == 300
+
+
+def test_the_tier_of_a_stream_from_a_source_counts_what_the_stream_holds(monkeypatch):
+    """Before its loader exists, a stream from a source asks ``choose_tier`` as the trainer
+    does: with its batch sets and decode scratch beside the loader, its ``mix`` and its
+    ``host_memory``. Sizes (1 MiB chunks, 64 a pass, a device tier of 16): 40 MiB of host
+    memory hold 20 chunks alone, but 15 beside the five 2 MiB batch sets the lane keeps
+    on CUDA, so the device tier is the larger buffer."""
+    from chunkstream._memory import NodeShare, choose_tier, node_share
+    from chunkstream.consumer._owned import owned_tier
+
+    monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(40 << 20))
+    share = node_share()
+    assert isinstance(share, NodeShare) and share.host_bytes == 40 << 20
+    source = cs.NumpySource({"data": np.zeros((64 * 1024, 256), np.float32)})  # 1 KiB a step
+    cuda = torch.device("cuda", 0)
+    asked = dict(chunk_size=1024, batch_size=64, window=32, pass_chunks=64, loader_nbytes=0)
+
+    def tier(device=cuda, mix=None, options=None):
+        return owned_tier(source, buffer="auto", device=device, mix=mix, fields=None,
+                          options=options, share=share, device_memory=1 << 30, **asked)  # fmt: skip
+
+    alone, _ = choose_tier("auto", cuda, chunk_nbytes=1 << 20, pass_chunks=64, loader_nbytes=0,
+                           share=share, device_memory=1 << 30)  # fmt: skip
+    assert alone == "host"  # what the choice was without the stream's own bytes
+    assert tier() == "device"
+    assert tier(options=cs.StreamOptions(batch_prefetch=0)) == "device"  # 4 sets: 16 chunks
+    # float16 batches halve the sets (5 MiB): the host holds 17 chunks, more than 16
+    assert tier(options=cs.StreamOptions(dtype=torch.float16)) == "host"
+    assert tier(options=cs.StreamOptions(host_memory=1 << 30)) == "host"  # a budget as given
+    assert tier(mix=4) == "device"  # a mix given on CUDA: the device tier, as the trainer's
+    assert tier(device=torch.device("cpu")) == "host"

@@ -55,7 +55,8 @@ class GatedFuture(Future):
     ``Future``'s waits take ``with self._condition``, whose ``__enter__`` is Python code:
     a signal handler that raises (``sys.exit``, a preemption handler) can run between the
     lock's acquire and the ``with`` body, leaving the condition held by the main thread
-    for good, and the worker's ``set_result`` on it then never returns (seen once in CI).
+    for good (bpo-29988), and the worker's ``set_result`` on it then never returns (seen
+    once in CI; the pinned pool avoids the same hazard with ``with self._lock``).
     Here finishing also opens a plain lock (the gate, held from construction), released
     from the worker (a release never blocks), and :func:`done_within` waits on the gate's
     C ``acquire``: an exception landing around it can only leave the gate held, and a

@@ -190,6 +190,9 @@ class BatchStream:
                 batch_size=batch_size,
                 device=device,
                 buffer=buffer,
+                mix=mix,
+                fields=fields,
+                options=options,
                 plan=plan,
                 loader_options=loader_options,
             )
@@ -265,7 +268,7 @@ class BatchStream:
         self.chunks_per_epoch, self.batches_per_epoch = epoch_length(
             loader, self.batches_per_chunk, chunks_per_epoch, batches_per_epoch
         )
-        self.fields: tuple[str, ...] = choose_fields(loader, fields)
+        self.fields: tuple[str, ...] = choose_fields(loader.source, fields)
         self._single = isinstance(fields, str)
         # What a dict batch carries beside its fields (pipeline/_times.py).
         self._recordings = isinstance(loader.source, Recordings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .._errors import ConfigError, check_int
 from ..pipeline import RECORDING_KEY, START_KEY, ChunkLoader
 from ..plans import EpochPlan, window_in_chunk
-from ..sources import LearnsFields, Recordings
+from ..sources import LearnsFields, Recordings, Source
 
 __all__ = ["check_window", "choose_fields", "epoch_length", "plan_defaults"]
 
@@ -82,7 +82,7 @@ def epoch_length(
     return chunks_per_epoch, batches_per_epoch
 
 
-def choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
+def choose_fields(source: Source, fields: object) -> tuple[str, ...]:
     """The field names a batch holds: every field of the source, or those named.
 
     A dict batch reserves ``"start"`` and ``"recording"`` (the windows' times):
@@ -90,7 +90,6 @@ def choose_fields(loader: ChunkLoader, fields: object) -> tuple[str, ...]:
     per-window key, and another source's field of either name is refused unless
     left out (or asked for alone, ``fields="name"``: that batch is no dict).
     """
-    source = loader.source
     # A source that learns its fields has only their names before its first read.
     learning = isinstance(source, LearnsFields) and source.fields is None
     names = list(source.names if learning else source.fields or ())

@@ -43,6 +43,13 @@ class NumpySource(SourceBase):
     time_chunk = 1
 
     def __init__(self, arrays: Mapping[str, np.ndarray | str | Path]) -> None:
+        if not isinstance(arrays, Mapping):  # an array's truth value would raise numpy's error
+            raise ConfigError.bad(
+                "arrays",
+                type(arrays).__name__,
+                "a mapping of field name -> array or .npy path",
+                "Name the array: cs.NumpySource({'data': array}).",
+            )
         if not arrays:
             raise ConfigError.bad("arrays", arrays, "a non-empty mapping of name -> array")
         self._arrays: dict[str, np.ndarray] = {}
