@@ -253,8 +253,10 @@ def test_mix_auto_is_the_defaults_policy_sized_from_the_jobs_host_memory(
     # once) and the stream's batch sets, in whole chunks
     chunk = 512 * (24 + 6) * 4
     scratch = decode_scratch_nbytes(flyvis_source)  # the fast path's per-thread chunk
-    beside = trainer._loader_nbytes() + trainer._batch_sets_nbytes() + scratch
-    assert dict(trainer.buffer.terms)["the batch sets"] == trainer._batch_sets_nbytes() > 0
+    # the lane's sets on the CPU: 2 read ahead, 1 received, 1 held; each one batch of windows
+    sets = 4 * trainer.config.batch_size * trainer.config.window * (24 + 6) * 4
+    beside = trainer._loader_nbytes() + sets + scratch
+    assert dict(trainer.buffer.terms)["the batch sets"] == sets
     assert dict(trainer.buffer.terms)["decode scratch"] == scratch > 0
     monkeypatch.setenv("CHUNKSTREAM_HOST_MEMORY", str(beside + 4 * chunk))
     capped = Trainer(flyvis_source, _config(epochs=1))

@@ -6,14 +6,14 @@ a ``FutureWarning``, until :data:`MOVED_REMOVED_IN`)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from importlib import import_module
 from typing import Any, TypeVar
 
 from ._errors import ConfigError
 
-__all__ = ["MOVED_REMOVED_IN", "check_moved", "check_options", "moved_name"]
+__all__ = ["MOVED_REMOVED_IN", "check_moved", "check_options", "moved_name", "moved_names"]
 
 T = TypeVar("T")
 
@@ -80,6 +80,24 @@ def _same(a: object, b: object) -> bool:
         return bool(a == b)
     except (TypeError, ValueError):
         return False
+
+
+def moved_names(
+    package: str, table: Mapping[str, tuple[str, str, str]]
+) -> tuple[Callable[[str, str], Any], Callable[[str], Any]]:
+    """``(moved, __getattr__)`` of a package whose public names in ``table`` went private
+    (:func:`moved_name`): ``moved(name, where)`` finds one for a package that re-exports
+    it (``where``: that package), ``__getattr__`` is the package's own module hook."""
+
+    def moved(name: str, where: str) -> Any:
+        return moved_name(package, table, name, where)
+
+    def __getattr__(name: str) -> Any:
+        if name in table:
+            return moved(name, package)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return moved, __getattr__
 
 
 def moved_name(

@@ -44,7 +44,7 @@ from ._node import (
     read_node_share,
     thread_budget,
 )
-from ._stream import batch_sets_bytes, stream_buffer
+from ._stream import batch_sets_bytes, stream_buffer, stream_held
 
 __all__ = [
     "CUDA_MARGIN_FRACTION",
@@ -80,6 +80,7 @@ __all__ = [
     "read_node_share",
     "resident_decision",
     "stream_buffer",
+    "stream_held",
     "streaming_bytes",
     "thread_budget",
 ]

@@ -19,7 +19,7 @@ from .._errors import ConfigError
 from ._buffer import BufferInfo, plan_buffer
 from ._defaults import batch_sets_nbytes
 
-__all__ = ["batch_sets_bytes", "stream_buffer"]
+__all__ = ["batch_sets_bytes", "stream_buffer", "stream_held"]
 
 
 def batch_sets_bytes(
@@ -43,6 +43,36 @@ def batch_sets_bytes(
             itemsize = spec.dtype.itemsize if dtype is None else dtype.itemsize
             step += spec.step_nbytes // spec.dtype.itemsize * itemsize
     return batch_sets_nbytes(batch_size * window * step, batch_prefetch, cuda=cuda)
+
+
+def stream_held(
+    specs: Mapping[str, Any],
+    fields: Iterable[str],
+    *,
+    batch_size: int,
+    window: int,
+    batch_prefetch: int,
+    cuda: bool,
+    dtype: torch.dtype | None = None,
+    decode_scratch: int = 0,
+    lane: bool = True,
+) -> dict[str, int]:
+    """The ``held`` terms of a stream (what it allocates beside its loader's arena and its
+    buffer, by name): the batch lane's sets (:func:`batch_sets_bytes`; none where no lane
+    runs, ``lane`` false: the device tier on a CUDA loader gathers on the device) and the
+    source's ``decode_scratch`` (:func:`chunkstream.sources.decode_scratch_nbytes`)."""
+    sets = 0
+    if lane:
+        sets = batch_sets_bytes(
+            specs,
+            fields,
+            batch_size=batch_size,
+            window=window,
+            batch_prefetch=batch_prefetch,
+            cuda=cuda,
+            dtype=dtype,
+        )
+    return {"the batch sets": sets, "decode scratch": int(decode_scratch)}
 
 
 def stream_buffer(

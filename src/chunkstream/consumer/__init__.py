@@ -1,9 +1,7 @@
 """The consumer side: batches of windows drawn inside a chunk or a shuffle buffer, on a device."""
 
-from typing import Any
-
 from .._memory import BufferInfo
-from .._options import moved_name
+from .._options import moved_names
 from ._batches import BatchStream
 from ._options import StreamOptions
 from ._sampling import gather_windows, sample_windows
@@ -46,12 +44,4 @@ _MOVED = {
 }
 
 
-def moved(name: str, where: str) -> Any:
-    """``name`` of :data:`_MOVED` (:func:`chunkstream._options.moved_name`)."""
-    return moved_name(__name__, _MOVED, name, where)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return moved(name, "chunkstream.consumer")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+moved, __getattr__ = moved_names(__name__, _MOVED)

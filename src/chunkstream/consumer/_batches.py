@@ -45,7 +45,7 @@ import torch
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
 from .._executor import Cancelled
-from .._memory import batch_sets_bytes, choose_tier, host_tier_hint, stream_buffer
+from .._memory import choose_tier, host_tier_hint, stream_buffer, stream_held
 from .._options import check_moved, check_options
 from .._resume import check_stream_state
 from ..pipeline import (
@@ -297,19 +297,18 @@ class BatchStream:
                 minimum=1,
                 fix="Pass a budget in bytes for the host tier's buffer, or None.",
             )
-        # The batch lane's sets (none where the device tier gathers on a CUDA loader's
-        # device), counted before the buffer is sized.
-        lane_sets = 0
-        if tier == "host" or loader.device.type == "cpu":
-            lane_sets = batch_sets_bytes(
-                loader.source.fields or {},
-                self.fields,
-                batch_size=self.batch_size,
-                window=self.window,
-                batch_prefetch=self.batch_prefetch,
-                cuda=self.device.type == "cuda",
-                dtype=self.dtype,
-            )
+        # The batch lane's sets and the decode scratch, counted before the buffer is sized.
+        held = stream_held(
+            loader.source.fields or {},
+            self.fields,
+            batch_size=self.batch_size,
+            window=self.window,
+            batch_prefetch=self.batch_prefetch,
+            cuda=self.device.type == "cuda",
+            dtype=self.dtype,
+            decode_scratch=decode_scratch_nbytes(loader.source),
+            lane=tier == "host" or loader.device.type == "cpu",
+        )
         #: The shuffle buffer: tier, chunks, bytes, share of the split, pieces per batch, why.
         self.buffer = stream_buffer(
             loader,
@@ -319,10 +318,7 @@ class BatchStream:
             why=why,
             device=self.device,
             host_memory=host_memory,
-            held={
-                "the batch sets": lane_sets,
-                "decode scratch": decode_scratch_nbytes(loader.source),
-            },
+            held=held,
         )
         self.mix = self.buffer.mix
         _log.info("%s", self.buffer.describe())

@@ -29,7 +29,7 @@ import torch
 
 from .._device import resolve_device
 from .._errors import ConfigError, check_int
-from .._memory import NodeShare, batch_sets_bytes, choose_tier, node_share
+from .._memory import NodeShare, choose_tier, node_share, stream_held
 from ..distributed import resolve_rank
 from ..pipeline import ChunkLoader, LoaderOptions, ResolvedSettings, loader_settings
 from ..plans import EpochPlan, plan_epoch
@@ -155,18 +155,16 @@ def owned_tier(
     o = options if isinstance(options, StreamOptions) else StreamOptions()  # checked later
     specs = source.fields or {}
     chosen = choose_fields(source, fields)
-    held = {
-        "the batch sets": batch_sets_bytes(
-            specs,
-            chosen,
-            batch_size=batch_size,
-            window=window,
-            batch_prefetch=o.batch_prefetch,
-            cuda=device.type == "cuda",
-            dtype=o.dtype,
-        ),
-        "decode scratch": decode_scratch_nbytes(source),
-    }
+    held = stream_held(
+        specs,
+        chosen,
+        batch_size=batch_size,
+        window=window,
+        batch_prefetch=o.batch_prefetch,
+        cuda=device.type == "cuda",
+        dtype=o.dtype,
+        decode_scratch=decode_scratch_nbytes(source),
+    )
     tier, _ = choose_tier(
         buffer,
         device,

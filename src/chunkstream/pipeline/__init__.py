@@ -1,8 +1,6 @@
 """The streaming pipeline: an epoch as a run of futures, host buffers, and ``ChunkLoader``."""
 
-from typing import Any
-
-from .._options import moved_name
+from .._options import moved_names
 from ._chunk import Chunk
 from ._config import resolve_device
 from ._loader import ChunkLoader
@@ -44,12 +42,4 @@ _MOVED = {
 }
 
 
-def moved(name: str, where: str) -> Any:
-    """``name`` of :data:`_MOVED` (:func:`chunkstream._options.moved_name`)."""
-    return moved_name(__name__, _MOVED, name, where)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return moved(name, "chunkstream.pipeline")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+moved, __getattr__ = moved_names(__name__, _MOVED)

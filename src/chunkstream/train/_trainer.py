@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from .._errors import ConfigError
-from .._memory import arena_bytes, batch_sets_bytes, default_buffer
+from .._memory import arena_bytes, default_buffer, stream_held
 from .._progress import progress_bar
 from .._resume import check_checkpoint_config
 from ..consumer import BatchStream, StreamOptions
@@ -150,10 +150,15 @@ class Trainer:
             pass_chunks=max(1, self.plan.chunks_per_epoch // c.passes_per_epoch),
             pieces=self.pieces,
             loader_nbytes=self._loader_nbytes(),
-            held={
-                "the batch sets": self._batch_sets_nbytes(),
-                "decode scratch": decode_scratch_nbytes(source),
-            },
+            held=stream_held(
+                source.fields,
+                self._mixed_fields,
+                batch_size=c.batch_size,
+                window=c.window,
+                batch_prefetch=StreamOptions().batch_prefetch,
+                cuda=self.device.type == "cuda",
+                decode_scratch=decode_scratch_nbytes(source),
+            ),
         )
         self.mix = self.buffer.mix
         #: Batches gathered on the host and copied to a CUDA device through pinned slots
@@ -462,17 +467,6 @@ class Trainer:
         c, fields = self.config, self.source.fields
         chunk_bytes = self.chunk_size * sum(f.step_nbytes for f in fields.values())
         return arena_bytes(chunk_bytes, on_cuda=False, prefetch=c.prefetch, workers=c.workers)
-
-    def _batch_sets_nbytes(self) -> int:
-        """Bytes of the stream's host batch sets (its default ``batch_prefetch``)."""
-        return batch_sets_bytes(
-            self.source.fields,
-            self._mixed_fields,
-            batch_size=self.config.batch_size,
-            window=self.config.window,
-            batch_prefetch=StreamOptions().batch_prefetch,
-            cuda=self.device.type == "cuda",
-        )
 
     def _batch_budget(self) -> int:
         """Batches per epoch on this rank: ``batches_per_epoch``, else the plan's."""
