@@ -23,6 +23,10 @@ def test_demo_trains_and_writes_its_outputs(tmp_path, capsys):
     for line in ("epoch 1/3", "epoch 3/3", "validation loss, model", "stall fraction",
                  "chunks/s", "GB/s delivered", "whole training split"):  # fmt: skip
         assert line in text
+    # the job's memory and this rank's CPUs each said once, in their own rows
+    memory_row = next(row for row in text.splitlines() if "host memory (job)" in row)
+    threads_row = next(row for row in text.splitlines() if "threads (this rank)" in row)
+    assert "rank" in memory_row and "CPU" not in memory_row and "CPU" in threads_row
     result = json.loads((out / "result.json").read_text())
     assert result["val_loss"] < 0.7 * result["baseline_val"]
     assert result["memory"]["loader_host"] < result["memory"]["train_split"]

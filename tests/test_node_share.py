@@ -143,7 +143,11 @@ def test_the_share_splits_memory_and_threads_over_the_ranks_and_says_so(tmp_path
         "256 MiB; 2.4 GiB left under the job's limit of 3 GiB"
     )
     assert "2 ranks on this node (LOCAL_WORLD_SIZE); 2 CPUs of 2 (affinity)" in share.describe()
-    # the CPU half alone (the demo's threads row), without the memory line
+    # the memory half alone (the demo's memory row) and the CPU half alone (its threads row)
+    assert share.describe() == (
+        f"host memory: {share.describe_memory()}; 2 CPUs of 2 (affinity), 1 thread for this rank"
+    )
+    assert "CPU" not in share.describe_memory()
     assert (
         share.describe_cpus() == "2 CPUs of 2 (affinity), 2 ranks on this node (LOCAL_WORLD_SIZE)"
     )

@@ -128,21 +128,23 @@ class NodeShare:
     def describe(self) -> str:
         """One line, e.g. ``host memory: 1.2 GiB for this rank: 2.4 GiB left under the job's
         limit of 3 GiB, 2 ranks on this node (LOCAL_WORLD_SIZE); 1 CPU of 2 (affinity)``."""
-        memory = self.memory.describe().removeprefix("host memory: ")
-        ranks, cpus = self._ranks_text(), self._cpus_text()
         threads = f"{_plural(self.threads, 'thread')} for this rank"
+        return f"host memory: {self.describe_memory()}; {self._cpus_text()}, {threads}"
+
+    def describe_memory(self) -> str:
+        """The memory half of :meth:`describe`, e.g. ``1.2 GiB for this rank: 2.4 GiB left
+        under the job's limit of 3 GiB, 2 ranks on this node (LOCAL_WORLD_SIZE)``."""
+        memory = self.memory.describe().removeprefix("host memory: ")
         if self.ranks == 1:
-            return f"host memory: {memory}, {ranks}; {cpus}, {threads}"
+            return f"{memory}, {self._ranks_text()}"
         if self.limit_binds:
-            split = (
+            memory = (
                 f"the limit over {self.ranks} ranks, less this process's "
                 f"{format_bytes(self.process_bytes, binary=True)}; {memory}"
             )
-        else:
-            split = memory
         return (
-            f"host memory: {format_bytes(self.host_bytes, binary=True)} for this rank: {split}, "
-            f"{ranks}; {cpus}, {threads}"
+            f"{format_bytes(self.host_bytes, binary=True)} for this rank: {memory}, "
+            f"{self._ranks_text()}"
         )
 
     def describe_cpus(self) -> str:

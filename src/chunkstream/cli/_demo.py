@@ -478,11 +478,7 @@ def result_table(result) -> str:
         ),
         ("host peak RSS", format_bytes(m["host_peak_rss"]), "whole process"),
         ("threads (this rank)", str(share.threads), share.describe_cpus()),
-        *(
-            [("host memory (job)", "", result.buffer.memory.removeprefix("host memory: "))]
-            if getattr(result.buffer, "memory", "")
-            else []
-        ),
+        ("host memory (job)", "", share.describe_memory()),
         (
             "stall fraction",
             f"{100 * lat['stall_fraction']:.1f}%",
