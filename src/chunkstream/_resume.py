@@ -9,6 +9,7 @@ warned about by the objects themselves, not refused here.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 from ._errors import ConfigError
@@ -59,27 +60,56 @@ def check_loader_state(state: object) -> None:
         )
 
 
-def check_stream_state(state: object, *, batches_per_chunk: int) -> None:
-    """Refuse a ``BatchStream`` state saved under another configuration, naming the
-    setting that differs, before its own range checks would blame the value."""
-    if not isinstance(state, Mapping):
-        return
-    if "epoch" in state and "loader" not in state:
+def check_stream_state(
+    state: object, *, batches_per_chunk: int, mix: int, seed: int, align: int | None
+) -> tuple[Mapping[str, object], int, int]:
+    """``(loader state, batch, refill)`` of a ``BatchStream`` state, checked against the
+    stream resuming it: one saved under another configuration is refused naming the
+    setting that differs (before a range check would blame the value), another ``seed``
+    or ``align`` is warned of (every batch is still valid, the draws differ)."""
+    if isinstance(state, Mapping):
+        if "epoch" in state and "loader" not in state:
+            raise ConfigError.bad(
+                "state",
+                _short(state),
+                "a dict from BatchStream.state_dict() with 'loader'",
+                "This is a ChunkLoader state: pass it to loader.load_state_dict, or save the "
+                "stream's own state with BatchStream.state_dict().",
+            )
+        saved = state.get("batches_per_chunk")
+        if saved is not None and saved != batches_per_chunk:
+            raise ConfigError(
+                f"state saved with batches_per_chunk={saved} cannot resume a BatchStream with "
+                f"batches_per_chunk={batches_per_chunk}: its 'batch' counts batches of a chunk "
+                f"of that run. Resume with batches_per_chunk={saved} (the interrupted run's "
+                "settings), or start the epoch afresh."
+            )
+    try:
+        loader_state, batch = state["loader"], state["batch"]  # type: ignore[index]
+        refill = state.get("refill", 0)  # type: ignore[union-attr]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError.bad(
+            "state", state, "a dict from BatchStream.state_dict() with 'loader' and 'batch'"
+        ) from exc
+    per = batches_per_chunk
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < per:
+        raise ConfigError.bad("state", state, f"'batch' in [0, batches_per_chunk={per})")
+    if isinstance(refill, bool) or not isinstance(refill, int) or not 0 <= refill < mix:
         raise ConfigError.bad(
             "state",
-            _short(state),
-            "a dict from BatchStream.state_dict() with 'loader'",
-            "This is a ChunkLoader state: pass it to loader.load_state_dict, or save the "
-            "stream's own state with BatchStream.state_dict().",
+            state,
+            f"'refill' in [0, mix={mix})",
+            "Resume with the stream's settings (mix) of the interrupted run.",
         )
-    saved = state.get("batches_per_chunk")
-    if saved is not None and saved != batches_per_chunk:
-        raise ConfigError(
-            f"state saved with batches_per_chunk={saved} cannot resume a BatchStream with "
-            f"batches_per_chunk={batches_per_chunk}: its 'batch' counts batches of a chunk of "
-            f"that run. Resume with batches_per_chunk={saved} (the interrupted run's "
-            "settings), or start the epoch afresh."
-        )
+    for name, own in (("seed", seed), ("align", align)):
+        saved = state.get(name)
+        if saved is not None and saved != own:
+            warnings.warn(
+                f"resuming a BatchStream state saved with {name}={saved} on a stream with "
+                f"{name}={own}: the remaining batches will differ from the interrupted run",
+                stacklevel=3,
+            )
+    return loader_state, batch, refill
 
 
 def check_checkpoint_config(

@@ -36,7 +36,6 @@ so the state it saves with a checkpoint is exact.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -516,33 +515,13 @@ class BatchStream:
         (:meth:`ChunkLoader.load_state_dict`): how a state saved under another
         world size splits the rest of its epoch.
         """
-        check_stream_state(state, batches_per_chunk=self.batches_per_chunk)
-        try:
-            loader_state = state["loader"]
-            batch = state["batch"]
-            refill = state.get("refill", 0)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError.bad(
-                "state", state, "a dict from BatchStream.state_dict() with 'loader' and 'batch'"
-            ) from exc
-        per = self.batches_per_chunk
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < per:
-            raise ConfigError.bad("state", state, f"'batch' in [0, batches_per_chunk={per})")
-        if isinstance(refill, bool) or not isinstance(refill, int) or not 0 <= refill < self.mix:
-            raise ConfigError.bad(
-                "state",
-                state,
-                f"'refill' in [0, mix={self.mix})",
-                "Resume with the stream's settings (mix) of the interrupted run.",
-            )
-        for name in ("seed", "align"):  # draws differ, but every batch is still valid
-            saved, own = state.get(name), getattr(self, name)
-            if saved is not None and saved != own:
-                warnings.warn(
-                    f"resuming a BatchStream state saved with {name}={saved} on a stream with "
-                    f"{name}={own}: the remaining batches will differ from the interrupted run",
-                    stacklevel=2,
-                )
+        loader_state, batch, refill = check_stream_state(
+            state,
+            batches_per_chunk=self.batches_per_chunk,
+            mix=self.mix,
+            seed=self.seed,
+            align=self.align,
+        )
         self.loader.load_state_dict(loader_state, uneven=uneven)  # type: ignore[arg-type]
         loaded = _stream_state(dict(loader_state), batch, refill)  # type: ignore[call-overload]
         run = _Run(loaded, resume=loaded, uneven=uneven)
