@@ -131,3 +131,35 @@ def test_a_call_claimed_back_is_never_run_and_a_started_one_cannot_be_claimed() 
         assert runs == [] and not queued.done() and busy.result(timeout=0) == "ran"
     finally:
         assert executor.close(time.monotonic() + 5) == []
+
+
+def _cancel_both(ok: Future, bad: Future, answered: list) -> None:
+    answered.append((ok.cancel(), bad.cancel()))
+
+
+def test_a_finished_futures_value_and_error_are_read_without_its_condition() -> None:
+    """The consumer reads the error of every finished read queued ahead at each poll
+    (``failed()``), in the thread signals land in, and another thread takes a read's
+    value next (the transfer thread's copy): an exception raised at any opcode of those
+    reads leaves nothing held that ``cancel()`` (the future's condition) would wait on."""
+    executor = Executor("finished", 1)
+    try:
+        ok = executor.submit(lambda: "value")
+        bad = executor.submit(lambda: 1 / 0)
+        assert done_within(ok, 10) and done_within(bad, 10)
+
+        def reads() -> None:
+            assert ok.exception(timeout=0) is None and ok.result(timeout=0) == "value"
+            assert isinstance(bad.exception(timeout=0), ZeroDivisionError)
+            with pytest.raises(ZeroDivisionError):
+                bad.result(timeout=0)
+
+        for at in range(_traced(reads, at=None) + 2):
+            _traced(reads, at=at)
+            answered: list[tuple[bool, bool]] = []
+            other = threading.Thread(target=_cancel_both, args=(ok, bad, answered))
+            other.start()
+            other.join(10)
+            assert answered == [(False, False)], "a finished future's condition was left held"
+    finally:
+        assert executor.close(time.monotonic() + 5) == []

@@ -97,13 +97,30 @@ class GatedFuture(Future):
             self._open()
         return cancelled
 
-    # The two state reads, without the condition (one attribute read, atomic under the
-    # GIL): the consumer asks them of pending reads while it waits (a failed later read).
+    # The state reads, and a finished future's value and error, without the condition (one
+    # attribute read, atomic under the GIL; the value is set before the state): the
+    # consumer asks them of the reads queued ahead while it waits (a later read failed?),
+    # and another thread may take a read's value next (the transfer thread's copy).
     def done(self) -> bool:
         return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
     def cancelled(self) -> bool:
         return self._state in (CANCELLED, CANCELLED_AND_NOTIFIED)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                try:
+                    raise self._exception
+                finally:
+                    self = None  # as Future's own: no cycle through this frame's traceback
+            return self._result
+        return super().result(timeout)
 
 
 def done_within(future: Future, timeout: float = POLL_S) -> bool:
