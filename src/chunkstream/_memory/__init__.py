@@ -44,7 +44,7 @@ from ._node import (
     read_node_share,
     thread_budget,
 )
-from ._stream import batch_sets_bytes, stream_buffer, stream_held
+from ._stream import stream_buffer, stream_held
 
 __all__ = [
     "CUDA_MARGIN_FRACTION",
@@ -62,7 +62,6 @@ __all__ = [
     "PinnedSlotPool",
     "arena_bytes",
     "batch_sets",
-    "batch_sets_bytes",
     "budget_depths",
     "check_arena_fits",
     "check_mix",

@@ -1,9 +1,10 @@
 """What a stream of batches holds beside its loader: the batch lane's sets and the shuffle buffer.
 
 One count for every consumer that builds a :class:`~chunkstream.BatchStream` (the
-stream itself, the reference trainer): :func:`batch_sets_bytes` is the batch lane's
-buffer sets in the compute dtype, counted in this rank's budget (a ``held`` term)
-*before* the buffer is sized; :func:`stream_buffer` sizes the buffer of a stream over
+stream itself, a stream from a source before its loader exists, the reference trainer):
+:func:`stream_held` is the batch lane's buffer sets in the compute dtype and the
+source's decode scratch, counted in this rank's budget (``held`` terms) *before* the
+buffer is sized; :func:`stream_buffer` sizes the buffer of a stream over
 an existing loader (its chunk length, plan, arena and node share) by the defaults'
 policy (:mod:`._defaults`, :func:`~._buffer.plan_buffer`).
 """
@@ -19,30 +20,7 @@ from .._errors import ConfigError
 from ._buffer import BufferInfo, plan_buffer
 from ._defaults import batch_sets_nbytes
 
-__all__ = ["batch_sets_bytes", "stream_buffer", "stream_held"]
-
-
-def batch_sets_bytes(
-    specs: Mapping[str, Any],
-    fields: Iterable[str],
-    *,
-    batch_size: int,
-    window: int,
-    batch_prefetch: int,
-    cuda: bool,
-    dtype: torch.dtype | None = None,
-) -> int:
-    """Host bytes of a stream's batch sets: :func:`~._defaults.batch_sets` sets of one
-    batch of ``fields`` (``specs``: the source's :class:`~chunkstream.sources.FieldSpec`
-    by name; a field not known yet counts nothing), each field in ``dtype`` where given
-    (the compute dtype), else its stored one."""
-    step = 0
-    for name in fields:
-        spec = specs.get(name)
-        if spec is not None:
-            itemsize = spec.dtype.itemsize if dtype is None else dtype.itemsize
-            step += spec.step_nbytes // spec.dtype.itemsize * itemsize
-    return batch_sets_nbytes(batch_size * window * step, batch_prefetch, cuda=cuda)
+__all__ = ["stream_buffer", "stream_held"]
 
 
 def stream_held(
@@ -58,20 +36,24 @@ def stream_held(
     lane: bool = True,
 ) -> dict[str, int]:
     """The ``held`` terms of a stream (what it allocates beside its loader's arena and its
-    buffer, by name): the batch lane's sets (:func:`batch_sets_bytes`; none where no lane
-    runs, ``lane`` false: the device tier on a CUDA loader gathers on the device) and the
-    source's ``decode_scratch`` (:func:`chunkstream.sources.decode_scratch_nbytes`)."""
-    sets = 0
-    if lane:
-        sets = batch_sets_bytes(
-            specs,
-            fields,
-            batch_size=batch_size,
-            window=window,
-            batch_prefetch=batch_prefetch,
-            cuda=cuda,
-            dtype=dtype,
-        )
+    buffer, by name), counted before the buffer is sized:
+
+    * ``"the batch sets"``: the batch lane's :func:`~._defaults.batch_sets` sets of one
+      batch of ``fields`` (``specs``: the source's
+      :class:`~chunkstream.sources.FieldSpec` by name; a field not known yet counts
+      nothing), each field in ``dtype`` where given (the compute dtype), else its stored
+      one; none where no lane runs (``lane`` false: the device tier on a CUDA loader
+      gathers on the device);
+    * ``"decode scratch"``: the source's ``decode_scratch``
+      (:func:`chunkstream.sources.decode_scratch_nbytes`).
+    """
+    step = 0
+    for name in fields if lane else ():
+        spec = specs.get(name)
+        if spec is not None:
+            itemsize = spec.dtype.itemsize if dtype is None else dtype.itemsize
+            step += spec.step_nbytes // spec.dtype.itemsize * itemsize
+    sets = batch_sets_nbytes(batch_size * window * step, batch_prefetch, cuda=cuda)
     return {"the batch sets": sets, "decode scratch": int(decode_scratch)}
 
 
@@ -90,7 +72,7 @@ def stream_buffer(
     :class:`~chunkstream.ChunkLoader`) holding ``fields``: ``mix`` (``None``: ``"auto"``,
     or 1 while the source's fields are unknown) on ``tier``, beside the loader's arena
     and what else the rank allocates for the stream, by name (``held``: the batch lane's
-    sets, :func:`batch_sets_bytes`; the source's decode scratch)."""
+    sets and the source's decode scratch, :func:`stream_held`)."""
     specs = loader.source.fields or {}
     chunk_nbytes = sum(loader.rows * specs[n].step_nbytes for n in fields if n in specs)
     segments = loader.plan.segments
